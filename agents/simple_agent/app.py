@@ -1,0 +1,112 @@
+"""simple_agent: seed the session, loop model ⇄ tools, verify.
+
+`/run` does what NeMo-Gym's simple_agent does: `POST <resources>/seed_session` with the whole row, then the
+episode, then `POST <resources>/verify` with the row plus the episode's `response`, cookies carried explicitly
+between every call. The episode calls the model server's `/v1/responses` with the original input plus everything
+produced so far; it stops when the model answers without calling a tool, when the answer is incomplete (e.g.
+`max_output_tokens` hit), or after `max_steps` model calls. Tool calls are POSTed to `<resources>/<tool name>`;
+their answer body (whatever its status) becomes the `function_call_output` the model reads next. Arguments that are
+not a JSON object, and tools the row did not offer, become an error message for the model instead of a call.
+
+The returned `response` holds every item of the episode (model outputs and tool outputs) and `usage` summed over
+model calls.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gymfleet.agent import AgentServer, AgentServerConfig, RunRequest
+from gymfleet.convert import tool_call_arguments
+from gymfleet.http import RetryPolicy
+from gymfleet.server import ServerRef
+
+TOOL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
+"""Tool calls are retried on connection failures only: a tool's error answer is the model's to read."""
+
+
+class SimpleAgentConfig(AgentServerConfig):
+    """simple_agent's fields."""
+
+    resources_server: ServerRef
+    """The environment: `{type: resources_servers, name: <instance>}` or the instance name."""
+    model_server: ServerRef
+    """The policy model server: `{type: responses_api_models, name: policy_model}` or the instance name."""
+    max_steps: int | None = None
+    """Most model calls per episode (None: until the model stops calling tools)."""
+    model_timeout_s: float = 900.0
+    """Deadline for one model call (long generations take minutes)."""
+    tool_timeout_s: float = 120.0
+    verify_timeout_s: float = 900.0
+    """Deadline for `/verify`; the resources server's own `verify_timeout_s` should be shorter."""
+
+
+class SimpleAgent(AgentServer):
+    """The default agent."""
+
+    config: SimpleAgentConfig
+
+    async def run(self, body: RunRequest, raw: dict[str, Any], cookies: dict[str, str]):
+        env = self.config.resources_server
+        seeded = await self.client.post(env, "/seed_session", json=raw, cookies=cookies, timeout_s=60.0)
+        seeded.raise_for_status()
+        cookies = {**cookies, **seeded.cookies}
+        params = body.responses_create_params.model_dump(mode="json", exclude_unset=True)
+        if self.config.skip_verification:
+            response, cookies = await self.respond(params, cookies)
+            return {**raw, "response": response, "reward": self.config.skip_verification_reward,
+                    "verification_skipped": True}, cookies
+        response, cookies = await self.respond(params, cookies)
+        verified = await self.client.post(
+            env, "/verify", json={**raw, "response": response}, cookies=cookies,
+            timeout_s=self.config.verify_timeout_s,
+        )
+        verified.raise_for_status()
+        return verified.json(), {**cookies, **verified.cookies}
+
+    async def respond(self, params: dict[str, Any], cookies: dict[str, str]):
+        original = params["input"]
+        if isinstance(original, str):
+            original = [{"role": "user", "content": original}]
+        offered = {tool.get("name") for tool in params.get("tools") or []}
+        produced: list[dict[str, Any]] = []
+        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        step = 0
+        while True:
+            step += 1
+            answer = await self.client.post(
+                self.config.model_server, "/v1/responses", json={**params, "input": original + produced},
+                cookies=cookies, timeout_s=self.config.model_timeout_s,
+            )
+            answer.raise_for_status()
+            cookies = {**cookies, **answer.cookies}
+            response = answer.json()
+            outputs = response.get("output") or []
+            produced.extend(outputs)
+            for key in usage:
+                usage[key] += (response.get("usage") or {}).get(key) or 0
+            calls = [item for item in outputs if item.get("type") == "function_call"]
+            if response.get("incomplete_details") or not calls:
+                break
+            for call in calls:
+                output, cookies = await self._call_tool(call, offered, cookies)
+                produced.append({"type": "function_call_output", "call_id": call["call_id"], "output": output})
+            if self.config.max_steps is not None and step >= self.config.max_steps:
+                break
+        final_usage = {**(response.get("usage") or {}), **usage}
+        return {**response, "output": produced, "usage": final_usage}, cookies
+
+    async def _call_tool(self, call: dict[str, Any], offered: set, cookies: dict[str, str]):
+        name = call.get("name") or ""
+        if name not in offered:
+            return json.dumps({"error": f"unknown tool {name!r}; available: {sorted(offered)}"}), cookies
+        try:
+            arguments = tool_call_arguments(call.get("arguments") or "")
+        except ValueError as exc:
+            return json.dumps({"error": f"Invalid tool call arguments: {exc}"}), cookies
+        result = await self.client.post(
+            self.config.resources_server, f"/{name}", json=arguments, cookies=cookies,
+            timeout_s=self.config.tool_timeout_s, retry=TOOL_RETRY,
+        )
+        return result.text, {**cookies, **result.cookies}

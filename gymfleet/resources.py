@@ -1,0 +1,227 @@
+"""`ResourcesServer`: one environment — session seeding, tools, and the reward.
+
+The wire contract is NeMo-Gym's: `POST /seed_session` (the whole row; answers `{}` and sets the session cookie),
+`POST /verify` (row + `response` in; the same JSON echoed with `reward` and the environment's fields out),
+`POST /aggregate_metrics`, `GET /reverify_mode`, and one `POST /<tool>` per tool.
+
+A subclass declares request/response models and implements `verify`; every public `async def` method whose single
+argument is a pydantic model becomes a tool route named after the method:
+
+    class WeatherServer(ResourcesServer):
+        config: WeatherConfig
+
+        async def get_weather(self, body: GetWeatherRequest) -> GetWeatherResponse: ...
+
+        async def verify(self, body: WeatherRequest) -> WeatherResponse:
+            return WeatherResponse.echo(body, reward=1.0)
+
+Failure boundary (ARCHITECTURE decision 4): a `JudgeError` / `SandboxError` / `TransportError` raised inside
+`verify`, or a verify that outlives `verify_timeout_s`, becomes an HTTP 200 row with `_ng_failure_class` set
+(`judge_failed`, `sandbox_failed`, `transport_failed`, `verify_timeout`) and `failure` holding the reason, which
+collectors route to the failures sidecar and keep out of rewards. A model's bad answer is `reward: 0.0`.
+Bad tool arguments are the model's fault too: HTTP 200 with `{"error": ...}` it can read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import typing
+from typing import Any, ClassVar, Literal, Self
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.responses import Response as StarletteResponse
+
+from gymfleet.aggregate import aggregate_metrics
+from gymfleet.bodies import read_json, validate
+from gymfleet.errors import JudgeError, SandboxError, TransportError
+from gymfleet.server import JSONResponse, Server, ServerConfig
+from gymfleet.wire import Response, ResponseCreateParams
+
+log = logging.getLogger(__name__)
+
+DOMAINS = (
+    "math", "coding", "agent", "knowledge", "instruction_following", "long_context", "safety", "games",
+    "translation", "e2e", "rlhf", "other",
+)  # fmt: skip
+
+
+class ResourcesServerConfig(ServerConfig):
+    """Fields every resources server accepts."""
+
+    domain: Literal[DOMAINS] | None = None  # type: ignore[valid-type]
+    verify_timeout_s: float = 300.0
+    """Deadline for one `/verify`; past it the row is a `verify_timeout` failure, never a hang."""
+
+
+class SeedSessionRequest(BaseModel):
+    """`/seed_session` body: the whole rollout row (fields a subclass does not declare are ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class VerifyRequest(BaseModel):
+    """`/verify` body: the dataset row plus the model's `response`. Extra row fields are kept and echoed."""
+
+    model_config = ConfigDict(extra="allow")
+    responses_create_params: ResponseCreateParams
+    response: Response
+
+
+class VerifyResponse(VerifyRequest):
+    """`/verify` answer: the request echoed, plus `reward` and the environment's own fields."""
+
+    reward: float
+
+    @classmethod
+    def echo(cls, body: VerifyRequest, **fields: Any) -> Self:
+        """The request echoed with `fields` (at least `reward`) added. No re-validation of the request."""
+        values = {**body.__dict__, **(body.__pydantic_extra__ or {}), **fields}
+        return cls.model_construct(**values)
+
+
+class AggregateMetricsRequest(BaseModel):
+    """`/aggregate_metrics` body."""
+
+    model_config = ConfigDict(extra="allow")
+    verify_responses: list[dict[str, Any]]
+
+
+FAILURE_CLASSES: dict[type[Exception], str] = {
+    JudgeError: "judge_failed",
+    SandboxError: "sandbox_failed",
+    TransportError: "transport_failed",
+}
+
+_BASE_METHODS = frozenset({"verify", "seed_session", "aggregate_metrics", "startup", "shutdown", "routes",
+                           "create_app"})
+
+
+class ResourcesServer(Server):
+    """Base class of every environment. Subclasses implement `verify` (and tools, and maybe `seed_session`)."""
+
+    config: ResourcesServerConfig
+    reverify_mode: ClassVar[Literal["stateless", "unsupported", "unknown"]] = "unknown"
+    """Whether `/verify` can be re-run on a stored rollout without its session (for `gym eval reverify`)."""
+
+    async def verify(self, body: VerifyRequest) -> VerifyResponse:
+        raise NotImplementedError(f"{type(self).__name__} must implement verify()")
+
+    async def seed_session(self, body: SeedSessionRequest) -> dict[str, Any]:
+        """Prepare per-rollout state (keyed by `gymfleet.sessions.session_id()`). Default: nothing."""
+        return {}
+
+    def routes(self, app: FastAPI) -> None:
+        verify_model = _body_model(type(self).verify, VerifyRequest)
+        seed_model = _body_model(type(self).seed_session, SeedSessionRequest)
+        timeout_s = self.config.verify_timeout_s
+
+        async def verify_route(request: Request) -> StarletteResponse:
+            raw = await read_json(request)
+            body = validate(verify_model, raw)
+            return JSONResponse(await self._verify_row(body, raw, timeout_s))
+
+        async def seed_route(request: Request) -> StarletteResponse:
+            body = validate(seed_model, await read_json(request))
+            return JSONResponse(_to_json(await self.seed_session(body)))
+
+        async def aggregate_route(request: Request) -> StarletteResponse:
+            body = validate(AggregateMetricsRequest, await read_json(request))
+            return JSONResponse(self.aggregate_metrics(body.verify_responses))
+
+        async def reverify_mode_route() -> StarletteResponse:
+            return JSONResponse(self.reverify_mode)
+
+        app.post("/verify")(verify_route)
+        app.post("/seed_session")(seed_route)
+        app.post("/aggregate_metrics")(aggregate_route)
+        app.get("/reverify_mode")(reverify_mode_route)
+        for name, method, model in self.tools():
+            app.post(f"/{name}")(_tool_route(name, method, model))
+
+    def tools(self) -> list[tuple[str, Any, type[BaseModel]]]:
+        """`(name, bound method, argument model)` for every tool this server exposes."""
+        found = []
+        for name, function in inspect.getmembers(type(self), inspect.iscoroutinefunction):
+            if name.startswith("_") or name in _BASE_METHODS or hasattr(ResourcesServer, name):
+                continue
+            model = _body_model(function, None)
+            if model is not None:
+                found.append((name, getattr(self, name), model))
+        return found
+
+    def aggregate_metrics(self, verify_responses: list[dict[str, Any]]) -> dict[str, Any]:
+        """Mean/max/min/median/std of every numeric field, overall and per task. Override to add metrics."""
+        return aggregate_metrics(verify_responses)
+
+    async def _verify_row(self, body: VerifyRequest, raw: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        try:
+            async with asyncio.timeout(timeout_s):
+                result = await self.verify(body)
+        except TimeoutError:
+            return self._failure_row(raw, "verify_timeout", f"verify took longer than {timeout_s:g}s")
+        except tuple(FAILURE_CLASSES) as exc:
+            failure_class = next(cls for error, cls in FAILURE_CLASSES.items() if isinstance(exc, error))
+            log.warning("verify failed (%s): %s", failure_class, exc)
+            return self._failure_row(raw, failure_class, str(exc))
+        return _merge_result(raw, result, type(body))
+
+    def _failure_row(self, raw: dict[str, Any], failure_class: str, reason: str) -> dict[str, Any]:
+        self.metrics.failures.labels(failure_class).inc()
+        return {**raw, "reward": 0.0, "_ng_failure_class": failure_class, "failure": reason}
+
+
+def _merge_result(raw: dict[str, Any], result: BaseModel | dict[str, Any], request_cls: type) -> dict[str, Any]:
+    """The raw request echoed verbatim, plus what verify added (reward and the environment's fields)."""
+    if isinstance(result, dict):
+        added = result
+    else:
+        declared = set(type(result).model_fields) - set(request_cls.model_fields)
+        extra = set(result.__pydantic_extra__ or {}) - set(raw)
+        added = result.model_dump(mode="json", include=declared | extra | {"reward"})
+    reward = added.get("reward")
+    if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
+        raise ValueError(f"verify returned a non-finite or non-numeric reward: {reward!r}")
+    return {**raw, **added}
+
+
+def _body_model(function: Any, default: type[BaseModel] | None) -> type[BaseModel] | None:
+    """The pydantic model annotating a handler's single argument."""
+    try:
+        hints = typing.get_type_hints(function)
+    except (NameError, TypeError):
+        return default
+    params = [name for name in inspect.signature(function).parameters if name != "self"]
+    if len(params) == 1:
+        hint = hints.get(params[0])
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            return hint
+    return default
+
+
+def _tool_route(name: str, method: Any, model: type[BaseModel]):
+    async def route(request: Request) -> StarletteResponse:
+        try:
+            data = await read_json(request)
+            arguments = model.model_validate(data if data is not None else {})
+        except RequestValidationError as exc:
+            return JSONResponse({"error": f"invalid arguments for tool {name!r}: {exc.errors()[0]['msg']}"})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}" for e in exc.errors(include_url=False)
+            )
+            return JSONResponse({"error": f"invalid arguments for tool {name!r}: {problems}"})
+        return JSONResponse(_to_json(await method(arguments)))
+
+    route.__name__ = name
+    return route
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value

@@ -1,0 +1,95 @@
+"""Signed session cookies with NeMo-Gym's naming and semantics, as a pure ASGI middleware.
+
+Each server's cookie is named `<ClassName>___<instance name>` and signed with that same string (NeMo-Gym's
+convention), so one cookie dict can carry the agent's, the resources server's and the model server's cookies at
+once. The value is Starlette's format (itsdangerous-signed base64 JSON `{"session_id": "<uuid4>"}`). Every
+response re-sends the cookie; a request without a valid cookie gets a fresh session id. Handlers read the id with
+`session_id()` (a context variable) or `request.session["session_id"]`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import json
+import uuid
+
+import itsdangerous
+from itsdangerous.exc import BadSignature
+
+SESSION_ID_KEY = "session_id"
+MAX_AGE_S = 14 * 24 * 3600
+
+_current: contextvars.ContextVar[str | None] = contextvars.ContextVar("gymfleet_session_id", default=None)
+
+
+def session_id() -> str:
+    """The session id of the request being handled.
+
+    Raises:
+        RuntimeError: called outside a request of a server with session cookies.
+    """
+    value = _current.get()
+    if value is None:
+        raise RuntimeError("session_id() called outside a request handled by SessionCookieMiddleware")
+    return value
+
+
+def cookie_name(class_name: str, instance_name: str) -> str:
+    """NeMo-Gym's cookie name (and secret) for a server."""
+    return f"{class_name}___{instance_name}"
+
+
+class SessionCookieMiddleware:
+    """Attach `scope["session"] = {"session_id": ...}` from a signed cookie, and re-send the cookie."""
+
+    def __init__(self, app, name: str, secret: str | None = None):
+        self.app = app
+        self.name = name
+        self.signer = itsdangerous.TimestampSigner(secret or name)
+        self._morsel_suffix = f"; path=/; Max-Age={MAX_AGE_S}; httponly; samesite=lax"
+
+    def _read(self, headers) -> tuple[dict, bytes | None]:
+        prefix = self.name.encode() + b"="
+        for key, value in headers:
+            if key != b"cookie":
+                continue
+            for part in value.split(b";"):
+                part = part.strip()
+                if part.startswith(prefix):
+                    raw = part[len(prefix) :]
+                    try:
+                        data = json.loads(base64.b64decode(self.signer.unsign(raw, max_age=MAX_AGE_S)))
+                    except (BadSignature, ValueError):
+                        return {}, None
+                    if isinstance(data, dict) and isinstance(data.get(SESSION_ID_KEY), str):
+                        return data, raw
+                    return {}, None
+        return {}, None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        session, raw = self._read(scope["headers"])
+        if SESSION_ID_KEY not in session:
+            session = {SESSION_ID_KEY: str(uuid.uuid4())}
+            raw = None
+        scope["session"] = session
+        token = _current.set(session[SESSION_ID_KEY])
+        original = dict(session)
+
+        async def send_with_cookie(message):
+            if message["type"] == "http.response.start":
+                value = raw
+                if value is None or scope["session"] != original:
+                    value = self.signer.sign(base64.b64encode(json.dumps(scope["session"]).encode()))
+                cookie = self.name.encode() + b"=" + value + self._morsel_suffix.encode()
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [(b"set-cookie", cookie)]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_cookie)
+        finally:
+            _current.reset(token)

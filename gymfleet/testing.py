@@ -1,0 +1,115 @@
+"""Test helpers: serve a real app on an ephemeral port, build responses, check a resources server.
+
+`serve(app)` runs the ASGI app under uvicorn in a thread on a port the OS picks, so tests use real HTTP, real
+cookies and the real middleware. `make_response` builds a Responses object from text and tool calls (so no test
+hand-writes twenty lines of JSON). `check_resources_server` is the conformance checker every environment passes.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+
+@contextmanager
+def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `app` in a background thread; yields its base URL (`http://127.0.0.1:<port>`)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("test server failed to start")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def make_response(
+    text: str | None = None,
+    *,
+    tool_calls: list[tuple[str, dict[str, Any] | str]] | None = None,
+    reasoning: str | None = None,
+    incomplete: bool = False,
+) -> dict[str, Any]:
+    """A Responses object (wire dict) with optional reasoning, one assistant message and tool calls."""
+    output: list[dict[str, Any]] = []
+    if reasoning is not None:
+        output.append({"id": f"rs_{uuid.uuid4().hex[:8]}", "type": "reasoning",
+                       "summary": [{"type": "summary_text", "text": reasoning}]})
+    if text is not None:
+        output.append({"id": f"msg_{uuid.uuid4().hex[:8]}", "type": "message", "role": "assistant",
+                       "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    for name, arguments in tool_calls or []:
+        call_id = f"call_{uuid.uuid4().hex[:8]}"
+        output.append({"id": call_id, "call_id": call_id, "type": "function_call", "status": "completed",
+                       "name": name, "arguments": arguments if isinstance(arguments, str) else _dumps(arguments)})
+    return {
+        "id": f"resp_{uuid.uuid4().hex[:8]}", "object": "response", "created_at": 0, "model": "test-model",
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15},
+    }
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def check_resources_server(url: str, rows: list[dict[str, Any]], texts: list[str | None] | None = None) -> None:
+    """Conformance checks on a running resources server; raises AssertionError naming the failed check.
+
+    For each row: `/seed_session` answers 200 and sets a cookie; `/verify` with a response (`texts[i]`, default an
+    empty answer) answers 200, echoes every row field unchanged, returns a finite float `reward`, and gives the same
+    reward twice (determinism). Also `GET /` is live, `/reverify_mode` answers a known mode, `/metrics` is
+    Prometheus text, `/aggregate_metrics` accepts the results, and a body that is not a row is a 422.
+    """
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=60) as client:
+        assert client.get("/").json() == {"status": "ok"}, "GET / liveness"
+        assert client.get("/reverify_mode").json() in ("stateless", "unsupported", "unknown"), "reverify_mode"
+        results = []
+        for index, row in enumerate(rows):
+            seeded = client.post("/seed_session", json=row)
+            assert seeded.status_code == 200, f"row {index}: /seed_session {seeded.status_code}: {seeded.text}"
+            assert seeded.cookies, f"row {index}: /seed_session set no session cookie"
+            text = texts[index] if texts else ""
+            body = {**row, "response": make_response(text)}
+            rewards = []
+            for _ in range(2):
+                verified = client.post("/verify", json=body, cookies=seeded.cookies)
+                assert verified.status_code == 200, f"row {index}: /verify {verified.status_code}: {verified.text}"
+                result = verified.json()
+                for key, value in row.items():
+                    assert result.get(key) == value, f"row {index}: /verify did not echo field {key!r}"
+                reward = result.get("reward")
+                assert isinstance(reward, float | int) and math.isfinite(reward), f"row {index}: reward {reward!r}"
+                rewards.append(reward)
+            assert rewards[0] == rewards[1], f"row {index}: /verify not deterministic: {rewards}"
+            results.append(result)
+        aggregated = client.post("/aggregate_metrics", json={"verify_responses": results})
+        assert aggregated.status_code == 200 and "agent_metrics" in aggregated.json(), "aggregate_metrics"
+        assert client.post("/verify", json={"not": "a row"}).status_code == 422, "malformed /verify must be 422"
+        assert "gymfleet_requests" in client.get("/metrics").text, "/metrics"

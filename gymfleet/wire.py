@@ -1,0 +1,236 @@
+"""Wire types: the OpenAI Responses API shapes NeMo-Gym servers exchange, plus the training token fields.
+
+The request model (`ResponseCreateParams`) accepts every field NeMo-Gym's `NeMoGymResponseCreateParamsNonStreaming`
+accepts and rejects unknown ones (a typo in a dataset's `responses_create_params` is an error, not a silent no-op).
+The response model (`Response`) is the `openai` package's `Response` with its `output` items widened so that
+message, function_call and reasoning items may carry `prompt_token_ids`, `generation_token_ids` and
+`generation_log_probs` (all three or none), and `function_call_output` items may appear (agents put tool outputs
+into the episode's output). Unknown item types are kept as-is so hosted-tool items round-trip.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from openai.types.responses import Response as _OpenAIResponse
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
+class TokenFields(BaseModel):
+    """The training token fields a model server attaches to the last output item of each model call."""
+
+    prompt_token_ids: list[int] | None = None
+    generation_token_ids: list[int] | None = None
+    generation_log_probs: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _all_or_none(self):
+        present = [name for name in TOKEN_FIELDS if getattr(self, name) is not None]
+        if present and len(present) != len(TOKEN_FIELDS):
+            missing = sorted(set(TOKEN_FIELDS) - set(present))
+            raise ValueError(f"token fields must come together: got {present}, missing {missing}")
+        if present and len(self.generation_token_ids) != len(self.generation_log_probs):
+            raise ValueError(
+                f"generation_token_ids ({len(self.generation_token_ids)}) and generation_log_probs "
+                f"({len(self.generation_log_probs)}) must have the same length"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------- output items
+
+
+class OutputMessage(ResponseOutputMessage, TokenFields):
+    """An assistant message item (`type: "message"`)."""
+
+
+class FunctionCall(ResponseFunctionToolCall, TokenFields):
+    """A tool call the model made (`type: "function_call"`); `arguments` is a JSON string."""
+
+
+class Reasoning(ResponseReasoningItem, TokenFields):
+    """A reasoning item (`type: "reasoning"`)."""
+
+
+class FunctionCallOutput(BaseModel):
+    """A tool's output fed back to the model (`type: "function_call_output"`)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: str
+    output: str | list[dict[str, Any]]
+    id: str | None = None
+    status: str | None = None
+
+
+class OtherItem(BaseModel):
+    """Any other item type (hosted tools, MCP, ...), kept verbatim."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _item_tag(value: Any) -> str:
+    item_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if item_type in ("message", "function_call", "function_call_output", "reasoning"):
+        return item_type
+    return "other"
+
+
+OutputItem = Annotated[
+    Annotated[OutputMessage, Tag("message")]
+    | Annotated[FunctionCall, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[Reasoning, Tag("reasoning")]
+    | Annotated[OtherItem, Tag("other")],
+    Discriminator(_item_tag),
+]
+
+
+class Usage(BaseModel):
+    """Token usage; lenient about the detail blocks, which differ between `openai` releases."""
+
+    model_config = ConfigDict(extra="allow")
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    input_tokens_details: dict[str, Any] | None = None
+    output_tokens_details: dict[str, Any] | None = None
+
+
+class Response(_OpenAIResponse):
+    """A Responses API response (NeMo-Gym's `NeMoGymResponse`): `output` holds every item of the episode.
+
+    Fields whose exact schema varies across `openai` releases (`tools`, `tool_choice`, `usage`) are kept lenient so
+    a response produced by any NeMo-Gym version validates; `output` is typed, since rewards are read from it.
+    """
+
+    output: list[OutputItem]  # type: ignore[assignment]
+    id: str = ""
+    created_at: float = 0
+    model: str = ""
+    object: Literal["response"] = "response"
+    parallel_tool_calls: bool = True
+    tool_choice: str | dict[str, Any] = "auto"  # type: ignore[assignment]
+    tools: list[dict[str, Any]] = Field(default_factory=list)  # type: ignore[assignment]
+    usage: Usage | None = None  # type: ignore[assignment]
+
+    @property
+    def output_text(self) -> str:
+        """Concatenation of every `output_text` part of every message item (reasoning excluded)."""
+        return "".join(
+            part.text
+            for item in self.output
+            if item.type == "message"
+            for part in item.content
+            if getattr(part, "type", None) == "output_text"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- input items
+
+
+class InputMessage(TokenFields):
+    """A message in `input`: the "easy" form `{role, content}` or a full message item."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[dict[str, Any]]
+    type: Literal["message"] | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+class InputFunctionCall(TokenFields):
+    """A previous tool call in `input`."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function_call"]
+    name: str
+    arguments: str
+    call_id: str
+    id: str | None = None
+    status: str | None = None
+
+
+class InputReasoning(TokenFields):
+    """A previous reasoning item in `input`."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["reasoning"]
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    id: str | None = None
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+def _input_tag(value: Any) -> str:
+    if isinstance(value, dict):
+        item_type = value.get("type")
+        if item_type is None and "role" in value:
+            return "message"
+    else:
+        item_type = getattr(value, "type", None)
+    if item_type in ("message", "function_call", "function_call_output", "reasoning"):
+        return item_type
+    return "other"
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[InputFunctionCall, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[InputReasoning, Tag("reasoning")]
+    | Annotated[OtherItem, Tag("other")],
+    Discriminator(_input_tag),
+]
+
+
+class ResponseCreateParams(BaseModel):
+    """`POST /v1/responses` body (non-streaming) and every dataset row's `responses_create_params`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    max_tool_calls: int | None = None
+    metadata: dict[str, str] | None = None
+    model: str | None = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = None
+    prompt: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    reasoning: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    temperature: float | None = None
+    text: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    top_logprobs: int | None = None
+    top_p: float | None = None
+    truncation: str | None = None
+    user: str | None = None
+    background: bool | None = None
+    include: list[str] | None = None
+    conversation: str | dict[str, Any] | None = None
+    stream: Literal[False] | None = None
+
+    @model_validator(mode="after")
+    def _check_tools(self):
+        for index, tool in enumerate(self.tools or []):
+            if tool.get("type", "function") == "function" and not tool.get("name"):
+                raise ValueError(f"tools[{index}]: a function tool needs a 'name' (Responses shape, not Chat's)")
+        return self
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """`input` as a list of item dicts (a string becomes one user message)."""
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        return [item.model_dump(exclude_none=True) for item in self.input]
