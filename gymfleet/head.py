@@ -1,0 +1,82 @@
+"""The head server: how every client finds every server.
+
+`GET /global_config_dict_yaml` answers a JSON string holding the resolved config as YAML, with `host` and `port`
+filled in for every instance (NeMo-Gym clients `json.loads` it, then `OmegaConf.create` it). For each agent it
+also publishes an `environment_servers` entry pointing at the agent itself, which is how NeMo-Gym 0.7's rollout
+client reaches agents (`spec/protocol.md`, addendum). `GET /server_instances` lists the instances with their
+process ids and liveness.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import yaml
+from fastapi import FastAPI
+from starlette.responses import Response
+
+from gymfleet.config import GlobalConfig
+
+
+def published_config(config: GlobalConfig) -> dict[str, Any]:
+    """The config dict clients see: the resolved config plus one `environment_servers` entry per agent."""
+    data = dict(config.data)
+    for agent in config.instances_of("responses_api_agents"):
+        key = f"{agent.name}_environment_server"
+        if key not in data:
+            data[key] = {
+                "environment_servers": {
+                    "legacy_agent": {
+                        "entrypoint": "app.py",
+                        "agent_server": {"type": "responses_api_agents", "name": agent.name},
+                        "host": agent.host,
+                        "port": agent.port,
+                    }
+                }
+            }
+    return data
+
+
+def create_head_app(
+    config: GlobalConfig, processes: Callable[[], dict[str, dict[str, Any]]] | None = None
+) -> FastAPI:
+    """The head server app. `processes()` returns per-instance `{pid, start_time, status}` from the supervisor."""
+    app = FastAPI(title="gymfleet head server", docs_url=None, redoc_url=None)
+    config_yaml = orjson.dumps(yaml.safe_dump(published_config(config), sort_keys=False))
+
+    @app.get("/")
+    async def liveness() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/global_config_dict_yaml")
+    async def global_config_dict_yaml() -> Response:
+        return Response(config_yaml, media_type="application/json")
+
+    @app.get("/server_instances")
+    async def server_instances() -> list[dict[str, Any]]:
+        live = processes() if processes else {}
+        rows = []
+        for instance in config.instances.values():
+            state = live.get(instance.name, {})
+            started = state.get("start_time")
+            rows.append({
+                "process_name": instance.name,
+                "server_type": instance.server_type,
+                "name": instance.impl,
+                "dir_path": str(instance.dir),
+                "entrypoint": instance.entrypoint,
+                "host": instance.host,
+                "port": instance.port,
+                "url": instance.url,
+                "pid": state.get("pid"),
+                "config_path": instance.name,
+                "start_time": started,
+                "status": state.get("status", "unknown"),
+                "uptime_seconds": time.time() - started if started else None,
+            })
+        return rows
+
+    return app
