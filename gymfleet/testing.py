@@ -52,22 +52,53 @@ def make_response(
     """A Responses object (wire dict) with optional reasoning, one assistant message and tool calls."""
     output: list[dict[str, Any]] = []
     if reasoning is not None:
-        output.append({"id": f"rs_{uuid.uuid4().hex[:8]}", "type": "reasoning",
-                       "summary": [{"type": "summary_text", "text": reasoning}]})
+        output.append(
+            {
+                "id": f"rs_{uuid.uuid4().hex[:8]}",
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": reasoning}],
+            }
+        )
     if text is not None:
-        output.append({"id": f"msg_{uuid.uuid4().hex[:8]}", "type": "message", "role": "assistant",
-                       "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]})
+        output.append(
+            {
+                "id": f"msg_{uuid.uuid4().hex[:8]}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
     for name, arguments in tool_calls or []:
         call_id = f"call_{uuid.uuid4().hex[:8]}"
-        output.append({"id": call_id, "call_id": call_id, "type": "function_call", "status": "completed",
-                       "name": name, "arguments": arguments if isinstance(arguments, str) else _dumps(arguments)})
+        output.append(
+            {
+                "id": call_id,
+                "call_id": call_id,
+                "type": "function_call",
+                "status": "completed",
+                "name": name,
+                "arguments": arguments if isinstance(arguments, str) else _dumps(arguments),
+            }
+        )
     return {
-        "id": f"resp_{uuid.uuid4().hex[:8]}", "object": "response", "created_at": 0, "model": "test-model",
+        "id": f"resp_{uuid.uuid4().hex[:8]}",
+        "object": "response",
+        "created_at": 0,
+        "model": "test-model",
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-        "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
-                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15},
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": 10,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 5,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 15,
+        },
     }
 
 
@@ -113,3 +144,36 @@ def check_resources_server(url: str, rows: list[dict[str, Any]], texts: list[str
         assert aggregated.status_code == 200 and "agent_metrics" in aggregated.json(), "aggregate_metrics"
         assert client.post("/verify", json={"not": "a row"}).status_code == 422, "malformed /verify must be 422"
         assert "gymfleet_requests" in client.get("/metrics").text, "/metrics"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now (for a head server a test starts)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_fleet(config_paths: list[str], extra: dict[str, Any] | None = None) -> Iterator[Any]:
+    """Start a real fleet (`ng_run`'s supervisor, real subprocesses) from config files; yields the `Fleet`.
+
+    `extra` is merged over the files, as NeMo-RL's `initial_global_config_dict` is. The head server gets a free
+    port; `fleet.config` has every instance's URL.
+    """
+    from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+    from gymfleet.fleet import Fleet
+
+    initial = {
+        "config_paths": list(config_paths),
+        "head_server": {"host": "127.0.0.1", "port": free_port()},
+        **(extra or {}),
+    }
+    config = parse_global_config(
+        GlobalConfigDictParserConfig(initial_global_config_dict=initial, skip_load_from_cli=True)
+    )
+    fleet = Fleet(config)
+    fleet.start(timeout_s=120)
+    try:
+        yield fleet
+    finally:
+        fleet.shutdown()

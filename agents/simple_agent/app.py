@@ -52,7 +52,7 @@ class SimpleAgent(AgentServer):
         seeded = await self.client.post(env, "/seed_session", json=raw, cookies=cookies, timeout_s=60.0)
         seeded.raise_for_status()
         cookies = {**cookies, **seeded.cookies}
-        params = body.responses_create_params.model_dump(mode="json", exclude_unset=True)
+        params = raw["responses_create_params"]
         if self.config.skip_verification:
             response, cookies = await self.respond(params, cookies)
             return {**raw, "response": response, "reward": self.config.skip_verification_reward,

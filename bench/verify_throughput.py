@@ -1,0 +1,162 @@
+"""`/verify` throughput and latency: mcqa beside a bare FastAPI endpoint, at several concurrencies, in one run.
+
+Each server runs alone in its own process (one uvicorn worker, as `ng_run` starts it); the load generator is this
+process, using gymfleet's own HTTP client (aiohttp). The bare endpoint parses the same JSON body and returns a
+constant, so the gap between the two columns is what gymfleet's middleware, validation and mcqa's grading cost.
+
+    python bench/verify_throughput.py [--concurrency 1 16 256 4096] [--seconds 8]
+
+Prints one table: requests/s, p50 and p99 latency, and the server's peak RSS, for both servers at each concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gymfleet import http  # noqa: E402
+from gymfleet.testing import make_response  # noqa: E402
+
+ROW = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
+ANSWER = "Mercury has the shortest year, about 88 days. " * 20 + "\n\n\\boxed{B}"
+
+
+def _bare_app():
+    from fastapi import FastAPI, Request
+
+    app = FastAPI()
+
+    @app.post("/verify")
+    async def verify(request: Request):
+        await request.json()
+        return {"reward": 1.0}
+
+    return app
+
+
+def _mcqa_app():
+    from resources_servers.mcqa.app import MCQAServer
+
+    return MCQAServer({"name": "mcqa", "domain": "knowledge"}).create_app()
+
+
+def serve(kind: str, port: int) -> None:
+    import logging
+
+    import uvicorn
+
+    logging.basicConfig(level=logging.ERROR)
+    app = _bare_app() if kind == "bare" else _mcqa_app()
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False, backlog=8192)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(kind: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return process, url
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{kind} server did not start")
+
+
+async def _load(url: str, concurrency: int, seconds: float, body: dict) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def worker():
+        nonlocal errors
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            try:
+                response = await http.request("POST", url + "/verify", json=body, timeout_s=120,
+                                              retry=http.NO_RETRY)
+                if response.status != 200:
+                    errors += 1
+            except Exception:  # noqa: BLE001 - a benchmark counts every failure
+                errors += 1
+            latencies.append(time.perf_counter() - start)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - began
+    await http.close()
+    latencies.sort()
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        "errors": errors,
+        "n": len(latencies),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 256, 4096])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--serve", choices=["bare", "mcqa"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port)
+        return
+
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65535), hard))
+    body = {**ROW, "response": make_response(ANSWER)}
+    print(f"body {len(json.dumps(body))} bytes; {args.seconds:g}s per cell; {os.cpu_count()} cores")
+    results: dict[tuple[str, int], dict] = {}
+    for kind in ("bare", "mcqa"):
+        process, url = _start(kind)
+        proc = psutil.Process(process.pid)
+        try:
+            asyncio.run(_load(url, 16, 1.0, body))  # warm-up
+            for concurrency in args.concurrency:
+                result = asyncio.run(_load(url, concurrency, args.seconds, body))
+                result["rss_mb"] = proc.memory_info().rss / 2**20
+                results[kind, concurrency] = result
+        finally:
+            process.terminate()
+            process.wait(10)
+
+    header = f"{'conc':>5} | {'bare req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7} | " \
+             f"{'mcqa req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7} | {'mcqa/bare':>9} {'errors':>6}"
+    print(header)
+    print("-" * len(header))
+    for concurrency in args.concurrency:
+        bare, mcqa = results["bare", concurrency], results["mcqa", concurrency]
+        print(f"{concurrency:>5} | {bare['rps']:>10.0f} {bare['p50_ms']:>8.2f} {bare['p99_ms']:>8.2f} "
+              f"{bare['rss_mb']:>7.0f} | {mcqa['rps']:>10.0f} {mcqa['p50_ms']:>8.2f} {mcqa['p99_ms']:>8.2f} "
+              f"{mcqa['rss_mb']:>7.0f} | {mcqa['rps'] / bare['rps']:>9.2f} {bare['errors'] + mcqa['errors']:>6}")
+
+
+if __name__ == "__main__":
+    main()

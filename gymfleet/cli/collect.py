@@ -1,0 +1,62 @@
+"""`ng_collect_rollouts +input_jsonl_fpath=data.jsonl +output_jsonl_fpath=results/out.jsonl [+key=value ...]`
+
+Runs every row of the input through its agent's `/run` on a running fleet (`ng_run`) and writes the results.
+
+Keys: `agent_name` (for rows without `agent_ref`), `limit`, `num_repeats` (n or `{<agent>: n, _default: n}`),
+`num_repeats_add_seed`, `num_samples_in_parallel` (requests in flight; default unbounded),
+`"+responses_create_params={temperature: 0.6}"` (merged into every row's params), `resume_from_cache`,
+`max_attempts` (3; with resume), `disable_aggregation`, `request_timeout_s` (3600),
+`"+head_server={host: 127.0.0.1, port: 11000}"` (where the fleet's head server is).
+
+Writes `<out>.jsonl` (results), `<out>_materialized_inputs.jsonl`, `<out>_failures.jsonl` and
+`<out>_aggregate_metrics.json`. A failed rollout is written to the failures file and does not stop the others.
+Exit code: 0 when every rollout succeeded, 1 when some failed, 2 for a config or data error, 130 on Ctrl-C
+(finished rollouts are kept: rerun with `+resume_from_cache=true`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from gymfleet import http
+from gymfleet.cli import run_cli, wants_help
+from gymfleet.collect import CollectionSummary, RolloutCollectionConfig, collect, load_rows
+from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.errors import ConfigError, TransportError
+
+
+async def _collect(config: RolloutCollectionConfig, host: str, port: int) -> CollectionSummary:
+    rows = load_rows(config)  # bad data fails here, before the fleet is even contacted
+    try:
+        try:
+            client = await http.ServerClient.from_head(host, port)
+        except TransportError as exc:
+            raise ConfigError(
+                f"cannot reach the head server at {host}:{port}: {exc}",
+                path="head_server",
+                hint="Start the fleet with ng_run, or point +head_server={host: <host>, port: <port>} at it.",
+            ) from None
+        return await collect(config, client, rows=rows)
+    finally:
+        await http.close()
+
+
+def _run(argv: list[str]) -> int:
+    if wants_help(argv):
+        print(__doc__)
+        return 0
+    global_config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
+    config = validate_fields(RolloutCollectionConfig, global_config.data, "")
+    try:
+        summary = asyncio.run(_collect(config, global_config.head_host, global_config.head_port))
+    except KeyboardInterrupt:
+        print("Interrupted: finished rollouts are saved; rerun with +resume_from_cache=true to finish.",
+              file=sys.stderr)
+        return 130
+    print(summary.report(), flush=True)
+    return summary.exit_code
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(run_cli(_run, argv))

@@ -1,0 +1,422 @@
+"""The mechanics behind `gymfleet.config`: building the merged, still unresolved config tree, and reporting on it.
+
+Parsing Hydra-style CLI overrides into a nested dict, finding and loading YAML files (with their own `config_paths`
+includes), merging with OmegaConf, applying the NeMo-Gym directives `_inherit_from`, `_copy` and `_delete_key`,
+finding `???` values, masking secrets and turning pydantic errors into YAML-path messages. Trees are plain dicts
+whose `${...}` interpolations are kept as text; `gymfleet.config` resolves them once, after ports are assigned.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import logging
+import re
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gymfleet.errors import ConfigError, did_you_mean
+
+logger = logging.getLogger(__name__)
+
+MISSING = "???"
+SECRET_KEY = re.compile(r"api_key|token|secret|password", re.IGNORECASE)
+OVERRIDE_FORMS = (
+    "Use +key=value to add a key, ++key=value to force-set it, dotted keys for nesting "
+    "(+policy_model.responses_api_models.vllm_model.port=8000), brackets for lists "
+    "(+config_paths=[a.yaml,b.yaml]) and quotes around values with special characters (+key='a,b')."
+)
+# A whole value of the form `${inherit_from:a.b}` or `${copy:a.b}`; embedded in a longer string it is an error.
+_DIRECTIVE_STRING = re.compile(r"^\$\{\s*(inherit_from|copy)\s*:\s*([^}]+?)\s*\}$")
+# `a.b[1].c` -> ("a", None), ("b", None), (None, "1"), ("c", None)
+_FULL_KEY_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def join_path(prefix: str, key: object) -> str:
+    """Dotted YAML path of `key` under `prefix` (`a.b` + `c` -> `a.b.c`, `a.b` + 0 -> `a.b[0]`)."""
+    if isinstance(key, int):
+        return f"{prefix}[{key}]"
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def get_at(data: Any, full_key: str | None) -> Any:
+    """The value at an OmegaConf-style full key (`a.b[1].c`), or None if there is none."""
+    node = data
+    for key, index in _FULL_KEY_PART.findall(full_key or ""):
+        try:
+            node = node[int(index)] if index else node[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+# ---------------------------------------------------------------------------------------------- CLI overrides
+
+
+@functools.cache
+def _overrides_parser() -> OverridesParser:
+    return OverridesParser.create()
+
+
+def parse_overrides(tokens: list[str]) -> dict:
+    """Parse Hydra override tokens (`+a.b=1`, `++c=[x,y]`, `d='e f'`) into a nested dict.
+
+    The base config is empty, so plain `key=value` is accepted and means the same as `+key=value`; a later token
+    for the same key wins.
+
+    Raises:
+        ConfigError: a token that is not a valid override, or one using Hydra features a config dict cannot hold
+            (deletion `~key`, sweeps `a=1,2`, packages `key@pkg`).
+    """
+    result: dict = {}
+    for token in tokens:
+        try:
+            override = _overrides_parser().parse_override(token)
+        except HydraException as e:
+            reason = str(e).splitlines()[0]
+            raise ConfigError(f"malformed override {token!r}: {reason}.", hint=OVERRIDE_FORMS) from None
+        if override.is_delete():
+            raise ConfigError(
+                f"override {token!r}: deleting keys from the command line is not supported.",
+                hint="Set the key to null (++key=null) or list it in a `_delete_key` directive in YAML.",
+            )
+        if override.is_sweep_override():
+            raise ConfigError(f"override {token!r}: sweeps (a=1,2) are not supported.", hint=OVERRIDE_FORMS)
+        if override.package is not None:
+            raise ConfigError(f"override {token!r}: packages (key@pkg) are not supported.", hint=OVERRIDE_FORMS)
+        key = override.key_or_group
+        if key == "hydra" or key.startswith("hydra."):
+            logger.debug("ignoring Hydra runtime override %r", token)
+            continue
+        node = result
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[leaf] = override.value()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- merging
+
+
+def to_plain(value: Any, what: str = "config") -> dict:
+    """A plain dict from a dict or DictConfig (None -> {}), interpolations kept as text."""
+    if value is None:
+        return {}
+    try:
+        if isinstance(value, Mapping) and not isinstance(value, DictConfig):
+            value = OmegaConf.create(dict(value))
+        if not isinstance(value, DictConfig):
+            raise ConfigError(f"{what} must be a mapping, got {type(value).__name__}.")
+        return OmegaConf.to_container(value, resolve=False)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{what}: {str(e).splitlines()[0]}") from None
+
+
+def merge(*configs: dict, what: str = "config") -> dict:
+    """Merge plain dicts with OmegaConf semantics: later wins, dicts merge deeply, lists are replaced."""
+    try:
+        merged = OmegaConf.merge(*(OmegaConf.create(c) for c in configs))
+        return OmegaConf.to_container(merged, resolve=False)
+    except OmegaConfBaseException as e:
+        raise ConfigError(
+            f"cannot merge {what}: {str(e).splitlines()[0]}", path=getattr(e, "full_key", None)
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def load_yaml(path: Path) -> dict:
+    """Load one YAML file as a plain dict (an empty file is `{}`)."""
+    try:
+        loaded = OmegaConf.load(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, OmegaConfBaseException) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    if isinstance(loaded, ListConfig):
+        raise ConfigError(f"config file {path} must hold a mapping at top level, not a list.")
+    return OmegaConf.to_container(loaded, resolve=False)
+
+
+def _path_list(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ConfigError(
+        f"{where} must be a list of YAML file paths, got {value!r}.",
+        path="config_paths",
+        hint="Example: +config_paths=[responses_api_models/vllm_model/configs/vllm_model.yaml,my_env.yaml]",
+    )
+
+
+def _suggest_path(rel: Path, roots: list[Path]) -> str:
+    """Did-you-mean for the first path component that does not exist under any root."""
+    for root in roots:
+        here = root
+        for i, part in enumerate(rel.parts):
+            if (here / part).exists():
+                here = here / part
+                continue
+            if here.is_dir():
+                match = difflib.get_close_matches(part, [c.name for c in here.iterdir()], n=1)
+                if match:
+                    return f" Did you mean {str(Path(*rel.parts[:i], match[0], *rel.parts[i + 1 :]))!r}?"
+            break
+    return ""
+
+
+def find_config_file(value: str, roots: list[Path], listed_in: str, included_from: Path | None = None) -> Path:
+    """Resolve a `config_paths` entry: absolute as is, else against each root in order (then the including dir)."""
+    rel = Path(value).expanduser()
+    tried = [rel] if rel.is_absolute() else [root / rel for root in roots]
+    if included_from is not None and not rel.is_absolute():
+        tried.append(included_from.parent / rel)
+    for candidate in dict.fromkeys(tried):
+        if candidate.is_file():
+            return candidate.resolve()
+    search_roots = [] if rel.is_absolute() else [*roots, *([included_from.parent] if included_from else [])]
+    raise ConfigError(
+        f"config file {value!r} (listed in {listed_in}) not found; tried: {', '.join(map(str, dict.fromkeys(tried)))}."
+        + _suggest_path(rel, search_roots),
+        path="config_paths",
+        hint="Paths are relative to the working directory or the repository root; fix the path or drop the entry.",
+    )
+
+
+def load_config_files(paths: Any, roots: list[Path]) -> list[tuple[Path, dict]]:
+    """Load the files named by `config_paths` and their includes, flattened post-order.
+
+    An including file comes after (so overrides) what it includes, later siblings come after earlier ones, and a
+    file reached twice is loaded once, at its first position. Each file's own `config_paths` key is removed.
+    """
+    loaded: list[tuple[Path, dict]] = []
+    seen: set[Path] = set()
+
+    def visit(value: str, listed_in: str, included_from: Path | None) -> None:
+        path = find_config_file(value, roots, listed_in, included_from)
+        if path in seen:
+            logger.warning("config file %s is listed more than once; loading it once", path)
+            return
+        seen.add(path)
+        data = load_yaml(path)
+        for include in _path_list(data.pop("config_paths", None), f"config_paths in {path}"):
+            visit(include, str(path), path)
+        loaded.append((path, data))
+
+    for value in _path_list(paths, "config_paths"):
+        visit(value, "config_paths", None)
+    return loaded
+
+
+def load_env_yaml(dotenv_path: Path | None, roots: list[Path]) -> dict:
+    """`dotenv_path` if given (a missing file is fine), else the first `env.yaml` under `roots`, else `{}`."""
+    if dotenv_path is not None:
+        path = Path(dotenv_path)
+        return load_yaml(path) if path.is_file() else {}
+    for root in roots:
+        if (root / "env.yaml").is_file():
+            return load_yaml(root / "env.yaml")
+    return {}
+
+
+def resolved_config_paths(top: dict) -> Any:
+    """`top["config_paths"]`, with interpolations in it resolved against `top`."""
+    value = top.get("config_paths")
+    if not isinstance(value, str | list) or "${" not in str(value):
+        return value
+    try:
+        return OmegaConf.to_container(OmegaConf.create(top).config_paths, resolve=True)
+    except OmegaConfBaseException as e:
+        raise interpolation_error(e, top) from None
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+
+
+def resolve(raw: dict) -> dict:
+    """Resolve every interpolation; a failure names the YAML path and the interpolation text."""
+    try:
+        return OmegaConf.to_container(OmegaConf.create(raw), resolve=True)
+    except OmegaConfBaseException as e:
+        raise interpolation_error(e, raw) from None
+
+
+def interpolation_error(e: OmegaConfBaseException, raw: dict) -> ConfigError:
+    """A ConfigError for an OmegaConf resolution failure, quoting the raw text at the failing key."""
+    full_key = getattr(e, "full_key", None) or None
+    text = get_at(raw, full_key)
+    reason = str(e).splitlines()[0]
+    return ConfigError(
+        f"{full_key}: cannot resolve {text!r}: {reason}",
+        path=full_key,
+        hint="Define the referenced key (e.g. ++key=value), export the environment variable, or give a default: "
+        "${oc.env:VAR,default}.",
+    )
+
+
+# ---------------------------------------------------------------------------------------------- directives
+
+
+def _locate(root: dict, src: str, at: str) -> tuple[dict, str]:
+    node: Any = root
+    parts = src.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            known = list(node) if isinstance(node, dict) else []
+            raise ConfigError(
+                f"{at}: source {src!r} does not exist (no key {'.'.join(parts[: i + 1])!r})."
+                + did_you_mean(part, known),
+                path=at,
+                hint="Sources are absolute dotted paths from the top of the config, e.g. _copy: policy_model",
+            )
+        if i < len(parts) - 1:
+            node = node[part]
+    return node, parts[-1]
+
+
+def _split_keys(value: Any, at: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [k.strip() for k in value.split(",") if k.strip()]
+    if isinstance(value, list):
+        return [str(k) for k in value]
+    raise ConfigError(f"{join_path(at, '_delete_key')}: expected 'k1,k2' or a list of keys, got {value!r}.", path=at)
+
+
+def apply_directives(data: dict) -> dict:
+    """Apply `_inherit_from` / `${inherit_from:..}` (move), `_copy` / `${copy:..}` (copy) and `_delete_key`.
+
+    `{_copy: a.b, ...overrides}` becomes the subtree at `a.b` with the overrides merged on top; `_inherit_from`
+    does the same and removes `a.b`. A source is processed before it is copied, so chains work; cycles are errors.
+    `{_delete_key: "k1,k2"}` removes those keys from the mapping that holds it, after any merge.
+    """
+    root = copy.deepcopy(data)
+
+    def source(src: str, at: str, stack: tuple[str, ...], move: bool) -> Any:
+        if any(p == src or p.startswith((src + ".", src + "[")) for p in (*stack, at)):
+            raise ConfigError(f"{at}: directive source {src!r} is this key, one of its parents or a cycle.", path=at)
+        parent, key = _locate(root, src, at)
+        parent[key] = visit(parent[key], src, (*stack, at))
+        value = copy.deepcopy(parent[key])
+        if move:
+            del parent[key]
+        return value
+
+    def visit(node: Any, at: str, stack: tuple[str, ...]) -> Any:
+        if isinstance(node, str):
+            match = _DIRECTIVE_STRING.match(node)
+            return source(match[2], at, stack, match[1] == "inherit_from") if match else node
+        if isinstance(node, list):
+            return [visit(item, join_path(at, i), stack) for i, item in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        kinds = [k for k in ("_inherit_from", "_copy") if k in node]
+        if len(kinds) > 1:
+            raise ConfigError(f"{at}: use either _inherit_from or _copy, not both.", path=at)
+        if kinds:
+            src = str(node.pop(kinds[0]))
+            base = source(src, at, stack, kinds[0] == "_inherit_from")
+            if not isinstance(base, dict):
+                raise ConfigError(f"{at}: {kinds[0]} source {src!r} must be a mapping, got {base!r}.", path=at)
+            node = merge(base, node, what=at)
+        deletes = _split_keys(node.pop("_delete_key", None), at)
+        for key in list(node):
+            if key in node:  # a sibling's _inherit_from may have moved it away
+                node[key] = visit(node[key], join_path(at, key), stack)
+        for key in deletes:
+            node.pop(key, None)
+        return node
+
+    return visit(root, "", ())
+
+
+def find_missing(node: Any, at: str = "") -> list[str]:
+    """Dotted paths of every value still equal to `???`."""
+    if isinstance(node, str):
+        return [at] if node == MISSING else []
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    return [path for key, value in items for path in find_missing(value, join_path(at, key))]
+
+
+# ---------------------------------------------------------------------------------------------- reporting
+
+
+def mask_secrets(node: Any) -> Any:
+    """A copy of `node` with the values of secret-looking keys (api_key, token, secret, password) as `****`."""
+    if isinstance(node, list):
+        return [mask_secrets(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    masked = {}
+    for key, value in node.items():
+        if SECRET_KEY.search(str(key)) and isinstance(value, str) and value:
+            masked[key] = "****"
+        elif SECRET_KEY.search(str(key)) and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            masked[key] = ["****"] * len(value)
+        else:
+            masked[key] = mask_secrets(value)
+    return masked
+
+
+def describe_validation_error(
+    error: pydantic.ValidationError, model_cls: type[pydantic.BaseModel], path: str
+) -> tuple[list[str], str | None]:
+    """One line per bad field, named by its full dotted YAML path, plus a hint listing valid fields for typos."""
+    lines, hint = [], None
+    for err in error.errors():
+        at = path
+        for part in err["loc"]:
+            at = join_path(at, part)
+        if err["type"] == "extra_forbidden":
+            known = _model_fields_at(model_cls, err["loc"][:-1])
+            lines.append(f"{at}: unknown field.{did_you_mean(err['loc'][-1], known)}")
+            hint = f"Valid fields here: {', '.join(sorted(known))}."
+        elif err["type"] == "missing":
+            lines.append(f"{at}: required field is missing.")
+        else:
+            lines.append(f"{at}: {err['msg']} (got {_short_repr(err.get('input'))}).")
+    return lines, hint
+
+
+def _model_fields_at(model_cls: type[pydantic.BaseModel], loc: tuple) -> list[str]:
+    """Field names of the (nested) model at `loc`, best effort: [] where the type is not a model."""
+    cls: Any = model_cls
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = cls.model_fields.get(part) if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel) else None
+        if info is None:
+            return []
+        models = [
+            a for a in _flatten_types(info.annotation) if isinstance(a, type) and issubclass(a, pydantic.BaseModel)
+        ]
+        if not models:
+            return []
+        cls = models[0]
+    return [alias for name, info in cls.model_fields.items() for alias in {name, info.alias or name}]
+
+
+def _flatten_types(annotation: Any) -> list[Any]:
+    args = typing.get_args(annotation)
+    return [annotation] if not args else [t for arg in args for t in _flatten_types(arg)]
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
