@@ -204,26 +204,36 @@ async def request(
                     cookies=_response_cookies(resp),
                     headers=dict(resp.headers),
                 )
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+        except aiohttp.ConnectionTimeoutError as exc:  # never connected: safe to retry
             failure = _transport_failure(url, exc, "connection_error", timeout_s)
-        except TimeoutError as exc:
+        except TimeoutError as exc:  # sent, no answer in time (aiohttp's read timeouts are TimeoutErrors too)
             failure = _transport_failure(url, exc, "timeout", timeout_s)
             if not retry.retry_timeouts:
                 raise failure from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+            failure = _transport_failure(url, exc, "connection_error", timeout_s)
         else:
             if result.status not in retry.retry_statuses or attempt + 1 >= retry.max_attempts:
                 return result
             delay = retry.delay(attempt, result.headers.get("Retry-After"))
-            log.warning("%s %s -> %s; retry %d/%d in %.2fs", method, url, result.status, attempt + 1,
-                        retry.max_attempts - 1, delay)
+            log.warning(
+                "%s %s -> %s; retry %d/%d in %.2fs",
+                method,
+                url,
+                result.status,
+                attempt + 1,
+                retry.max_attempts - 1,
+                delay,
+            )
             attempt += 1
             await asyncio.sleep(delay)
             continue
         if attempt + 1 >= retry.max_attempts:
             raise failure
         delay = retry.delay(attempt)
-        log.warning("%s %s failed (%s); retry %d/%d in %.2fs", method, url, failure, attempt + 1,
-                    retry.max_attempts - 1, delay)
+        log.warning(
+            "%s %s failed (%s); retry %d/%d in %.2fs", method, url, failure, attempt + 1, retry.max_attempts - 1, delay
+        )
         attempt += 1
         await asyncio.sleep(delay)
 
@@ -260,9 +270,7 @@ class ServerClient:
                     for impl_block in type_block.values():
                         if isinstance(impl_block, dict) and "port" in impl_block:
                             return f"http://{_client_host(impl_block.get('host'))}:{impl_block['port']}"
-        known = sorted(
-            key for key, value in self.config.items() if isinstance(value, dict) and key != "head_server"
-        )
+        known = sorted(key for key, value in self.config.items() if isinstance(value, dict) and key != "head_server")
         raise ServerRefError(f"unknown server {name!r}; known: {known}.{did_you_mean(name, known)}")
 
     async def post(

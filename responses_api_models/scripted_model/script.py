@@ -1,0 +1,110 @@
+"""The scripted model's script: rules (regex → reply) checked in order, first match wins, else the default reply."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr, field_validator, model_validator
+
+from responses_api_models.scripted_model.tokenizer import message_text
+
+
+class ScriptedToolCall(BaseModel):
+    """One tool call the scripted reply makes."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str
+    """Function name."""
+    arguments: dict[str, Any] | str = {}
+    """Arguments as an object, or as a JSON string holding an object."""
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: dict[str, Any] | str) -> dict[str, Any] | str:
+        if isinstance(value, str):
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"arguments string is not JSON: {exc}") from exc
+            if not isinstance(parsed, dict):
+                raise ValueError(f"arguments must be a JSON object, got {type(parsed).__name__}")
+        return value
+
+    def arguments_json(self) -> str:
+        """Arguments as the JSON string a Chat completion carries."""
+        arguments = json.loads(self.arguments) if isinstance(self.arguments, str) else self.arguments
+        return json.dumps(arguments, ensure_ascii=False)
+
+
+class Reply(BaseModel):
+    """What the model answers."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    text: str = ""
+    """Assistant content."""
+    reasoning: str | None = None
+    """Reasoning, returned as `reasoning_content` and generated as a leading `<think>` block."""
+    tool_calls: list[ScriptedToolCall] = []
+    """Tool calls, in order."""
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    """Reported finish reason; by default "tool_calls" when there are tool calls, else "stop". With "length" the
+    generation ends without `<|im_end|>`, as a model cut off by its token budget does."""
+
+    @model_validator(mode="after")
+    def _length_has_no_tool_calls(self):
+        if self.finish_reason == "length" and self.tool_calls:
+            raise ValueError("a reply cut off by length (finish_reason: length) cannot make tool_calls")
+        return self
+
+
+class Rule(Reply):
+    """A reply given when `match` is found in the conversation text chosen by `on`."""
+
+    match: str
+    """Python regex, searched (`re.search`, DOTALL) in the `on` text."""
+    on: Literal["last_user", "last_message", "transcript"] = "last_user"
+    """Which text to search: the last user message, the last message of any role (e.g. a tool output), or every
+    message's content joined with newlines."""
+
+    _pattern: re.Pattern[str] = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on_key(cls, data: Any) -> Any:
+        # YAML 1.1 (PyYAML, OmegaConf) reads an unquoted `on:` key as the boolean True.
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value, re.DOTALL)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {value!r}: {exc}") from exc
+        return value
+
+    def model_post_init(self, context: Any) -> None:
+        self._pattern = re.compile(self.match, re.DOTALL)
+
+    def matches(self, messages: list[dict[str, Any]]) -> bool:
+        return self._pattern.search(conversation_text(messages, self.on)) is not None
+
+
+def conversation_text(messages: list[dict[str, Any]], on: str) -> str:
+    """The text a rule searches (see `Rule.on`)."""
+    if on == "transcript":
+        return "\n".join(message_text(message.get("content")) for message in messages)
+    if on == "last_user":
+        messages = [message for message in messages if message.get("role") == "user"]
+    return message_text(messages[-1].get("content")) if messages else ""
+
+
+def choose(rules: list[Rule], default: Reply, messages: list[dict[str, Any]]) -> Reply:
+    """The first rule matching `messages`, else `default`."""
+    return next((rule for rule in rules if rule.matches(messages)), default)
