@@ -326,12 +326,10 @@ def test_bad_regex_names_the_rule():
     "rule",
     [
         {"match": "x", "finish_reason": "length", "tool_calls": [{"name": "f"}]},
-        {"match": "x", "tool_calls": [{"name": "f", "arguments": "[1]"}]},
-        {"match": "x", "tool_calls": [{"name": "f", "arguments": "{not json"}]},
         {"match": "x", "on": "first_user"},
         {"match": "x", "txt": "typo"},
     ],
-    ids=["length_with_tool_calls", "arguments_not_object", "arguments_not_json", "unknown_on", "unknown_key"],
+    ids=["length_with_tool_calls", "unknown_on", "unknown_key"],
 )
 def test_bad_rule_is_a_config_error(rule):
     with pytest.raises(ValidationError, match=r"rules\.0"):
@@ -347,3 +345,9 @@ def test_shipped_config_validates_and_answers():
         mcqa = chat(shipped, "Pick one:\nA) red\nB) blue")["choices"][0]["message"]
         assert mcqa["content"] == "The answer is \\boxed{A}."
         assert chat(shipped, "hello")["choices"][0]["message"]["content"] == "I am not sure."
+
+
+def test_malformed_tool_arguments_are_sent_verbatim():
+    """Real models emit broken JSON arguments; the script must be able to as well."""
+    config = ScriptedModelConfig(rules=[{"match": "x", "tool_calls": [{"name": "f", "arguments": "{city: Paris"}]}])
+    assert config.rules[0].tool_calls[0].arguments_json() == "{city: Paris"

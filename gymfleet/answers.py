@@ -1,0 +1,534 @@
+r"""Answer extraction: pure helpers that pull a model's final answer out of its text.
+
+Every helper is a pure function of its arguments: no I/O, no state. Extractors return `str | None`, where None means
+"nothing found" and is never replaced by `""`. All of them run in time linear in the input (no regex here can
+backtrack catastrophically), so a 1 MB completion cannot stall a server. Final answers sit at the end of an output,
+so a caller that only needs the answer should still clip long text with `tail` before extracting.
+
+Contents:
+    - `last_boxed`: content of the last `\boxed{...}` / `\fbox{...}`.
+    - `strip_think`: the visible answer once `<think>...</think>` reasoning is dropped.
+    - `answer_after`, `answer_values`: the value after an `Answer:` label (markdown tolerant).
+    - `choice_letter`: the option letter a payload names, rejecting hedges such as "A or B".
+    - `match_option_text`: the option letter whose text a payload spells out.
+    - `unwrap_latex_text`: drop `\text{...}`-style wrappers.
+    - `last_number`, `normalize`, `normalize_letter`, `tail`: small building blocks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+
+__all__ = [
+    "answer_after",
+    "answer_values",
+    "choice_letter",
+    "last_boxed",
+    "last_number",
+    "match_option_text",
+    "normalize",
+    "normalize_letter",
+    "strip_think",
+    "tail",
+    "unwrap_latex_text",
+]
+
+# ---------------------------------------------------------------------------------------------- small blocks
+
+
+def tail(text: str, max_chars: int) -> str:
+    """Return the last `max_chars` characters of `text`.
+
+    Final answers sit at the end of an output, so clipping before regex work bounds the cost on huge outputs without
+    losing the answer.
+
+    Args:
+        text: Any text.
+        max_chars: How many trailing characters to keep; 0 keeps nothing.
+
+    Returns:
+        `text` itself when it is short enough, else its last `max_chars` characters.
+
+    Raises:
+        ValueError: If `max_chars` is negative.
+
+    Examples:
+        >>> tail("reasoning... Answer: B", 9)
+        'Answer: B'
+        >>> tail("short", 100)
+        'short'
+        >>> tail("anything", 0)
+        ''
+    """
+    if max_chars < 0:
+        raise ValueError(f"max_chars must be >= 0, got {max_chars}")
+    return text[len(text) - max_chars :] if len(text) > max_chars else text
+
+
+def normalize(text: str) -> str:
+    r"""Casefold `text`, collapse runs of whitespace to one space and strip the ends.
+
+    Args:
+        text: Any text.
+
+    Returns:
+        The normalized text, suitable for equality or substring checks between free-form strings.
+
+    Examples:
+        >>> normalize("  Polymerase   Chain\nReaction ")
+        'polymerase chain reaction'
+        >>> normalize("STRASSE") == normalize("straße")
+        True
+    """
+    return " ".join(text.casefold().split())
+
+
+# Arabic (alef with hamza above, beh, jeem, dal) and Bengali (a, ba, dda, ka) option letters, in A-D order.
+_SCRIPT_LETTERS = {"أ": "A", "ب": "B", "ج": "C", "د": "D", "অ": "A", "ব": "B", "ড": "C", "ক": "D"}
+_FULLWIDTH_UPPER_A, _FULLWIDTH_UPPER_Z = 0xFF21, 0xFF3A  # "Ａ".."Ｚ"
+_FULLWIDTH_LOWER_A, _FULLWIDTH_LOWER_Z = 0xFF41, 0xFF5A  # "ａ".."ｚ"
+
+
+def normalize_letter(ch: str) -> str:
+    """Map an option letter written in another script to its ASCII capital.
+
+    Full-width Latin letters (`Ａ`..`Ｚ`, `ａ`..`ｚ`) map to `A`..`Z`; the Arabic letters `أ ب ج د` and the Bengali
+    letters `অ ব ড ক` map to `A B C D` (the order datasets in those languages use for options). Anything else is
+    returned uppercased.
+
+    Args:
+        ch: Usually a single character; longer strings are only uppercased.
+
+    Returns:
+        The ASCII capital for a mapped letter, else `ch.upper()`.
+
+    Examples:
+        >>> normalize_letter("Ｃ"), normalize_letter("ｂ")
+        ('C', 'B')
+        >>> normalize_letter("ب"), normalize_letter("ক")
+        ('B', 'D')
+        >>> normalize_letter("e")
+        'E'
+    """
+    if len(ch) == 1:
+        code = ord(ch)
+        if _FULLWIDTH_UPPER_A <= code <= _FULLWIDTH_UPPER_Z:
+            return chr(code - _FULLWIDTH_UPPER_A + ord("A"))
+        if _FULLWIDTH_LOWER_A <= code <= _FULLWIDTH_LOWER_Z:
+            return chr(code - _FULLWIDTH_LOWER_A + ord("A"))
+        if ch in _SCRIPT_LETTERS:
+            return _SCRIPT_LETTERS[ch]
+    return ch.upper()
+
+
+# ---------------------------------------------------------------------------------------------- boxes
+
+# Where a box starts: `\boxed{` / `\fbox {` (group 1 is the brace) or `\boxed 5` (group 2 is the bare token).
+# Matches "\boxed{B}", "\fbox {B}", "\boxed 5"; does not match "\boxedB" or "\boxed $".
+BOX_START = re.compile(r"\\(?:boxed|fbox)(?:\s*(\{)|\s+([^\s{}$\\]+))")
+# A brace that counts towards nesting. `\{`, `\}` and `\\` match too, so escaped braces are consumed and skipped.
+# Matches "{" and "}"; in "\{1,2\}" it matches "\{" and "\}", which do not count.
+BRACE_TOKEN = re.compile(r"\\[\\{}]|[{}]")
+
+
+def _closing_brace(text: str, open_at: int, end: int) -> int | None:
+    depth = 0
+    for match in BRACE_TOKEN.finditer(text, open_at, end):
+        token = match.group()
+        if token == "{":
+            depth += 1
+        elif token == "}":
+            depth -= 1
+            if depth == 0:
+                return match.start()
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    r"""Return the content of the last `\boxed{...}` or `\fbox{...}` in `text`.
+
+    Rules:
+        - Braces are counted, so nested groups such as `\boxed{\frac{1}{2}}` come back whole; escaped braces
+          (`\{`, `\}`) do not count.
+        - "Last" means the box that starts last; in `\boxed{\boxed{A}}` that is the inner one.
+        - A box that never closes (an output cut off mid-answer) is ignored and the box before it is used.
+        - `\boxed 5` (no braces, as TeX allows) yields the single token after the space.
+        - The content is stripped; an empty last box gives None.
+
+    Args:
+        text: A model output.
+
+    Returns:
+        The stripped content of the last complete box, or None if there is none or it is empty.
+
+    Examples:
+        >>> last_boxed(r"First guess \boxed{A}. On reflection the answer is \boxed{C}.")
+        'C'
+        >>> last_boxed(r"\boxed{\frac{1}{2}}")
+        '\\frac{1}{2}'
+        >>> last_boxed(r"\boxed{\text{B}}")
+        '\\text{B}'
+        >>> last_boxed(r"so \boxed 5$")
+        '5'
+        >>> last_boxed(r"\boxed{B} then cut off: \boxed{C") # the unclosed box is ignored
+        'B'
+        >>> last_boxed("no box here") is None
+        True
+    """
+    # A box whose brace never closes bounds the scan of every earlier box: an earlier box that has not closed by
+    # then cannot close later, since everything after the unclosed brace stays nested inside it. This keeps the
+    # work linear even for "\boxed{" repeated a million times.
+    end = len(text)
+    next_boxed, next_fbox = text.rfind("\\boxed"), text.rfind("\\fbox")
+    while next_boxed >= 0 or next_fbox >= 0:
+        if next_boxed > next_fbox:
+            start, next_boxed = next_boxed, text.rfind("\\boxed", 0, next_boxed)
+        else:
+            start, next_fbox = next_fbox, text.rfind("\\fbox", 0, next_fbox)
+        match = BOX_START.match(text, start)
+        if match is None:
+            continue
+        if match.group(2) is not None:
+            return match.group(2)
+        close = _closing_brace(text, match.start(1), end)
+        if close is None:
+            end = match.start(1)
+            continue
+        return text[match.end(1) : close].strip() or None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- think blocks
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def strip_think(text: str) -> str:
+    r"""Drop reasoning wrapped in `<think>...</think>` and return the visible answer.
+
+    Rules, applied left to right (tags are matched exactly, lowercase):
+        - A complete `<think>...</think>` block is removed.
+        - A `</think>` with no opening tag before it (reasoning parsers often leave the opening tag in the prompt)
+          means everything before it was reasoning: all text up to and including it is dropped. With several, the
+          last one wins.
+        - A `<think>` that never closes (output cut off while reasoning) is dropped together with everything after
+          it.
+
+    Args:
+        text: A model output.
+
+    Returns:
+        The remaining text, stripped of surrounding whitespace (possibly empty).
+
+    Examples:
+        >>> strip_think("<think>A looks tempting, but...</think>\n\nAnswer: B")
+        'Answer: B'
+        >>> strip_think("the opening tag was in the prompt...</think> Answer: C")
+        'Answer: C'
+        >>> strip_think("Answer: D <think>wait, maybe not")
+        'Answer: D'
+        >>> strip_think("no reasoning tags")
+        'no reasoning tags'
+    """
+    kept: list[str] = []
+    pos = 0
+    open_at, close_at = text.find(THINK_OPEN), text.find(THINK_CLOSE)
+    while True:
+        if close_at != -1 and (open_at == -1 or close_at < open_at):
+            kept.clear()
+            pos = close_at + len(THINK_CLOSE)
+            close_at = text.find(THINK_CLOSE, pos)
+            continue
+        if open_at == -1:
+            kept.append(text[pos:])
+            break
+        kept.append(text[pos:open_at])
+        if close_at == -1:
+            break
+        pos = close_at + len(THINK_CLOSE)
+        open_at, close_at = text.find(THINK_OPEN, pos), text.find(THINK_CLOSE, pos)
+    return "".join(kept).strip()
+
+
+# ---------------------------------------------------------------------------------------------- "Answer:" lines
+
+
+@lru_cache(maxsize=32)
+def _answer_pattern(label: str, markdown: bool) -> re.Pattern[str]:
+    # markdown=True matches "**Answer:** B", "__Answer__: B", "Answer : B", "Answer:\nB"; not "Answer is B".
+    # markdown=False matches "answer: B", "Answer :\n\n B"; in "**Answer:** B" it captures "** B".
+    if markdown:
+        return re.compile(rf"{re.escape(label)}[*_]{{0,2}}\s*:[*_\s]{{0,2}}(.+)", re.IGNORECASE)
+    return re.compile(rf"{re.escape(label)}\s*:\s*(.+)", re.IGNORECASE)
+
+
+def answer_values(text: str, label: str = "Answer", *, markdown: bool = True) -> list[str]:
+    r"""Return every non-empty value written after `label:` in `text`, in order of appearance.
+
+    The label matches case-insensitively anywhere (so "Final answer:" counts). A value runs to the end of its line.
+
+    - `markdown=True`: up to two `*`/`_` may follow the label (`**Answer**:`), whitespace may precede the colon, up to
+      two `*`/`_`/whitespace characters (a newline included) may precede the value (`**Answer:** B`,
+      `Answer:\nB`), and `*`/`_` emphasis is stripped from the value's ends.
+    - `markdown=False`: the plain form `label\s*:\s*(.+)`; any whitespace, newlines included, may separate colon
+      and value, and only whitespace is stripped from the value.
+
+    Args:
+        text: A model output.
+        label: The label before the colon.
+        markdown: Whether to tolerate markdown emphasis (see above).
+
+    Returns:
+        The stripped values; values that are empty after stripping are left out.
+
+    Examples:
+        >>> answer_values("Answer: A\nHmm, wait.\n**Answer:** C")
+        ['A', 'C']
+        >>> answer_values("**Answer:** B", markdown=False)
+        ['** B']
+        >>> answer_values("Answer is B")
+        []
+    """
+    pattern = _answer_pattern(label, markdown)
+    values = (match.group(1).strip() for match in pattern.finditer(text))
+    if markdown:
+        values = (value.strip("*_").strip() for value in values)
+    return [value for value in values if value]
+
+
+def answer_after(text: str, label: str = "Answer") -> str | None:
+    r"""Return the value after the last `label:` in `text` that has one (markdown tolerant, case-insensitive).
+
+    See `answer_values` (`markdown=True`) for what counts as a label and a value.
+
+    Args:
+        text: A model output.
+        label: The label before the colon.
+
+    Returns:
+        The last non-empty value, stripped, or None.
+
+    Examples:
+        >>> answer_after("Let me check each option.\n\n**Answer:** B")
+        'B'
+        >>> answer_after("__Answer__: C")
+        'C'
+        >>> answer_after("FINAL ANSWER : 42", label="final answer")
+        '42'
+        >>> answer_after("Answer:   ") is None
+        True
+    """
+    values = answer_values(text, label, markdown=True)
+    return values[-1] if values else None
+
+
+# ---------------------------------------------------------------------------------------------- option letters
+
+# A LaTeX text wrapper whose argument holds no braces; it is replaced by its argument (innermost first).
+# Matches "\text{B}", "\textbf{ B) PCR }"; does not match "\texttt{B}" or "\text{a{b}}" as a whole.
+LATEX_TEXT = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf)\s*\{([^{}]*)\}")
+_MAX_WRAPPER_DEPTH = 8  # deeper nesting is not an answer; the bound keeps unwrapping linear
+
+# Strict: a lone capital with only non-letters around it. Matches "B", "(B)", "**B**", "$B$."; not "B or C", "PCR".
+LONE_CAPITAL = re.compile(r"^[^A-Za-z]*([A-Z])[^A-Za-z]*$")
+# Strict: a capital used as an option label at the start. Matches "B) PCR", "B: PCR", "B. coli", "B - PCR";
+# not "(B) PCR" or "BRCA1".
+LABELLED_CAPITAL = re.compile(r"^\s*([A-Z])\s*[:).\-]")
+# Lenient: a first character that is a letter on its own. Matches "b because", "C."; not "Because" or "B12".
+LEADING_LETTER = re.compile(r"^([a-zA-Z])(?![a-zA-Z0-9])")
+# Lenient: a standalone capital anywhere. Matches "C" in "so C is right"; not the "C" in "CRISPR".
+STANDALONE_CAPITAL = re.compile(r"\b[A-Z]\b")
+# Two option letters in a row, joined by "/ | & , ;", "or", "and" or whitespace; a letter may be parenthesised.
+# The second letter sits in a lookahead so "A, A, B" still finds the pair (A, B).
+# Matches "A or B", "A/B", "A, C", "(A) and (B)", "A B"; not "B) PCR", "C. A ligand", "AB".
+LETTER_PAIR = re.compile(
+    r"(?<![A-Za-z0-9])(?:\(([A-Z])\)|([A-Z])(?![A-Za-z0-9]))"
+    r"(?:(?:\s*(?:[/|&,;]|\b(?i:or|and)\b))+\s*|\s+)"
+    r"(?=(?:\(([A-Z])\)|([A-Z])(?![A-Za-z0-9])))"
+)
+# An option label as a prompt writes it. Two distinct ones mean the payload echoes the option list.
+# Matches "A:" in "A: PCR B: ELISA", "(B)", "C)"; not "B." or "BRCA:".
+OPTION_LABEL = re.compile(r"(?<![A-Za-z0-9])\(?([A-Z])\s*[:)]")
+
+
+def unwrap_latex_text(text: str) -> str:
+    r"""Replace `\text{...}`, `\textbf{...}`, `\textit{...}`, `\mathrm{...}` and `\mathbf{...}` by their argument.
+
+    Wrappers are removed innermost first, up to 8 levels deep, wherever they appear in `text`.
+
+    Args:
+        text: Usually the content of a box.
+
+    Returns:
+        The unwrapped text, stripped.
+
+    Examples:
+        >>> unwrap_latex_text(r"\text{\textbf{B}}")
+        'B'
+        >>> unwrap_latex_text(r"\text{B}) PCR")
+        'B) PCR'
+        >>> unwrap_latex_text(r"\frac{1}{2}")
+        '\\frac{1}{2}'
+    """
+    for _ in range(_MAX_WRAPPER_DEPTH):
+        text, count = LATEX_TEXT.subn(lambda match: match.group(1), text)
+        if not count:
+            break
+    return text.strip()
+
+
+def _names_several(payload: str, allowed: frozenset[str]) -> bool:
+    for match in LETTER_PAIR.finditer(payload):
+        first, second = match.group(1) or match.group(2), match.group(3) or match.group(4)
+        if first != second and first in allowed and second in allowed:
+            return True
+    return len({match.group(1) for match in OPTION_LABEL.finditer(payload)} & allowed) >= 2
+
+
+def choice_letter(payload: str | None, options: Iterable[str], lenient: bool = False) -> str | None:
+    r"""Return the option letter that `payload` (a box's content, an `Answer:` value) chooses.
+
+    Rules, in order:
+        1. LaTeX text wrappers are removed (`unwrap_latex_text`) and the payload is stripped.
+        2. A payload that names two or more distinct allowed letters is a hedge or an echo of the options and gives
+           None: letters joined by `/ | & , ;`, "or", "and" or whitespace ("A or B", "A/B", "A, C", "(A) and (B)"),
+           or two option labels such as "A: ... B: ...".
+        3. Strict: a lone capital among non-letters ("B", "(B)", "**B**"), or a capital used as a label at the start
+           ("B) PCR", "B: PCR", "B."). Lowercase letters do not count.
+        4. Lenient only, when 3 finds nothing: a leading letter of either case standing alone ("b because ..."),
+           else the last standalone capital ("I think C").
+        5. The letter must be in `options`; in the lenient rules a letter outside them lets the next rule try.
+
+    Args:
+        payload: The text to read; None gives None, so `choice_letter(last_boxed(text), ...)` composes.
+        options: The allowed letters, e.g. `"ABCD"` or `["A", "B", "C", "D"]`.
+        lenient: Whether to apply rule 4.
+
+    Returns:
+        The chosen uppercase letter, or None.
+
+    Examples:
+        >>> choice_letter(r"\text{B}", "ABCD")
+        'B'
+        >>> choice_letter("B) PCR", "ABCD")
+        'B'
+        >>> choice_letter("E", "ABCD") is None
+        True
+        >>> choice_letter("A or B", "ABCD") is None
+        True
+        >>> choice_letter("A: PCR B: ELISA C: qPCR", "ABCD") is None
+        True
+        >>> choice_letter("I think it is C", "ABCD") is None
+        True
+        >>> choice_letter("I think it is C", "ABCD", lenient=True)
+        'C'
+    """
+    if payload is None:
+        return None
+    allowed = frozenset(option.upper() for option in options)
+    text = unwrap_latex_text(payload)
+    if not text or _names_several(text, allowed):
+        return None
+    for pattern in (LONE_CAPITAL, LABELLED_CAPITAL):
+        match = pattern.match(text)
+        if match and match.group(1) in allowed:
+            return match.group(1)
+    if not lenient:
+        return None
+    match = LEADING_LETTER.match(text)
+    if match and match.group(1).upper() in allowed:
+        return match.group(1).upper()
+    for capital in reversed(STANDALONE_CAPITAL.findall(text)):
+        if capital in allowed:
+            return capital
+    return None
+
+
+def match_option_text(
+    payload: str | None, options: Mapping[str, str | None], *, substring: bool = False
+) -> str | None:
+    r"""Return the letter of the one option whose text `payload` spells out.
+
+    Both sides are compared after `normalize` (casefold, collapsed whitespace); the payload is tried both as given
+    and with LaTeX text wrappers removed. Options with empty or null text never match.
+
+    Args:
+        payload: The text to read (a box's content, an `Answer:` value); None gives None.
+        options: Option letter to option text.
+        substring: False: the payload must equal the option text. True: the option text must occur inside the
+            payload.
+
+    Returns:
+        The uppercase letter when exactly one option matches; None when none or several do.
+
+    Examples:
+        >>> options = {"A": "PCR", "B": "RT-PCR", "C": "Western blot"}
+        >>> match_option_text(r"\text{western  BLOT}", options)
+        'C'
+        >>> match_option_text("the answer is western blot", options, substring=True)
+        'C'
+        >>> match_option_text("RT-PCR", options, substring=True) is None  # "PCR" matches too
+        True
+    """
+    if payload is None:
+        return None
+    candidates = {normalize(payload), normalize(unwrap_latex_text(payload))} - {""}
+    hits = set()
+    for letter, option in options.items():
+        wanted = normalize(option or "")
+        if wanted and any((wanted in candidate) if substring else (wanted == candidate) for candidate in candidates):
+            hits.add(letter.upper())
+    return hits.pop() if len(hits) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------- numbers
+
+# A number: optional sign (only where it cannot be a minus between terms), integer part with or without thousands
+# separators, optional decimals, optional "/denominator". The lookahead lets the regex engine skip non-numbers fast.
+# Matches "-1,234.5", "3/4", "42"; in "3-4" it matches "3" and "4", not "-4"; in "12,34" it matches "12" and "34".
+NUMBER = re.compile(r"(?=[-−\d])(?:(?<![\w)\]])[-−])?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:/\d+(?:\.\d+)?)?")
+# A character no number can contain. Matches "x" and " "; does not match "7", ",", "-".
+NON_NUMBER_CHAR = re.compile(r"[^-−\d,./]")
+_NUMBER_WINDOW_CHARS = 256
+
+
+def last_number(text: str) -> str | None:
+    """Return the last number in `text`, cleaned for comparison.
+
+    Integers, decimals and negatives are recognised; thousands separators are removed ("1,234" gives "1234"), a
+    Unicode minus becomes "-", and a fraction "3/4" is kept as written. A hyphen between two numbers ("3-4") is
+    not a sign.
+
+    Args:
+        text: A model output.
+
+    Returns:
+        The last number as a string, or None if `text` has no digits.
+
+    Examples:
+        >>> last_number("12 apples and 30 pears, so 1,234 in all.")
+        '1234'
+        >>> last_number("The slope is -0.75, i.e. 3/4 steeper")
+        '3/4'
+        >>> last_number("pages 3-4")
+        '4'
+        >>> last_number("no digits") is None
+        True
+    """
+    # Scan growing windows from the end so a huge output is not searched in full. A window's matches equal the full
+    # text's only after a character that no number contains (before it a match could be cut), so matching restarts
+    # there.
+    size = _NUMBER_WINDOW_CHARS
+    while True:
+        start = len(text) - size
+        if start <= 0:
+            matches = NUMBER.findall(text)
+            break
+        sync = NON_NUMBER_CHAR.search(text, start)
+        matches = NUMBER.findall(text, sync.start()) if sync else []
+        if matches:
+            break
+        size *= 4
+    return matches[-1].replace(",", "").replace("−", "-") if matches else None
