@@ -123,6 +123,7 @@ def check_resources_server(url: str, rows: list[dict[str, Any]], texts: list[str
         assert client.get("/reverify_mode").json() in ("stateless", "unsupported", "unknown"), "reverify_mode"
         results = []
         for index, row in enumerate(rows):
+            client.cookies.clear()  # each row is its own rollout: a fresh session
             seeded = client.post("/seed_session", json=row)
             assert seeded.status_code == 200, f"row {index}: /seed_session {seeded.status_code}: {seeded.text}"
             assert seeded.cookies, f"row {index}: /seed_session set no session cookie"
@@ -130,7 +131,7 @@ def check_resources_server(url: str, rows: list[dict[str, Any]], texts: list[str
             body = {**row, "response": make_response(text)}
             rewards = []
             for _ in range(2):
-                verified = client.post("/verify", json=body, cookies=seeded.cookies)
+                verified = client.post("/verify", json=body)  # the jar carries the seeded session cookie
                 assert verified.status_code == 200, f"row {index}: /verify {verified.status_code}: {verified.text}"
                 result = verified.json()
                 for key, value in row.items():

@@ -39,7 +39,7 @@ def test_there_are_environments():
 def test_environment_conforms(env):
     name, fields = _server_block(env)
     instance = ServerInstance(name=name, server_type="resources_servers", impl=env,
-                              fields={**fields, "host": "127.0.0.1", "port": 0}, dir=ROOT / "resources_servers" / env)
+                              fields={**fields, "host": "127.0.0.1", "port": 0})
     server = build_server(instance, {})
     doc = type(server).__module__ and __import__(type(server).__module__, fromlist=["_"]).__doc__ or ""
     missing = [section for section in SECTIONS if section not in doc]
