@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import psutil
+from fastapi import FastAPI, Request
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,8 +36,6 @@ ANSWER = "Mercury has the shortest year, about 88 days. " * 20 + "\n\n\\boxed{B}
 
 
 def _bare_app():
-    from fastapi import FastAPI, Request
-
     app = FastAPI()
 
     @app.post("/verify")

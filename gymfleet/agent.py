@@ -45,9 +45,7 @@ class AgentServer(Server):
         """One rollout; returns (verify result, cookies to re-emit)."""
         raise NotImplementedError
 
-    async def respond(
-        self, params: dict[str, Any], cookies: dict[str, str]
-    ) -> tuple[dict[str, Any], dict[str, str]]:
+    async def respond(self, params: dict[str, Any], cookies: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
         """One episode (model ⇄ tools) without verification; returns (response, cookies)."""
         raise NotImplementedError
 

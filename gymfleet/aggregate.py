@@ -65,8 +65,7 @@ def aggregate_metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
                 groups[task][key].append(value)
     agent_metrics = describe(overall)
     group_level = [
-        {"_ng_task_index": task, **describe(columns)}
-        for task, columns in sorted(groups.items(), key=_task_order)
+        {"_ng_task_index": task, **describe(columns)} for task, columns in sorted(groups.items(), key=_task_order)
     ]
     key_metrics = {key: value for key, value in agent_metrics.items() if key.startswith("mean/")}
     return {"agent_metrics": agent_metrics, "key_metrics": key_metrics, "group_level_metrics": group_level}

@@ -30,8 +30,10 @@ def _text_of(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") in
-            ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict)
+            and part.get("type") in ("input_text", "output_text", "text", "summary_text", "reasoning_text")
         )
     return ""
 
@@ -75,20 +77,27 @@ def responses_to_chat(params: dict[str, Any], *, reasoning_as_content: bool = Tr
         elif item_type == "function_call":
             message = assistant_message()
             message.setdefault("tool_calls", []).append(
-                {"id": item["call_id"], "type": "function",
-                 "function": {"name": item["name"], "arguments": item.get("arguments", "")}}
+                {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {"name": item["name"], "arguments": item.get("arguments", "")},
+                }
             )
         else:
             flush()
             message = None
             if item_type == "function_call_output":
                 output = item.get("output")
-                messages.append({"role": "tool", "tool_call_id": item["call_id"],
-                                 "content": output if isinstance(output, str) else _text_of(output)})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": item["call_id"],
+                        "content": output if isinstance(output, str) else _text_of(output),
+                    }
+                )
             elif item_type == "message":
                 content = item.get("content")
-                messages.append({"role": role, "content": content if isinstance(content, str) else
-                                 _text_of(content)})
+                messages.append({"role": role, "content": content if isinstance(content, str) else _text_of(content)})
             else:
                 raise ValueError(f"cannot convert input item of type {item_type!r} to Chat Completions")
         if message is not None and item.get("generation_token_ids") is not None:
@@ -122,7 +131,7 @@ def _fold_system(messages: list[dict[str, Any]], instructions: str | None) -> li
     texts = ([instructions] if instructions else []) + leading
     if not texts:
         return messages
-    return [{"role": "system", "content": "\n\n".join(texts)}, *messages[len(leading):]]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *messages[len(leading) :]]
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -154,17 +163,36 @@ def chat_to_response(completion: dict[str, Any], params: dict[str, Any], *, mode
     blocks, text = split_reasoning(message.get("content"), reasoning_text)
     output: list[dict[str, Any]] = []
     if blocks:
-        output.append({"id": f"rs_{uuid.uuid4().hex}", "type": "reasoning",
-                       "summary": [{"type": "summary_text", "text": block} for block in blocks]})
+        output.append(
+            {
+                "id": f"rs_{uuid.uuid4().hex}",
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": block} for block in blocks],
+            }
+        )
     tool_calls = message.get("tool_calls") or []
     if text or not tool_calls:
-        output.append({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
-                       "status": "completed",
-                       "content": [{"type": "output_text", "text": text, "annotations": []}]})
+        output.append(
+            {
+                "id": f"msg_{uuid.uuid4().hex}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
     for call in tool_calls:
         function = call.get("function") or {}
-        output.append({"id": call["id"], "call_id": call["id"], "type": "function_call", "status": "completed",
-                       "name": function.get("name", ""), "arguments": function.get("arguments") or ""})
+        output.append(
+            {
+                "id": call["id"],
+                "call_id": call["id"],
+                "type": "function_call",
+                "status": "completed",
+                "name": function.get("name", ""),
+                "arguments": function.get("arguments") or "",
+            }
+        )
     tokens = {name: message[name] for name in TOKEN_FIELDS if message.get(name) is not None}
     if len(tokens) == len(TOKEN_FIELDS):
         output[-1].update(tokens)

@@ -103,13 +103,15 @@ class Fleet:
             self.shutdown()
             raise
         total = len(self.children)
-        self._say(f"All {total} / {total} servers ready! Head server: http://{self.config.head_host}:"
-                  f"{self.config.head_port}")
+        self._say(
+            f"All {total} / {total} servers ready! Head server: http://{self.config.head_host}:{self.config.head_port}"
+        )
 
     def _start_head(self) -> None:
         app = create_head_app(self.config, self.process_table)
-        config = uvicorn.Config(app, host=self.config.head_host, port=self.config.head_port, log_level="warning",
-                                lifespan="off")
+        config = uvicorn.Config(
+            app, host=self.config.head_host, port=self.config.head_port, log_level="warning", lifespan="off"
+        )
         self._head = uvicorn.Server(config)
         self._head_thread = threading.Thread(target=self._head.run, name="head-server", daemon=True)
         self._head_thread.start()
@@ -118,17 +120,32 @@ class Fleet:
             if not self._head_thread.is_alive():
                 raise ConfigError(
                     f"head server could not start on {self.config.head_host}:{self.config.head_port} "
-                    "(port in use?); set +head_server.port=<free port>", path="head_server.port")
+                    "(port in use?); set +head_server.port=<free port>",
+                    path="head_server.port",
+                )
             if time.monotonic() > deadline:
                 raise ServerCrashedError("head server did not start within 10s")
             time.sleep(0.02)
 
     def _spawn(self, instance: ServerInstance, restarts: int = 0) -> None:
-        command = [sys.executable, "-m", "gymfleet.launch", "--config", str(self._config_path),
-                   "--instance", instance.name]
+        command = [
+            sys.executable,
+            "-m",
+            "gymfleet.launch",
+            "--config",
+            str(self._config_path),
+            "--instance",
+            instance.name,
+        ]
         process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent, text=True, bufsize=1, errors="replace",
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+            text=True,
+            bufsize=1,
+            errors="replace",
         )
         child = _Child(instance, process, time.time(), restarts=restarts)
         self.children[instance.name] = child
@@ -148,6 +165,7 @@ class Fleet:
                 else:
                     self._say(f"({child.instance.name}) {line.rstrip()}")
         finally:
+            child.process.stdout.close()
             if sink:
                 sink.close()
 
@@ -166,8 +184,10 @@ class Fleet:
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 names = ", ".join(sorted(pending))
-                raise ServerCrashedError(f"servers not ready after {timeout_s:g}s: {names}"
-                                         + "".join(self._tail_text(c) for c in pending.values()))
+                raise ServerCrashedError(
+                    f"servers not ready after {timeout_s:g}s: {names}"
+                    + "".join(self._tail_text(c) for c in pending.values())
+                )
             if pending:
                 time.sleep(POLL_INTERVAL_S)
 
@@ -181,8 +201,10 @@ class Fleet:
         while pending:
             pending = {url for url in pending if not _answers(url, any_status=True)}
             if pending and time.monotonic() > deadline:
-                raise ConfigError(f"model endpoints not reachable after {timeout_s:g}s: {sorted(pending)}; check "
-                                  "policy_base_url / base_url (or set model_endpoint_readiness_timeout_seconds=0)")
+                raise ConfigError(
+                    f"model endpoints not reachable after {timeout_s:g}s: {sorted(pending)}; check "
+                    "policy_base_url / base_url (or set model_endpoint_readiness_timeout_seconds=0)"
+                )
             if pending:
                 time.sleep(1.0)
 
@@ -222,8 +244,11 @@ class Fleet:
 
     def process_table(self) -> dict[str, dict[str, Any]]:
         return {
-            name: {"pid": child.process.pid, "start_time": child.start_time,
-                   "status": "running" if child.process.poll() is None else f"exited({child.process.returncode})"}
+            name: {
+                "pid": child.process.pid,
+                "start_time": child.start_time,
+                "status": "running" if child.process.poll() is None else f"exited({child.process.returncode})",
+            }
             for name, child in self.children.items()
         }
 

@@ -40,9 +40,7 @@ def published_config(config: GlobalConfig) -> dict[str, Any]:
     return data
 
 
-def create_head_app(
-    config: GlobalConfig, processes: Callable[[], dict[str, dict[str, Any]]] | None = None
-) -> FastAPI:
+def create_head_app(config: GlobalConfig, processes: Callable[[], dict[str, dict[str, Any]]] | None = None) -> FastAPI:
     """The head server app. `processes()` returns per-instance `{pid, start_time, status}` from the supervisor."""
     app = FastAPI(title="gymfleet head server", docs_url=None, redoc_url=None)
     config_yaml = orjson.dumps(yaml.safe_dump(published_config(config), sort_keys=False))
@@ -62,21 +60,23 @@ def create_head_app(
         for instance in config.instances.values():
             state = live.get(instance.name, {})
             started = state.get("start_time")
-            rows.append({
-                "process_name": instance.name,
-                "server_type": instance.server_type,
-                "name": instance.impl,
-                "dir_path": str(instance.dir),
-                "entrypoint": instance.entrypoint,
-                "host": instance.host,
-                "port": instance.port,
-                "url": instance.url,
-                "pid": state.get("pid"),
-                "config_path": instance.name,
-                "start_time": started,
-                "status": state.get("status", "unknown"),
-                "uptime_seconds": time.time() - started if started else None,
-            })
+            rows.append(
+                {
+                    "process_name": instance.name,
+                    "server_type": instance.server_type,
+                    "name": instance.impl,
+                    "dir_path": str(instance.dir),
+                    "entrypoint": instance.entrypoint,
+                    "host": instance.host,
+                    "port": instance.port,
+                    "url": instance.url,
+                    "pid": state.get("pid"),
+                    "config_path": instance.name,
+                    "start_time": started,
+                    "status": state.get("status", "unknown"),
+                    "uptime_seconds": time.time() - started if started else None,
+                }
+            )
         return rows
 
     return app

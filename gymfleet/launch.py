@@ -66,7 +66,8 @@ def load_server_class(instance: ServerInstance) -> type[Server]:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     classes = [
-        obj for _, obj in inspect.getmembers(module, inspect.isclass)
+        obj
+        for _, obj in inspect.getmembers(module, inspect.isclass)
         if issubclass(obj, Server) and obj.__module__ == module.__name__ and not inspect.isabstract(obj)
     ]
     if len(classes) != 1:

@@ -42,8 +42,11 @@ class ModelServer(Server):
             body = await read_json(request)
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 return JSONResponse(
-                    {"detail": [{"type": "missing", "loc": ["body", "messages"], "msg": "a list of messages is "
-                                 "required"}]},
+                    {
+                        "detail": [
+                            {"type": "missing", "loc": ["body", "messages"], "msg": "a list of messages is required"}
+                        ]
+                    },
                     status_code=422,
                 )
             return JSONResponse(await self.chat_completions(body))

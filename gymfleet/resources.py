@@ -97,8 +97,9 @@ FAILURE_CLASSES: dict[type[Exception], str] = {
     TransportError: "transport_failed",
 }
 
-_BASE_METHODS = frozenset({"verify", "seed_session", "aggregate_metrics", "startup", "shutdown", "routes",
-                           "create_app"})
+_BASE_METHODS = frozenset(
+    {"verify", "seed_session", "aggregate_metrics", "startup", "shutdown", "routes", "create_app"}
+)
 
 
 class ResourcesServer(Server):

@@ -114,8 +114,9 @@ class Server:
             finally:
                 await self.shutdown()
 
-        app = FastAPI(title=f"{type(self).__name__} ({self.config.name})", lifespan=lifespan, docs_url=None,
-                      redoc_url=None)
+        app = FastAPI(
+            title=f"{type(self).__name__} ({self.config.name})", lifespan=lifespan, docs_url=None, redoc_url=None
+        )
         app.state.server = self
 
         @app.get("/", include_in_schema=False)
@@ -146,8 +147,11 @@ class Server:
         failure_class = getattr(exc, "failure_class", "transport_error")
         self.metrics.failures.labels(failure_class).inc()
         return JSONResponse(
-            {"detail": f"{self.config.name}: inner call failed: {exc}", "error_type": failure_class,
-             "upstream_status": exc.status},
+            {
+                "detail": f"{self.config.name}: inner call failed: {exc}",
+                "error_type": failure_class,
+                "upstream_status": exc.status,
+            },
             status_code=502,
         )
 

@@ -42,6 +42,26 @@ async def _collect(config: RolloutCollectionConfig, host: str, port: int) -> Col
         await http.close()
 
 
+def report(summary: CollectionSummary, max_rewards: int = 50) -> str:
+    """The end-of-run summary: counts, mean reward per agent, per-rollout rewards (if few), key metrics, files."""
+    lines = [f"Rollouts: {summary.ok} ok, {summary.failed} failed ({summary.dispatched} dispatched now, "
+             f"{summary.already_done} already done)."]
+    if summary.failure_classes:
+        lines.append("Failures by class: " + ", ".join(f"{k}: {v}" for k, v in summary.failure_classes.items()))
+    if summary.exhausted:
+        lines.append(f"Not retried, failed max_attempts times (task, rollout): {summary.exhausted}")
+    for agent, mean in summary.mean_reward.items():
+        lines.append(f"  {agent}: mean reward {'n/a' if mean is None else f'{mean:.4f}'}")
+    if summary.rewards and len(summary.rewards) <= max_rewards:
+        lines.append("task  rollout  reward")
+        lines += [f"{task!s:>4}  {rollout!s:>7}  {reward}" for task, rollout, reward in summary.rewards]
+    for entry in summary.aggregate_metrics or []:
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in entry["key_metrics"].items() if isinstance(v, int | float))
+        lines.append(f"Key metrics of {entry['agent_ref']['name']}: {metrics}")
+    lines += [f"Wrote {what}: {path}" for what, path in summary.output_paths.items()]
+    return "\n".join(lines)
+
+
 def _run(argv: list[str]) -> int:
     if wants_help(argv):
         print(__doc__)
@@ -54,7 +74,7 @@ def _run(argv: list[str]) -> int:
         print("Interrupted: finished rollouts are saved; rerun with +resume_from_cache=true to finish.",
               file=sys.stderr)
         return 130
-    print(summary.report(), flush=True)
+    print(report(summary), flush=True)
     return summary.exit_code
 
 

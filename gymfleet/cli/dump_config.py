@@ -19,3 +19,7 @@ def _dump(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     sys.exit(run_cli(_dump, argv))
+
+
+if __name__ == "__main__":
+    main()

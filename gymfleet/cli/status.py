@@ -58,3 +58,7 @@ def _status(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     sys.exit(run_cli(_status, argv))
+
+
+if __name__ == "__main__":
+    main()

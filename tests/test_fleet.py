@@ -1,0 +1,160 @@
+"""The fleet as `ng_run` runs it: real subprocesses, the head server, crash reports, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.errors import ConfigError
+from gymfleet.fleet import Fleet, ServerCrashedError
+from gymfleet.testing import free_port, running_fleet
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = "configs/quickstart.yaml"
+ROW = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with running_fleet([QUICKSTART]) as running:
+        yield running
+
+
+def _head(fleet) -> str:
+    return f"http://127.0.0.1:{fleet.config.head_port}"
+
+
+def test_head_server_publishes_resolved_config_with_real_ports(fleet):
+    text = httpx.get(_head(fleet) + "/global_config_dict_yaml").json()
+    published = yaml.safe_load(text)
+    agent = published["mcqa_simple_agent"]["responses_api_agents"]["simple_agent"]
+    assert isinstance(agent["port"], int) and agent["port"] > 0
+    assert httpx.get(f"http://127.0.0.1:{agent['port']}/").json() == {"status": "ok"}
+    model = published["policy_model"]["responses_api_models"]["vllm_model"]
+    scripted = published["scripted_llm"]["responses_api_models"]["scripted_model"]
+    assert model["base_url"] == f"http://127.0.0.1:{scripted['port']}/v1", "interpolation resolved after ports"
+
+
+def test_head_server_publishes_environment_servers_for_nemo_gym_07_clients(fleet):
+    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml").json())
+    entry = published["mcqa_simple_agent_environment_server"]["environment_servers"]["legacy_agent"]
+    agent = published["mcqa_simple_agent"]["responses_api_agents"]["simple_agent"]
+    assert entry["agent_server"] == {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
+    assert (entry["host"], entry["port"]) == (agent["host"], agent["port"])
+
+
+def test_server_instances_lists_live_processes(fleet):
+    rows = httpx.get(_head(fleet) + "/server_instances").json()
+    assert {row["process_name"] for row in rows} == {"policy_model", "mcqa", "mcqa_simple_agent", "scripted_llm"}
+    for row in rows:
+        assert row["status"] == "running" and psutil.pid_exists(row["pid"])
+
+
+def test_a_nemo_gym_client_runs_a_rollout_through_the_head_server(fleet):
+    """What a 0.5-era NeMo-Gym client does: head config → agent named by agent_ref → POST /run."""
+    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml").json())
+    agent = published["mcqa_simple_agent"]["responses_api_agents"]["simple_agent"]
+    row = {**ROW, "agent_ref": {"type": "responses_api_agents", "name": "mcqa_simple_agent"}}
+    result = httpx.post(f"http://{agent['host']}:{agent['port']}/run", json=row, timeout=60).json()
+    assert result["reward"] == 1.0 and result["extracted_answer"] == "B"
+    assert result["agent_ref"] == row["agent_ref"]
+
+
+def test_metrics_count_requests(fleet):
+    port = fleet.config.instance("mcqa").port
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert "gymfleet_requests_in_flight" in text and "gymfleet_request_seconds" in text
+
+
+def test_crashed_server_is_reported_with_its_last_output_and_shutdown_leaves_no_orphans():
+    with running_fleet([QUICKSTART]) as fleet:
+        victim = fleet.children["mcqa"].process
+        pids = [child.process.pid for child in fleet.children.values()]
+        victim.kill()
+        victim.wait(5)
+        with pytest.raises(ServerCrashedError, match="'mcqa' exited unexpectedly"):
+            fleet.poll()
+    time.sleep(0.2)
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_configured_restart_brings_a_server_back():
+    with running_fleet([QUICKSTART], {"restart_crashed_servers": 1}) as fleet:
+        old = fleet.children["mcqa"].process
+        old.kill()
+        old.wait(5)
+        fleet.poll()
+        assert fleet.children["mcqa"].process.pid != old.pid
+        fleet._wait_ready(30)
+        assert httpx.get(fleet.config.instance("mcqa").url + "/").status_code == 200
+
+
+def test_config_error_in_a_server_stops_startup_with_the_yaml_path():
+    initial = {"config_paths": [QUICKSTART], "head_server": {"port": free_port()},
+               "mcqa": {"resources_servers": {"mcqa": {"grading_mod": "lenient_boxed"}}}}
+    config = parse_global_config(GlobalConfigDictParserConfig(initial_global_config_dict=initial,
+                                                              skip_load_from_cli=True))
+    with pytest.raises(ConfigError, match=r"mcqa\.resources_servers\.mcqa\.grading_mod.*grading_mode"):
+        Fleet(config).start()
+
+
+def test_num_workers_serves_one_port_from_several_processes():
+    with running_fleet([QUICKSTART], {"mcqa": {"resources_servers": {"mcqa": {"num_workers": 2}}}}) as fleet:
+        master = psutil.Process(fleet.children["mcqa"].process.pid)
+        deadline = time.monotonic() + 20
+        while len(master.children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = [p for p in master.children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2
+        url = fleet.config.instance("mcqa").url
+        for _ in range(10):
+            assert httpx.post(url + "/verify", json={**ROW, "response": {"output": []}}).status_code == 200
+
+
+def test_ng_run_cli_starts_and_stops_on_sigterm(tmp_path):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{QUICKSTART}]", f"+head_server.port={port}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "servers ready" in line:
+            break
+    assert "All 4 / 4 servers ready" in "".join(lines), "".join(lines)
+    children = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGTERM)
+    process.stdout.read()
+    process.stdout.close()
+    assert process.wait(15) == 0
+    time.sleep(0.3)
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_ng_dump_config_hides_secrets(tmp_path):
+    env = {**os.environ, "SECRET_KEY_FOR_TEST": "sk-very-secret"}
+    out = subprocess.run(
+        [sys.executable, "-m", "gymfleet.cli.dump_config", f"+config_paths=[{QUICKSTART}]",
+         "++policy_api_key=${oc.env:SECRET_KEY_FOR_TEST}"],
+        cwd=ROOT, capture_output=True, text=True, env=env, check=True,
+    ).stdout
+    assert "sk-very-secret" not in out and "api_key: '****'" in out
+
+
+def test_cli_reports_config_errors_without_a_traceback():
+    out = subprocess.run([sys.executable, "-m", "gymfleet.cli.run", "+config_paths=[configs/nope.yaml]"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "configs/nope.yaml" in out.stderr and "Traceback" not in out.stderr
