@@ -17,7 +17,7 @@ from starlette.responses import Response as StarletteResponse
 from gymfleet.aggregate import aggregate_metrics
 from gymfleet.bodies import read_json, validate
 from gymfleet.resources import AggregateMetricsRequest
-from gymfleet.server import JSONResponse, Server, ServerConfig
+from gymfleet.server import JSONResponse, Server, ServerConfig, add_route
 from gymfleet.wire import ResponseCreateParams
 
 
@@ -69,9 +69,9 @@ class AgentServer(Server):
             body = validate(AggregateMetricsRequest, await read_json(request))
             return JSONResponse(await self.aggregate(body.verify_responses))
 
-        app.post("/run")(run_route)
-        app.post("/v1/responses")(responses_route)
-        app.post("/aggregate_metrics")(aggregate_route)
+        add_route(app, "/run", run_route)
+        add_route(app, "/v1/responses", responses_route)
+        add_route(app, "/aggregate_metrics", aggregate_route)
 
 
 def _with_cookies(response: StarletteResponse, cookies: dict[str, str]) -> StarletteResponse:

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response as StarletteResponse
 
 from gymfleet.bodies import read_json, validate
-from gymfleet.server import JSONResponse, Server, ServerConfig
+from gymfleet.server import JSONResponse, Server, ServerConfig, add_route
 from gymfleet.wire import ResponseCreateParams
 
 
@@ -51,5 +51,5 @@ class ModelServer(Server):
                 )
             return JSONResponse(await self.chat_completions(body))
 
-        app.post("/v1/responses")(responses_route)
-        app.post("/v1/chat/completions")(chat_route)
+        add_route(app, "/v1/responses", responses_route)
+        add_route(app, "/v1/chat/completions", chat_route)

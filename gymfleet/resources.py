@@ -39,7 +39,7 @@ from starlette.responses import Response as StarletteResponse
 from gymfleet.aggregate import aggregate_metrics
 from gymfleet.bodies import read_json, validate
 from gymfleet.errors import JudgeError, SandboxError, TransportError
-from gymfleet.server import JSONResponse, Server, ServerConfig
+from gymfleet.server import JSONResponse, Server, ServerConfig, add_route
 from gymfleet.wire import Response, ResponseCreateParams
 
 log = logging.getLogger(__name__)
@@ -134,15 +134,15 @@ class ResourcesServer(Server):
             body = validate(AggregateMetricsRequest, await read_json(request))
             return JSONResponse(self.aggregate_metrics(body.verify_responses))
 
-        async def reverify_mode_route() -> StarletteResponse:
+        async def reverify_mode_route(request: Request) -> StarletteResponse:
             return JSONResponse(self.reverify_mode)
 
-        app.post("/verify")(verify_route)
-        app.post("/seed_session")(seed_route)
-        app.post("/aggregate_metrics")(aggregate_route)
-        app.get("/reverify_mode")(reverify_mode_route)
+        add_route(app, "/verify", verify_route)
+        add_route(app, "/seed_session", seed_route)
+        add_route(app, "/aggregate_metrics", aggregate_route)
+        add_route(app, "/reverify_mode", reverify_mode_route, methods=("GET",))
         for name, method, model in self.tools():
-            app.post(f"/{name}")(_tool_route(name, method, model))
+            add_route(app, f"/{name}", _tool_route(name, method, model))
 
     def tools(self) -> list[tuple[str, Any, type[BaseModel]]]:
         """`(name, bound method, argument model)` for every tool this server exposes."""

@@ -40,13 +40,24 @@ def cookie_name(class_name: str, instance_name: str) -> str:
     return f"{class_name}___{instance_name}"
 
 
+class _Signer(itsdangerous.TimestampSigner):
+    """itsdangerous' signer with the derived key computed once instead of on every sign/unsign."""
+
+    def __init__(self, secret: str):
+        super().__init__(secret)
+        self._key = super().derive_key()
+
+    def derive_key(self, secret_key: str | bytes | None = None) -> bytes:
+        return self._key if secret_key is None else super().derive_key(secret_key)
+
+
 class SessionCookieMiddleware:
     """Attach `scope["session"] = {"session_id": ...}` from a signed cookie, and re-send the cookie."""
 
     def __init__(self, app, name: str, secret: str | None = None):
         self.app = app
         self.name = name
-        self.signer = itsdangerous.TimestampSigner(secret or name)
+        self.signer = _Signer(secret or name)
         self._morsel_suffix = f"; path=/; Max-Age={MAX_AGE_S}; httponly; samesite=lax"
 
     def _read(self, headers) -> tuple[dict, bytes | None]:

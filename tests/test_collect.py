@@ -1,0 +1,227 @@
+"""Rollout collection against a real fleet: scripted model + vllm_model proxy + mcqa + simple_agent (quickstart)."""
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gymfleet import http
+from gymfleet.cli.collect import main as collect_main
+from gymfleet.collect import RolloutCollectionConfig, RolloutCollectionHelper, load_rows, read_results, run_rollout
+from gymfleet.config import repository_root
+from gymfleet.errors import DataError, TransportError
+from gymfleet.testing import free_port, running_fleet
+
+ROOT = repository_root()
+EXAMPLE = ROOT / "resources_servers/mcqa/data/example.jsonl"
+INVALID = Path(__file__).parent / "fixtures/data/mcqa_invalid_rows.jsonl"
+AGENT = "mcqa_simple_agent"
+# The scripted model answers tasks 0, 2 and 4 correctly and 1 and 3 wrongly (configs/quickstart.yaml).
+EXPECTED_REWARD = {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with running_fleet([str(ROOT / "configs/quickstart.yaml")]) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+async def close_http():
+    yield
+    await http.close()
+
+
+def head_of(fleet) -> str:
+    return f"+head_server={{host: 127.0.0.1, port: {fleet.config.head_port}}}"
+
+
+def collect(*args: str, head: str | None = None, output: str = "results/out.jsonl") -> int:
+    argv = [f"+agent_name={AGENT}", f"+output_jsonl_fpath={output}", head or f"+head_server={{port: {free_port()}}}",
+            *args]
+    if not any(arg.startswith("+input_jsonl_fpath=") for arg in args):
+        argv.append(f"+input_jsonl_fpath={EXAMPLE}")
+    with pytest.raises(SystemExit) as exited:
+        collect_main(argv)
+    return exited.value.code
+
+
+def lines(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def keys(rows: list[dict]) -> list[tuple[int, int]]:
+    return sorted((row["_ng_task_index"], row["_ng_rollout_index"]) for row in rows)
+
+
+def test_collects_every_rollout_with_rewards_indices_and_metrics(fleet, capsys):
+    assert collect("+num_repeats=2", "+num_samples_in_parallel=3", head=head_of(fleet)) == 0
+
+    results = lines("results/out.jsonl")
+    assert keys(results) == [(task, rollout) for task in range(5) for rollout in range(2)]
+    for result in results:
+        assert result["reward"] == EXPECTED_REWARD[result["_ng_task_index"]]
+        assert result["agent_ref"] == {"type": "responses_api_agents", "name": AGENT}
+        assert result["response"]["output"], "the episode's output items are kept"
+    materialized = lines("results/out_materialized_inputs.jsonl")
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in materialized] == keys(results)
+    assert Path("results/out_failures.jsonl").read_text() == ""
+
+    [entry] = json.loads(Path("results/out_aggregate_metrics.json").read_text())
+    assert set(entry) == {"agent_ref", "agent_metrics", "key_metrics", "group_level_metrics"}
+    assert entry["agent_ref"] == {"name": AGENT}
+    assert entry["key_metrics"]["mean/reward"] == pytest.approx(0.6)
+    assert entry["agent_metrics"]["mean/output_tokens"] > 0, "response.usage reaches the aggregation"
+    assert len(entry["group_level_metrics"]) == 5
+    out = capsys.readouterr().out
+    assert "10 ok, 0 failed" in out and "mean reward 0.6000" in out and "mean/reward=0.6" in out
+
+
+def test_limit_params_override_and_seed(fleet):
+    args = ["+limit=2", "+num_repeats=3", "+num_repeats_add_seed=true", "+responses_create_params={temperature: 0.25}"]
+    assert collect(*args, head=head_of(fleet)) == 0
+
+    materialized = lines("results/out_materialized_inputs.jsonl")
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in materialized] == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [json.loads(r["responses_create_params"]["metadata"]["extra_body"]) for r in materialized[:3]] == [
+        {"seed": 0}, {"seed": 1}, {"seed": 2}]
+    results = lines("results/out.jsonl")
+    assert keys(results) == keys(materialized)
+    assert all(r["responses_create_params"]["temperature"] == 0.25 for r in results)
+
+
+def test_task_indices_follow_identical_lines_and_repeats_per_agent(tmp_path):
+    first, second = EXAMPLE.read_text().splitlines()[:2]
+    explicit = json.dumps({**json.loads(second), "_ng_task_index": 42})
+    (tmp_path / "in.jsonl").write_text("\n".join([first, second, "", first, explicit]) + "\n")
+    config = RolloutCollectionConfig(input_jsonl_fpath="in.jsonl", output_jsonl_fpath="out.jsonl", agent_name=AGENT,
+                                     num_repeats={AGENT: 2, "_default": 5})
+    rows = load_rows(config)
+    assert [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in rows] == [
+        (0, 0), (0, 1), (1, 0), (1, 1), (0, 0), (0, 1), (42, 0), (42, 1)]
+    assert rows[0] is not rows[1] and rows[0]["responses_create_params"] is not rows[1]["responses_create_params"]
+
+
+def test_bad_input_lines_fail_before_anything_is_dispatched(capsys):
+    assert collect(f"+input_jsonl_fpath={INVALID}") == 2
+
+    err = capsys.readouterr().err
+    assert f"{INVALID}:2: not valid JSON" in err
+    assert f"{INVALID}:3: expected a JSON object, got list" in err
+    assert f"{INVALID}:4: responses_create_params: input" in err
+    assert not Path("results").exists(), "nothing is written, not even the materialized inputs"
+
+
+def test_rows_without_agent_ref_need_agent_name(tmp_path):
+    config = RolloutCollectionConfig(input_jsonl_fpath=str(EXAMPLE), output_jsonl_fpath="out.jsonl", limit=1)
+    with pytest.raises(DataError, match=r"example\.jsonl:1: no agent_ref, and no \+agent_name"):
+        load_rows(config)
+
+
+def test_config_errors_and_unreachable_head_exit_2(fleet, capsys):
+    assert collect("+num_repeats=0") == 2
+    assert "num_repeats" in capsys.readouterr().err
+    assert collect() == 2
+    assert "cannot reach the head server" in capsys.readouterr().err
+    assert collect("+agent_name=mcqa_simple_agnet", head=head_of(fleet)) == 2
+    assert "Did you mean 'mcqa_simple_agent'?" in capsys.readouterr().err
+    assert not Path("results/out.jsonl").exists()
+
+
+def test_resume_after_a_crash_finishes_every_rollout_exactly_once(fleet, caplog):
+    assert collect("+num_repeats=2", head=head_of(fleet)) == 0
+    output = Path("results/out.jsonl")
+    kept = output.read_text().splitlines(keepends=True)[:4]
+    output.write_text("".join(kept) + kept[0][: len(kept[0]) // 2])  # a crash in the middle of the fifth line
+
+    assert collect("+num_repeats=2", "+resume_from_cache=true", head=head_of(fleet)) == 0
+
+    results = lines(output)
+    assert keys(results) == [(task, rollout) for task in range(5) for rollout in range(2)]
+    assert results[:4] == [json.loads(line) for line in kept], "finished lines are appended to, not redone"
+    assert "dropping a truncated last line" in caplog.text
+
+
+def test_resume_retries_failures_until_max_attempts(fleet, capsys):
+    rows = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
+    failure = {"_ng_failure_class": "http_5xx", "_ng_rollout_index": 0}
+    Path("results").mkdir()
+    Path("results/out_failures.jsonl").write_text("".join(
+        json.dumps({**rows[task], **failure, "_ng_task_index": task}) + "\n" for task in (0, 0, 0, 1)))
+
+    assert collect("+resume_from_cache=true", "+max_attempts=3", head=head_of(fleet)) == 1
+
+    results = {r["_ng_task_index"]: r for r in lines("results/out.jsonl")}
+    assert sorted(results) == [1, 2, 3, 4], "task 0 failed three times: not tried again"
+    assert results[1]["_ng_attempt_index"] == 1 and "_ng_attempt_index" not in results[2]
+    assert len(lines("results/out_failures.jsonl")) == 4, "the failures file is appended to"
+    assert "Not retried, failed max_attempts times (task, rollout): [(0, 0)]" in capsys.readouterr().out
+
+
+def test_dead_servers_become_failure_rows_not_aborts_or_hangs():
+    with running_fleet([str(ROOT / "configs/quickstart.yaml")]) as fleet:
+        fleet.children["mcqa"].process.kill()
+        fleet.children["mcqa"].process.wait(10)
+        assert collect("+limit=2", head=head_of(fleet), output="env_down.jsonl") == 1
+        failures = lines("env_down_failures.jsonl")
+        assert [f["_ng_failure_class"] for f in failures] == ["http_5xx", "http_5xx"]
+        assert failures[0]["_ng_failure_status"] == 502 and "mcqa" in failures[0]["_ng_failure_detail"]
+
+        fleet.children[AGENT].process.kill()
+        fleet.children[AGENT].process.wait(10)
+        assert collect("+num_repeats=2", head=head_of(fleet), output="agent_down.jsonl") == 1
+    failures = lines("agent_down_failures.jsonl")
+    assert keys(failures) == [(task, rollout) for task in range(5) for rollout in range(2)]
+    assert {f["_ng_failure_class"] for f in failures} == {"connection_error"}
+    assert all(f["_ng_failure_status"] is None and f["_ng_attempt_index"] == 0 for f in failures)
+    assert Path("agent_down.jsonl").read_text() == ""
+    assert json.loads(Path("agent_down_aggregate_metrics.json").read_text()) == []
+
+
+async def test_run_examples_yields_the_rows_passed_in(fleet, close_http):
+    rows = [{**json.loads(line), "agent_ref": {"type": "responses_api_agents", "name": AGENT}, "_rowidx": index}
+            for index, line in enumerate(EXAMPLE.read_text().splitlines())]
+    helper = RolloutCollectionHelper()
+    head = SimpleNamespace(host="127.0.0.1", port=fleet.config.head_port)
+    seen = []
+    for future in helper.run_examples(rows, head_server_config=head, semaphore=asyncio.Semaphore(2)):
+        row, result = await future
+        assert row is rows[row["_rowidx"]]
+        assert result["reward"] == EXPECTED_REWARD[row["_rowidx"]]
+        seen.append(row["_rowidx"])
+    assert sorted(seen) == list(range(5))
+    assert set(rows[0]) == {*json.loads(EXAMPLE.read_text().splitlines()[0]), "agent_ref", "_rowidx"}, "unmodified"
+
+
+async def test_run_examples_raises_with_status_on_4xx(fleet, close_http):
+    bad = {"responses_create_params": {"input": 5}, "agent_ref": {"type": "responses_api_agents", "name": AGENT}}
+    [future] = RolloutCollectionHelper().run_examples([bad], {"host": "127.0.0.1", "port": fleet.config.head_port})
+    with pytest.raises(TransportError) as raised:
+        await future
+    assert raised.value.status == 422 and b"input" in raised.value.response_content
+
+
+async def test_collection_turns_a_4xx_into_a_failure_row(fleet, close_http):
+    client = await http.ServerClient.from_head("127.0.0.1", fleet.config.head_port)
+    row = {"responses_create_params": {"input": 5}, "agent_ref": {"name": AGENT}, "_ng_task_index": 7,
+           "_ng_rollout_index": 0}
+    failure = await run_rollout(client, row, timeout_s=30)
+    assert failure["_ng_failure_class"] == "http_4xx" and failure["_ng_failure_status"] == 422
+    assert failure["_ng_task_index"] == 7 and failure["_ng_attempt_index"] == 0
+
+
+def test_read_results_rejects_a_corrupt_middle_line(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
+    with pytest.raises(DataError, match=r"out\.jsonl:2: not a JSON object"):
+        read_results(path)
+    path.write_text('{"a": 1}\n{"a": 2}')  # complete last object without its newline: kept, newline restored
+    assert read_results(path) == [{"a": 1}, {"a": 2}] and path.read_text().endswith("}\n")
