@@ -19,6 +19,7 @@ import time
 import uuid
 from typing import Any
 
+from gymfleet.errors import BadRequestError
 from gymfleet.wire import TOKEN_FIELDS
 
 # `<think>plan</think>answer` → ("plan", "answer"); text without tags has no reasoning.
@@ -99,7 +100,8 @@ def responses_to_chat(params: dict[str, Any], *, reasoning_as_content: bool = Tr
                 content = item.get("content")
                 messages.append({"role": role, "content": content if isinstance(content, str) else _text_of(content)})
             else:
-                raise ValueError(f"cannot convert input item of type {item_type!r} to Chat Completions")
+                raise BadRequestError(f"input item of type {item_type!r} cannot be sent to a Chat Completions model; "
+                                      "supported: message, function_call, function_call_output, reasoning")
         if message is not None and item.get("generation_token_ids") is not None:
             for name in TOKEN_FIELDS:
                 message[name] = item[name]

@@ -7,6 +7,7 @@ GymfleetError
 ├── ConfigError          bad configuration (.path = dotted YAML path, .hint = how to fix)
 │   └── ServerRefError   a {type, name} reference or instance name that does not exist
 ├── DataError            bad dataset row (.file, .line, .reason)
+├── BadRequestError      a request a server cannot serve, by the caller's fault (answered 400)
 ├── TransportError       a network hop failed (.status, .url, .response_content)
 │   └── UpstreamError    the upstream model returned an error
 ├── JudgeError           a judge call failed (infrastructure, not the model's fault)
@@ -22,6 +23,7 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
+    "BadRequestError",
     "ConfigError",
     "DataError",
     "GymfleetError",
@@ -76,6 +78,10 @@ class DataError(GymfleetError):
         self.line = line
 
 
+class BadRequestError(GymfleetError):
+    """A request a server understood but cannot serve, by the caller's fault; servers answer it with a 400."""
+
+
 class TransportError(GymfleetError):
     """A network hop failed (connection error, timeout or non-2xx status)."""
 
@@ -86,11 +92,13 @@ class TransportError(GymfleetError):
         status: int | None = None,
         url: str | None = None,
         response_content: bytes | None = None,
+        failure_class: str = "transport_error",
     ) -> None:
         super().__init__(message)
         self.status = status
         self.url = url
         self.response_content = response_content
+        self.failure_class = failure_class
 
 
 class UpstreamError(TransportError):

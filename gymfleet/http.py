@@ -85,14 +85,13 @@ class HttpResponse:
 
 
 def _http_error(response: HttpResponse) -> TransportError:
-    error = TransportError(
+    return TransportError(
         f"HTTP {response.status} from {response.url}: {response.text[:500]}",
         status=response.status,
         url=response.url,
         response_content=response.body,
+        failure_class="http_5xx" if response.status >= 500 else "http_4xx",
     )
-    error.failure_class = "http_5xx" if response.status >= 500 else "http_4xx"
-    return error
 
 
 @dataclass(frozen=True)
@@ -243,9 +242,7 @@ def _transport_failure(url: str, exc: BaseException, failure_class: str, timeout
         message = f"no answer from {url} within {timeout_s:g}s"
     else:
         message = f"cannot reach {url}: {type(exc).__name__}: {exc}"
-    error = TransportError(message, status=None, url=url, response_content=None)
-    error.failure_class = failure_class
-    return error
+    return TransportError(message, url=url, failure_class=failure_class)
 
 
 class ServerClient:

@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gymfleet import http
-from gymfleet.errors import TransportError
+from gymfleet.errors import BadRequestError, TransportError
 from gymfleet.metrics import MetricsMiddleware, ServerMetrics
 from gymfleet.sessions import SessionCookieMiddleware, cookie_name
 
@@ -128,6 +128,7 @@ class Server:
         self.routes(app)
         app.add_exception_handler(RequestValidationError, self._on_validation_error)
         app.add_exception_handler(TransportError, self._on_transport_error)
+        app.add_exception_handler(BadRequestError, self._on_bad_request)
         app.add_exception_handler(Exception, self._on_error)
         app.add_middleware(SessionCookieMiddleware, name=self.cookie_name)
         app.add_middleware(MetricsMiddleware, metrics=self.metrics)
@@ -143,9 +144,19 @@ class Server:
         )
         return JSONResponse({"detail": errors}, status_code=422)
 
+    async def _on_bad_request(self, request: Request, exc: BadRequestError) -> Response:
+        log.warning("%s %s: bad request: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": str(exc), "error_type": "bad_request"}, status_code=400)
+
     async def _on_transport_error(self, request: Request, exc: TransportError) -> Response:
+        if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+            # The inner server rejected what we forwarded from the caller (e.g. a row missing the fields the
+            # environment needs): the caller's fault, so pass the 4xx on instead of blaming the fleet with a 5xx.
+            log.warning("%s %s: inner server rejected the request: %s", request.method, request.url.path, exc)
+            return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "inner_request_rejected",
+                                 "upstream_status": exc.status}, status_code=exc.status)
         log.error("%s %s: inner call failed: %s", request.method, request.url.path, exc)
-        failure_class = getattr(exc, "failure_class", "transport_error")
+        failure_class = exc.failure_class
         self.metrics.failures.labels(failure_class).inc()
         return JSONResponse(
             {

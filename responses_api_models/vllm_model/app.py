@@ -30,7 +30,7 @@ from typing import Any
 
 from gymfleet import http
 from gymfleet.convert import chat_to_response, responses_to_chat
-from gymfleet.errors import UpstreamError
+from gymfleet.errors import BadRequestError, UpstreamError
 from gymfleet.model import ModelServer, ModelServerConfig
 from gymfleet.sessions import session_id
 from gymfleet.wire import ResponseCreateParams
@@ -170,15 +170,17 @@ def _json_field(metadata: dict[str, str], key: str) -> dict[str, Any]:
     value = metadata.get(key)
     if not value:
         return {}
-    parsed = json.loads(value)
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise BadRequestError(f"metadata.{key} must be a JSON object string: {exc}") from None
     if not isinstance(parsed, dict):
-        raise ValueError(f"metadata.{key} must be a JSON object string")
+        raise BadRequestError(f"metadata.{key} must be a JSON object string, got {type(parsed).__name__}")
     return parsed
 
 
 def _raise_upstream(answer: http.HttpResponse) -> None:
     if not answer.ok:
-        error = UpstreamError(f"upstream {answer.url} answered {answer.status}: {answer.text[:500]}",
-                              status=answer.status, url=answer.url, response_content=answer.body)
-        error.failure_class = "upstream_error"
-        raise error
+        raise UpstreamError(f"upstream {answer.url} answered {answer.status}: {answer.text[:500]}",
+                            status=answer.status, url=answer.url, response_content=answer.body,
+                            failure_class="upstream_error")
