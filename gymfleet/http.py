@@ -13,10 +13,12 @@ as NeMo-Gym's agents expect.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import weakref
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from http.cookies import SimpleCookie
 from typing import Any
 
@@ -59,13 +61,22 @@ NO_RETRY = RetryPolicy(max_attempts=1)
 
 @dataclass
 class HttpResponse:
-    """A fully read HTTP response."""
+    """A fully read HTTP response. `cookies` are parsed from `Set-Cookie` on first use (most callers never look)."""
 
     status: int
     body: bytes
     url: str
-    cookies: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    _set_cookie: list[str] = field(default_factory=list, repr=False)
+
+    @functools.cached_property
+    def cookies(self) -> dict[str, str]:
+        cookies: dict[str, str] = {}
+        for header in self._set_cookie:
+            parsed = SimpleCookie()
+            parsed.load(header)
+            cookies.update({name: morsel.value for name, morsel in parsed.items()})
+        return cookies
 
     def json(self) -> Any:
         return orjson.loads(self.body)
@@ -144,15 +155,6 @@ def _cookie_header(cookies: dict[str, str]) -> str:
     return "; ".join(f"{name}={value}" for name, value in cookies.items())
 
 
-def _response_cookies(response: aiohttp.ClientResponse) -> dict[str, str]:
-    cookies: dict[str, str] = {}
-    for header in response.headers.getall("Set-Cookie", []):
-        parsed = SimpleCookie()
-        parsed.load(header)
-        cookies.update({name: morsel.value for name, morsel in parsed.items()})
-    return cookies
-
-
 async def request(
     method: str,
     url: str,
@@ -200,8 +202,8 @@ async def request(
                     status=resp.status,
                     body=payload,
                     url=url,
-                    cookies=_response_cookies(resp),
-                    headers=dict(resp.headers),
+                    headers=resp.headers,
+                    _set_cookie=resp.headers.getall("Set-Cookie", []),
                 )
         except aiohttp.ConnectionTimeoutError as exc:  # never connected: safe to retry
             failure = _transport_failure(url, exc, "connection_error", timeout_s)

@@ -2,7 +2,8 @@
 
 The request model (`ResponseCreateParams`) accepts every field NeMo-Gym's `NeMoGymResponseCreateParamsNonStreaming`
 accepts and rejects unknown ones (a typo in a dataset's `responses_create_params` is an error, not a silent no-op).
-The response model (`Response`) is the `openai` package's `Response` with its `output` items widened so that
+The response model (`Response`) types what gymfleet reads of OpenAI's `Response` (its `output` items are the `openai`
+package's item models), widened so that
 message, function_call and reasoning items may carry `prompt_token_ids`, `generation_token_ids` and
 `generation_log_probs` (all three or none), and `function_call_output` items may appear (agents put tool outputs
 into the episode's output). Unknown item types are kept as-is so hosted-tool items round-trip.
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from openai.types.responses import Response as _OpenAIResponse
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -101,22 +101,24 @@ class Usage(BaseModel):
     output_tokens_details: dict[str, Any] | None = None
 
 
-class Response(_OpenAIResponse):
+class Response(BaseModel):
     """A Responses API response (NeMo-Gym's `NeMoGymResponse`): `output` holds every item of the episode.
 
-    Fields whose exact schema varies across `openai` releases (`tools`, `tool_choice`, `usage`) are kept lenient so
-    a response produced by any NeMo-Gym version validates; `output` is typed, since rewards are read from it.
+    The fields read by gymfleet are typed (`output` items are the `openai` package's item models, widened with the
+    token fields); every other field of OpenAI's `Response` (`reasoning`, `text`, `tools`, ...) is accepted and kept
+    as sent. Declaring all forty of them would triple the cost of validating a `/verify` body and break whenever a
+    new `openai` release adds a required field.
     """
 
-    output: list[OutputItem]  # type: ignore[assignment]
+    model_config = ConfigDict(extra="allow")
     id: str = ""
+    object: Literal["response"] = "response"
     created_at: float = 0
     model: str = ""
-    object: Literal["response"] = "response"
-    parallel_tool_calls: bool = True
-    tool_choice: str | dict[str, Any] = "auto"  # type: ignore[assignment]
-    tools: list[dict[str, Any]] = Field(default_factory=list)  # type: ignore[assignment]
-    usage: Usage | None = None  # type: ignore[assignment]
+    status: str | None = None
+    output: list[OutputItem]
+    incomplete_details: dict[str, Any] | None = None
+    usage: Usage | None = None
 
     @property
     def output_text(self) -> str:

@@ -310,7 +310,7 @@ def test_responses_reasoning_and_length(client):
     assert [item.type for item in response.output] == ["reasoning", "message"]
     assert response.output[0].summary[0].text == "It is genetic."
     cut = Response.model_validate(client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2}).json())
-    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.status == "incomplete" and cut.incomplete_details["reason"] == "max_output_tokens"
 
 
 # ------------------------------------------------------------------------------------------------ config
