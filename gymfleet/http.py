@@ -17,8 +17,8 @@ import functools
 import logging
 import random
 import weakref
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
 

@@ -184,7 +184,9 @@ def _jsonable_error(error: dict[str, Any]) -> dict[str, Any]:
     return clean
 
 
-def add_route(app: FastAPI, path: str, endpoint: Callable[[Request], Any], methods: tuple[str, ...] = ("POST",)) -> None:
+def add_route(
+    app: FastAPI, path: str, endpoint: Callable[[Request], Any], methods: tuple[str, ...] = ("POST",)
+) -> None:
     """Register a hot-path route as a plain Starlette route.
 
     The endpoint takes the `Request` and returns a response; it parses its own body (`gymfleet.bodies`), which

@@ -9,7 +9,6 @@ module docstring with the house sections.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
