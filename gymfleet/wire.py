@@ -73,21 +73,32 @@ class OtherItem(BaseModel):
     type: str
 
 
+_TYPED_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+
+
 def _item_tag(value: Any) -> str:
-    item_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if item_type in ("message", "function_call", "function_call_output", "reasoning"):
-        return item_type
-    return "other"
+    """Which item model validates `value`; an input message may omit `type` ("easy" message)."""
+    if isinstance(value, dict):
+        item_type = value.get("type")
+        if item_type is None and "role" in value:
+            return "message"
+    else:
+        item_type = getattr(value, "type", None)
+    return item_type if item_type in _TYPED_ITEMS else "other"
 
 
-OutputItem = Annotated[
-    Annotated[OutputMessage, Tag("message")]
-    | Annotated[FunctionCall, Tag("function_call")]
-    | Annotated[FunctionCallOutput, Tag("function_call_output")]
-    | Annotated[Reasoning, Tag("reasoning")]
-    | Annotated[OtherItem, Tag("other")],
-    Discriminator(_item_tag),
-]
+def _items(message: type, call: type, reasoning: type) -> Any:
+    return Annotated[
+        Annotated[message, Tag("message")]
+        | Annotated[call, Tag("function_call")]
+        | Annotated[FunctionCallOutput, Tag("function_call_output")]
+        | Annotated[reasoning, Tag("reasoning")]
+        | Annotated[OtherItem, Tag("other")],
+        Discriminator(_item_tag),
+    ]
+
+
+OutputItem = _items(OutputMessage, FunctionCall, Reasoning)
 
 
 class Usage(BaseModel):
@@ -170,26 +181,7 @@ class InputReasoning(TokenFields):
     status: str | None = None
 
 
-def _input_tag(value: Any) -> str:
-    if isinstance(value, dict):
-        item_type = value.get("type")
-        if item_type is None and "role" in value:
-            return "message"
-    else:
-        item_type = getattr(value, "type", None)
-    if item_type in ("message", "function_call", "function_call_output", "reasoning"):
-        return item_type
-    return "other"
-
-
-InputItem = Annotated[
-    Annotated[InputMessage, Tag("message")]
-    | Annotated[InputFunctionCall, Tag("function_call")]
-    | Annotated[FunctionCallOutput, Tag("function_call_output")]
-    | Annotated[InputReasoning, Tag("reasoning")]
-    | Annotated[OtherItem, Tag("other")],
-    Discriminator(_input_tag),
-]
+InputItem = _items(InputMessage, InputFunctionCall, InputReasoning)
 
 
 class ResponseCreateParams(BaseModel):
