@@ -174,7 +174,7 @@ def _resolve_path(jsonl_fpath: str) -> Path:
 def _verify_model(global_config: GlobalConfig, agent: ServerInstance) -> type[BaseModel] | None:
     """The `/verify` request model of the agent's resources server, or None when it cannot be loaded."""
     from gymfleet.launch import load_server_class
-    from gymfleet.resources import ResourcesServer, VerifyRequest, _body_model
+    from gymfleet.resources import ResourcesServer, VerifyRequest
 
     ref = agent.fields.get("resources_server")
     if ref is None:
@@ -182,12 +182,12 @@ def _verify_model(global_config: GlobalConfig, agent: ServerInstance) -> type[Ba
     try:
         name = resolve_server_ref(ref, "resources_servers", global_config, f"{agent.path}.resources_server")
         server_class = load_server_class(global_config.instance(name))
-    except Exception as exc:  # an environment's app.py may fail to import in any way; this check is best-effort
+    except (GymfleetError, ImportError, SyntaxError) as exc:  # the row check is extra; ng_run reports these too
         log.warning("%s: rows are checked without the resources server's verify model: %s", agent.name, exc)
         return None
     if not issubclass(server_class, ResourcesServer):
         return None
-    model = _body_model(server_class.verify, VerifyRequest)
+    model = server_class.verify_request_model()
     return None if model is VerifyRequest else model
 
 

@@ -117,7 +117,7 @@ class ResourcesServer(Server):
         return {}
 
     def routes(self, app: FastAPI) -> None:
-        verify_model = _body_model(type(self).verify, VerifyRequest)
+        verify_model = self.verify_request_model()
         seed_model = _body_model(type(self).seed_session, SeedSessionRequest)
         timeout_s = self.config.verify_timeout_s
 
@@ -143,6 +143,11 @@ class ResourcesServer(Server):
         add_route(app, "/reverify_mode", reverify_mode_route, methods=("GET",))
         for name, method, model in self.tools():
             add_route(app, f"/{name}", _tool_route(name, method, model))
+
+    @classmethod
+    def verify_request_model(cls) -> type[VerifyRequest]:
+        """The model `/verify` validates rows with (the annotation of `verify`'s argument)."""
+        return _body_model(cls.verify, VerifyRequest)
 
     def tools(self) -> list[tuple[str, Any, type[BaseModel]]]:
         """`(name, bound method, argument model)` for every tool this server exposes."""

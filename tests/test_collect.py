@@ -225,3 +225,38 @@ def test_read_results_rejects_a_corrupt_middle_line(tmp_path):
         read_results(path)
     path.write_text('{"a": 1}\n{"a": 2}')  # complete last object without its newline: kept, newline restored
     assert read_results(path) == [{"a": 1}, {"a": 2}] and path.read_text().endswith("}\n")
+
+
+def test_server_killed_mid_collection_then_resume_completes_every_rollout_exactly_once(tmp_path):
+    """The acceptance scenario: kill the environment while rollouts are in flight, restart it, resume."""
+    import subprocess
+    import sys
+    import time
+
+    with running_fleet([str(ROOT / "configs/quickstart.yaml")], {"restart_crashed_servers": 1}) as fleet:
+        command = [sys.executable, "-m", "gymfleet.cli.collect", f"+agent_name={AGENT}",
+                   f"+input_jsonl_fpath={EXAMPLE}", "+output_jsonl_fpath=out.jsonl", "+num_repeats=24",
+                   "+num_samples_in_parallel=16", head_of(fleet)]
+        collector = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        output = tmp_path / "out.jsonl"
+        deadline = time.monotonic() + 60
+        while (not output.exists() or len(output.read_text().splitlines()) < 30) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fleet.children["mcqa"].process.kill()
+        log, _ = collector.communicate(timeout=120)  # finishes: no hang
+        assert collector.returncode == 1, log.decode()
+        failures = lines(tmp_path / "out_failures.jsonl")
+        assert failures and {f["_ng_failure_class"] for f in failures} <= {"http_5xx", "connection_error"}
+        done_before = len(lines(output))
+        assert done_before + len(failures) == 120
+
+        fleet.poll()  # restarts mcqa (restart_crashed_servers=1)
+        fleet._wait_ready(60)
+        resumed = subprocess.run([*command, "+resume_from_cache=true"], cwd=tmp_path, capture_output=True,
+                                 timeout=120)
+        assert resumed.returncode == 0, resumed.stdout.decode() + resumed.stderr.decode()
+    results = lines(output)
+    assert keys(results) == [(task, rollout) for task in range(5) for rollout in range(24)], "each exactly once"
+    assert all(r["reward"] == EXPECTED_REWARD[r["_ng_task_index"]] for r in results)
+    retried = [r for r in results if "_ng_attempt_index" in r]
+    assert len(retried) == len(failures)

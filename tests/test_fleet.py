@@ -158,3 +158,20 @@ def test_cli_reports_config_errors_without_a_traceback():
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2
     assert "configs/nope.yaml" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ng_status_lists_every_instance_as_live(fleet):
+    out = subprocess.run(
+        [sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={fleet.config.head_port}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "4 / 4 live" in out.stdout
+    for name in ("policy_model", "mcqa", "mcqa_simple_agent", "scripted_llm"):
+        assert name in out.stdout
+
+
+def test_ng_status_without_a_fleet_says_how_to_fix():
+    out = subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={free_port()}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "is ng_run running?" in out.stderr

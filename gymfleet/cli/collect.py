@@ -80,3 +80,7 @@ def _run(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     sys.exit(run_cli(_run, argv))
+
+
+if __name__ == "__main__":
+    main()
