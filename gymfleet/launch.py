@@ -102,7 +102,7 @@ def raise_nofile_limit() -> None:
 def _uvicorn_config(app: Any, access_log: bool) -> uvicorn.Config:
     return uvicorn.Config(
         app,
-        log_level="warning",
+        log_level="info" if access_log else "warning",
         access_log=access_log,
         timeout_keep_alive=30,
         timeout_graceful_shutdown=2,
@@ -111,12 +111,17 @@ def _uvicorn_config(app: Any, access_log: bool) -> uvicorn.Config:
     )
 
 
+def _access_log(config: GlobalConfig) -> bool:
+    """One log line per request only when asked (`+uvicorn_logging_show_200_ok=true`): at RL scale it is noise."""
+    return bool(config.data.get("uvicorn_logging_show_200_ok", False))
+
+
 def _serve_worker(config_path: str, instance_name: str, sock: socket.socket) -> None:
     _configure_logging(instance_name)
     raise_nofile_limit()
     config = GlobalConfig.from_json_file(Path(config_path))
     server = build_server(config.instance(instance_name), config)
-    uvicorn.Server(_uvicorn_config(server.create_app(), access_log=False)).run(sockets=[sock])
+    uvicorn.Server(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
 
 
 def serve_instance(config_path: Path, instance_name: str) -> None:
@@ -130,7 +135,7 @@ def serve_instance(config_path: Path, instance_name: str) -> None:
     sock.set_inheritable(True)
     workers = instance.num_workers
     if workers <= 1:
-        uvicorn.Server(_uvicorn_config(server.create_app(), access_log=False)).run(sockets=[sock])
+        uvicorn.Server(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
         return
     _run_workers(config_path, instance_name, sock, workers)
 

@@ -175,3 +175,11 @@ def test_ng_status_without_a_fleet_says_how_to_fix():
     out = subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={free_port()}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "is ng_run running?" in out.stderr
+
+
+def test_access_log_only_when_asked():
+    with running_fleet([QUICKSTART], {"uvicorn_logging_show_200_ok": True}) as fleet:
+        url = fleet.config.instance("mcqa").url
+        httpx.post(url + "/verify", json={**ROW, "response": {"output": []}})
+        time.sleep(0.3)
+        assert any('"POST /verify HTTP/1.1" 200' in line for line in fleet.children["mcqa"].tail)
