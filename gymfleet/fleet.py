@@ -1,7 +1,7 @@
 """Start, watch and stop a fleet: the head server plus one supervised process per server instance.
 
 Every instance runs as `python -m gymfleet.launch` in this same Python environment (no per-server virtualenvs), in
-its own process group, with the kernel told to kill it if the supervisor dies (no orphans). Output lines are
+its own process group; each child asks the kernel to kill it if the supervisor dies (no orphans). Output lines are
 prefixed `(<instance>) ` and the last lines of each are kept, so a server that dies is reported with its own last
 words. `start()` returns once every instance answers `GET /` (and every upstream `base_url` answers, if
 configured); `poll()` raises `ServerCrashedError` if anything died; `shutdown()` stops everything within seconds
@@ -11,7 +11,6 @@ configured); `poll()` raises `ServerCrashedError` if anything died; `shutdown()`
 from __future__ import annotations
 
 import collections
-import ctypes
 import logging
 import os
 import signal
@@ -51,15 +50,6 @@ class _Child:
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     restarts: int = 0
     ready: bool = False
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class Fleet:
@@ -136,13 +126,15 @@ class Fleet:
             str(self._config_path),
             "--instance",
             instance.name,
+            "--parent-pid",
+            str(os.getpid()),
         ]
         process = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            start_new_session=True,
             text=True,
             bufsize=1,
             errors="replace",

@@ -11,6 +11,7 @@ it binds the port once and runs that many worker processes on the shared socket.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import importlib.util
 import inspect
@@ -84,6 +85,20 @@ def build_server(instance: ServerInstance, config: GlobalConfig | dict[str, Any]
     fields = {**instance.fields, "name": instance.name}
     validated = validate_fields(cls.config_class, fields, path)
     return cls(validated, data)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies; exit now if it already has.
+
+    Set here, after exec, rather than in a `preexec_fn` (unsafe in a multi-threaded supervisor).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        log.warning("cannot set a parent-death signal on this platform; stop the fleet with ng_run's Ctrl-C")
+    if os.getppid() != parent_pid:
+        sys.exit(f"supervisor {parent_pid} is gone; not starting")
 
 
 def raise_nofile_limit() -> None:
@@ -181,8 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Serve one gymfleet server instance.")
     parser.add_argument("--config", required=True, type=Path, help="resolved global config (JSON)")
     parser.add_argument("--instance", required=True, help="instance name")
+    parser.add_argument("--parent-pid", type=int, help="die when this process (the supervisor) dies")
     args = parser.parse_args(argv)
     _configure_logging(args.instance)
+    if args.parent_pid:
+        die_with_parent(args.parent_pid)
     raise_nofile_limit()
     try:
         serve_instance(args.config, args.instance)

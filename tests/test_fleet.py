@@ -183,3 +183,21 @@ def test_access_log_only_when_asked():
         httpx.post(url + "/verify", json={**ROW, "response": {"output": []}})
         time.sleep(0.3)
         assert any('"POST /verify HTTP/1.1" 200' in line for line in fleet.children["mcqa"].tail)
+
+
+def test_servers_die_with_a_killed_supervisor():
+    """SIGKILL to ng_run gives it no chance to clean up: the kernel's parent-death signal must."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{QUICKSTART}]", f"+head_server.port={free_port()}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    for line in process.stdout:
+        if "servers ready" in line:
+            break
+    children = psutil.Process(process.pid).children(recursive=True)
+    assert len(children) >= 4
+    process.kill()
+    process.wait(5)
+    process.stdout.close()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"orphans: {alive}"
