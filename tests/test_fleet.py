@@ -188,7 +188,8 @@ def test_access_log_only_when_asked():
 def test_servers_die_with_a_killed_supervisor():
     """SIGKILL to ng_run gives it no chance to clean up: the kernel's parent-death signal must."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{QUICKSTART}]", f"+head_server.port={free_port()}"],
+        [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{QUICKSTART}]",
+         f"+head_server.port={free_port()}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     for line in process.stdout:
