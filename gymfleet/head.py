@@ -1,7 +1,7 @@
 """The head server: how every client finds every server.
 
-`GET /global_config_dict_yaml` answers a JSON string holding the resolved config as YAML, with `host` and `port`
-filled in for every instance (NeMo-Gym clients `json.loads` it, then `OmegaConf.create` it). For each agent it
+`GET /global_config_dict_yaml` answers a JSON string holding the resolved config as YAML (secrets masked), with
+`host` and `port` filled in for every instance (NeMo-Gym clients `json.loads` it, then `OmegaConf.create` it). For each agent it
 also publishes an `environment_servers` entry pointing at the agent itself, which is how NeMo-Gym 0.7's rollout
 client reaches agents (`spec/protocol.md`, addendum). `GET /server_instances` lists the instances with their
 process ids and liveness.
@@ -19,11 +19,16 @@ from fastapi import FastAPI
 from starlette.responses import Response
 
 from gymfleet.config import GlobalConfig
+from gymfleet.config_merge import mask_secrets
 
 
 def published_config(config: GlobalConfig) -> dict[str, Any]:
-    """The config dict clients see: the resolved config plus one `environment_servers` entry per agent."""
-    data = dict(config.data)
+    """The config dict clients see: the resolved config, secrets masked, plus one `environment_servers` entry per agent.
+
+    Clients only need hosts and ports from it (servers get their config from the supervisor, not from here), so API
+    keys never leave the process through the head server, which NeMo-RL binds to `0.0.0.0`.
+    """
+    data = mask_secrets(config.data)
     for agent in config.instances_of("responses_api_agents"):
         key = f"{agent.name}_environment_server"
         if key not in data:

@@ -46,6 +46,12 @@ def test_head_server_publishes_resolved_config_with_real_ports(fleet):
     assert model["base_url"] == f"http://127.0.0.1:{scripted['port']}/v1", "interpolation resolved after ports"
 
 
+def test_head_server_never_publishes_secrets(fleet):
+    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml").json())
+    assert published["policy_api_key"] == "****"
+    assert published["policy_model"]["responses_api_models"]["vllm_model"]["api_key"] == "****"
+
+
 def test_head_server_publishes_environment_servers_for_nemo_gym_07_clients(fleet):
     published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml").json())
     entry = published["mcqa_simple_agent_environment_server"]["environment_servers"]["legacy_agent"]
