@@ -53,15 +53,18 @@ from gymfleet.config_merge import (
     to_plain,
 )
 from gymfleet.errors import ConfigError, ServerRefError, did_you_mean
+from gymfleet.http import ClientLimits
 
 __all__ = [
     "DOMAINS",
+    "BaseServerConfig",
     "HEAD_SERVER_KEY_NAME",
     "RESERVED_KEYS",
     "SERVER_TYPES",
     "GlobalConfig",
     "GlobalConfigDictParserConfig",
     "ServerInstance",
+    "client_limits",
     "find_free_port",
     "parse_global_config",
     "parse_overrides",
@@ -147,6 +150,14 @@ class ServerInstance:
         folder = self.root / SERVER_FOLDERS[self.server_type] / self.impl
         legacy = self.root / self.server_type / self.impl
         return legacy if not folder.is_dir() and legacy.is_dir() else folder
+
+
+class BaseServerConfig(pydantic.BaseModel):
+    """Where a server listens (NeMo-Gym's `BaseServerConfig`; NeMo-RL builds one to name the head server)."""
+
+    host: str
+    port: int
+    num_workers: int | None = None
 
 
 @dataclass
@@ -383,6 +394,18 @@ def _fill_hosts_and_ports(raw: dict, found: dict[str, tuple[str, str]], assign_p
     raw["disallowed_ports"] = [port for port in dict.fromkeys(used) if port is not None]
     raw.setdefault("port_range_low", low)
     raw.setdefault("port_range_high", high)
+
+
+def client_limits(data: dict, workers: int = 1) -> ClientLimits:
+    """HTTP pool limits for one process: `global_aiohttp_connector_limit[_per_host]`, split between `workers`.
+
+    Absent keys keep `ClientLimits`' defaults. Like NeMo-Gym, a server with `num_workers` workers gives each worker
+    its share, so the fleet as a whole stays within the configured limits.
+    """
+    defaults, workers = ClientLimits(), max(1, int(workers))
+    limit = int(data.get("global_aiohttp_connector_limit") or defaults.limit)
+    per_host = int(data.get("global_aiohttp_connector_limit_per_host") or defaults.limit_per_host)
+    return ClientLimits(limit=max(1, limit // workers), limit_per_host=max(1, per_host // workers))
 
 
 def find_free_port(host: str, low: int, high: int, disallowed: set[int]) -> int:

@@ -38,8 +38,8 @@ TAIL_LINES = 40
 POLL_INTERVAL_S = 0.2
 
 
-class ServerCrashedError(GymfleetError):
-    """A server process of the fleet exited."""
+class ServerCrashedError(GymfleetError, RuntimeError):
+    """A server process of the fleet exited (a RuntimeError too, as NeMo-Gym's `poll()` raises)."""
 
 
 @dataclass

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 DEFAULT_TIMEOUT_S = 600.0
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 20.0
+"""Connecting is retried (safe: nothing was sent); the bound covers a SYN backlog overflowing in a 4k-rollout burst."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,9 @@ class ClientLimits:
 
     limit: int = 102_400
     limit_per_host: int = 16_384
-    keepalive_timeout_s: float = 15.0
+    keepalive_timeout_s: float = 25.0
+    """Idle pooled connections live this long: under the servers' 30 s keep-alive (so we never reuse a connection
+    the server is closing) but long enough that a rollout's later calls reuse its earlier connections."""
 
 
 _limits = ClientLimits()

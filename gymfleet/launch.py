@@ -11,7 +11,6 @@ it binds the port once and runs that many worker processes on the shared socket.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib
 import importlib.util
 import inspect
@@ -22,12 +21,15 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from gymfleet.config import GlobalConfig, ServerInstance, repository_root, validate_fields
+from gymfleet import http
+from gymfleet.config import GlobalConfig, ServerInstance, client_limits, repository_root, validate_fields
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
 from gymfleet.server import Server
 
@@ -87,18 +89,25 @@ def build_server(instance: ServerInstance, config: GlobalConfig | dict[str, Any]
     return cls(validated, data)
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies; exit now if it already has.
+def die_with_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Stop this server (its whole process group, workers included) soon after the supervisor dies.
 
-    Set here, after exec, rather than in a `preexec_fn` (unsafe in a multi-threaded supervisor).
+    A watchdog thread notices the supervisor is gone when this process is re-parented. Unlike the kernel's
+    parent-death signal, this does not depend on which supervisor *thread* started us (NeMo-RL may start the fleet
+    from any thread), and it needs no `preexec_fn` (unsafe in a multi-threaded supervisor).
     """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        log.warning("cannot set a parent-death signal on this platform; stop the fleet with ng_run's Ctrl-C")
     if os.getppid() != parent_pid:
         sys.exit(f"supervisor {parent_pid} is gone; not starting")
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        log.error("supervisor %s is gone; stopping", parent_pid)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+        time.sleep(5)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def raise_nofile_limit() -> None:
@@ -135,7 +144,9 @@ def _serve_worker(config_path: str, instance_name: str, sock: socket.socket) -> 
     _configure_logging(instance_name)
     raise_nofile_limit()
     config = GlobalConfig.from_json_file(Path(config_path))
-    server = build_server(config.instance(instance_name), config)
+    instance = config.instance(instance_name)
+    http.configure(client_limits(config.data, instance.num_workers))
+    server = build_server(instance, config)
     uvicorn.Server(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
 
 
@@ -143,6 +154,7 @@ def serve_instance(config_path: Path, instance_name: str) -> None:
     """Serve one instance (blocking)."""
     config = GlobalConfig.from_json_file(config_path)
     instance = config.instance(instance_name)
+    http.configure(client_limits(config.data, instance.num_workers))
     server = build_server(instance, config)  # validate before binding, so config errors surface first
     sock = socket.socket(socket.AF_INET6 if ":" in instance.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,0 +1,101 @@
+"""`RunHelper`: start, watch and stop a fleet from Python, the way NeMo-RL drives NeMo-Gym (`nemo_gym.cli.RunHelper`).
+
+NeMo-RL's Gym actor does `RunHelper().start(global_config_dict_parser_config=GlobalConfigDictParserConfig(
+dotenv_path=..., initial_global_config_dict=DictConfig(d), skip_load_from_cli=True))`, calls `poll()` as its health
+check and `shutdown()` at the end (`spec/protocol.md` §6.2). Config semantics it relies on:
+
+- `initial_global_config_dict` (a dict or DictConfig) wins over the YAML files and `env.yaml`; a `dotenv_path`
+  that does not exist is fine;
+- `head_server: {host: "0.0.0.0", port: P}` binds the head server on every interface (clients reach it through
+  the node address or 127.0.0.1); `default_host` and `port_range_low/high` place the servers;
+- `ray_head_node_address` attaches this process to that Ray cluster when the `ray` package is importable (never
+  starting one); without Ray it is logged and ignored, as no gymfleet server needs Ray yet;
+- `global_aiohttp_connector_limit[_per_host]` set every fleet process's HTTP pool limits (see
+  `gymfleet.config.client_limits`); `uv_venv_dir`, `uv_cache_dir`, `skip_venv_if_present` are accepted and unused
+  (one Python environment serves the whole fleet), and unknown top-level scalars (`num_gpu_nodes`) are ignored;
+- `dry_run: true` validates the config and builds every server in this process, then returns without starting
+  anything.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gymfleet.config import (
+    BaseServerConfig,
+    GlobalConfig,
+    GlobalConfigDictParserConfig,
+    parse_global_config,
+)
+from gymfleet.errors import ConfigError
+from gymfleet.fleet import Fleet
+
+__all__ = ["RunHelper"]
+
+log = logging.getLogger(__name__)
+
+
+class RunHelper:
+    """A fleet started from a parser config: `start()`, then `poll()` now and then, then `shutdown()`."""
+
+    def __init__(self) -> None:
+        self.config: GlobalConfig | None = None
+        self._fleet: Fleet | None = None
+
+    def start(self, global_config_dict_parser_config: GlobalConfigDictParserConfig | None = None) -> None:
+        """Parse the config, start the head server and every server; return once all answer.
+
+        Returns once every server answers `GET /` and every upstream model endpoint (`*base_url` under a model
+        server) answers, or right after validation with `dry_run: true`.
+
+        Raises:
+            ConfigError: a bad config (named by its YAML path), or model endpoints that never answered.
+            ServerCrashedError: a server died or did not come up; everything started is stopped again.
+            RuntimeError: `start()` called twice.
+        """
+        if self._fleet is not None:
+            raise RuntimeError("RunHelper.start() was already called; call shutdown() first")
+        config = parse_global_config(global_config_dict_parser_config)
+        _attach_ray(config.data.get("ray_head_node_address"))
+        fleet = Fleet(config)
+        if config.data.get("dry_run"):
+            if not config.instances:
+                raise ConfigError("no server instances in the config: pass config_paths with at least one server")
+            fleet.validate()
+            log.info("dry run: %d server instances validated; nothing started", len(config.instances))
+            self.config = config
+            return
+        fleet.start()
+        self.config, self._fleet = config, fleet
+
+    @property
+    def head_server_config(self) -> BaseServerConfig:
+        """Where clients reach the head server (a bind-all host becomes 127.0.0.1)."""
+        if self.config is None:
+            raise RuntimeError("RunHelper.start() has not been called")
+        host = self.config.head_host
+        return BaseServerConfig(host="127.0.0.1" if host in ("", "0.0.0.0", "::") else host,
+                                port=self.config.head_port)
+
+    def poll(self) -> None:
+        """Raise `ServerCrashedError` if the head server or any server process died (NeMo-RL's health check)."""
+        if self._fleet is not None:
+            self._fleet.poll()
+
+    def shutdown(self) -> None:
+        """Stop every server and the head server. Safe to call more than once, or without a start."""
+        fleet, self._fleet = self._fleet, None
+        if fleet is not None:
+            fleet.shutdown()
+
+
+def _attach_ray(address: str | None) -> None:
+    if not address:
+        return
+    try:
+        import ray
+    except ImportError:
+        log.warning("ray_head_node_address=%s is set but Ray is not installed; going on without Ray "
+                    "(no gymfleet server needs it yet)", address)
+        return
+    ray.init(address=address, ignore_reinit_error=True)
