@@ -1,14 +1,29 @@
 """Responses API ⇄ Chat Completions conversion (what a model server in front of a Chat upstream does).
 
-`responses_to_chat` turns a Responses request into Chat messages: consecutive assistant-side items (reasoning,
-assistant message, function calls) merge into one assistant message, reasoning becoming `<think>…</think>` before
-the content (or `reasoning_content`); `function_call_output` becomes a `tool` message; `instructions` folds into
-the leading system message; tools flatten to Chat's `{type: function, function: {...}}`; `max_output_tokens`
-becomes `max_tokens`. Training token fields found on assistant-side items travel on that assistant message.
+`responses_to_chat` turns a Responses request into a Chat Completions body:
+
+- consecutive assistant-side items (reasoning, assistant message, function calls) merge into one assistant
+  message; `reasoning` chooses where their reasoning goes (`REASONING_MODES`): `<think>…</think>` before the
+  content, the `reasoning_content` (and vLLM ≥ 0.10's `reasoning`) field, or nowhere. In the last two modes
+  `<think>` blocks already inside the content move too. Training token fields found on any of those items travel
+  on that assistant message, so a trainer's engine can splice the exact token prefix;
+- `function_call_output` becomes a `tool` message; other messages keep their role (`developer` becomes `system`
+  with `developer_as_system`); text parts join into a string, images become `image_url` parts;
+- `instructions` and the leading system/developer messages fold into one leading system message;
+- function tools flatten to `{type: function, function: {name, description, parameters}}` (`strict` dropped);
+  without tools, `tool_choice` and `parallel_tool_calls` are dropped;
+- `max_output_tokens` → `max_tokens`, `reasoning.effort` → `reasoning_effort`, `text.format` →
+  `response_format`, `top_logprobs` → `logprobs` + `top_logprobs`; `temperature`, `top_p`, `model`, `user`
+  are copied whenever they are set (0.0 included).
+
+Anything a Chat upstream cannot express (hosted-tool items or tools, file or audio parts) is a `BadRequestError`
+(HTTP 400) rather than being silently dropped.
 
 `chat_to_response` turns a Chat completion back into a Responses object: one `reasoning` item (one summary per
-`<think>` block), one assistant `message` (when there is text, or nothing else), then one `function_call` per
-tool call.
+`<think>` block or reasoning field), one assistant `message` (when there is text, or nothing else), then one
+`function_call` per tool call (`id == call_id` == the upstream's tool call id). The training token fields of the
+completion's message land on the last output item. `finish_reason` "length" and "content_filter" make the response
+`incomplete` with that reason; `usage` maps to the Responses names.
 """
 
 from __future__ import annotations
@@ -17,13 +32,17 @@ import json
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from gymfleet.errors import BadRequestError
 from gymfleet.wire import TOKEN_FIELDS
 
 # `<think>plan</think>answer` → ("plan", "answer"); text without tags has no reasoning.
 THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+REASONING_MODES = ("content", "field", "drop")
+ReasoningMode = Literal["content", "field", "drop"]
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+_ASSISTANT_SIDE = ("reasoning", "function_call")
 
 
 def _text_of(content: Any) -> str:
@@ -31,112 +50,149 @@ def _text_of(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            part.get("text", "")
-            for part in content
-            if isinstance(part, dict)
-            and part.get("type") in ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+            part.get("text") or "" for part in content if isinstance(part, dict) and part.get("type") in _TEXT_PARTS
         )
     return ""
 
 
-def responses_to_chat(params: dict[str, Any], *, reasoning_as_content: bool = True) -> dict[str, Any]:
+def _chat_content(content: Any) -> str | list[dict[str, Any]]:
+    """Chat `content` for a Responses message's content: a string when it is all text, else Chat parts."""
+    if isinstance(content, str) or content is None:
+        return content or ""
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type")
+        if kind in _TEXT_PARTS:
+            parts.append({"type": "text", "text": part.get("text") or ""})
+        elif kind == "input_image" and part.get("image_url"):
+            image = {"url": part["image_url"], **({"detail": part["detail"]} if part.get("detail") else {})}
+            parts.append({"type": "image_url", "image_url": image})
+        else:
+            raise BadRequestError(
+                f"content part of type {kind!r} cannot be sent to a Chat Completions model; supported: text parts "
+                "and input_image with an image_url"
+            )
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
+
+
+def responses_to_chat(
+    params: dict[str, Any], *, reasoning: ReasoningMode = "content", developer_as_system: bool = False
+) -> dict[str, Any]:
     """Chat Completions request body equivalent to a Responses request (`params`, a plain dict)."""
+    if reasoning not in REASONING_MODES:
+        raise ValueError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
     items = params.get("input")
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
     assistant: dict[str, Any] | None = None
-    reasoning_parts: list[str] = []
-
-    def flush() -> None:
-        nonlocal assistant, reasoning_parts
-        if assistant is not None:
-            if reasoning_parts:
-                thoughts = "".join(f"<think>{text}</think>" for text in reasoning_parts)
-                if reasoning_as_content:
-                    assistant["content"] = thoughts + (assistant.get("content") or "")
-                else:
-                    assistant["reasoning_content"] = "\n".join(reasoning_parts)
-            messages.append(assistant)
-        assistant, reasoning_parts = None, []
-
-    def assistant_message() -> dict[str, Any]:
-        nonlocal assistant
-        if assistant is None:
-            assistant = {"role": "assistant", "content": ""}
-        return assistant
+    thoughts: list[str] = []
 
     for item in items or []:
-        item_type = item.get("type") or ("message" if "role" in item else None)
+        kind = item.get("type") or ("message" if "role" in item else None)
         role = item.get("role")
-        if item_type == "reasoning":
-            message = assistant_message()
-            reasoning_parts.append(_text_of(item.get("summary")) or _text_of(item.get("content")))
-        elif item_type == "message" and role == "assistant":
-            message = assistant_message()
-            message["content"] = (message.get("content") or "") + _text_of(item.get("content"))
-        elif item_type == "function_call":
-            message = assistant_message()
-            message.setdefault("tool_calls", []).append(
-                {
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {"name": item["name"], "arguments": item.get("arguments", "")},
-                }
-            )
-        else:
-            flush()
-            message = None
-            if item_type == "function_call_output":
-                output = item.get("output")
-                messages.append(
+        if kind in _ASSISTANT_SIDE or (kind == "message" and role == "assistant"):
+            if assistant is None:
+                assistant, thoughts = {"role": "assistant", "content": ""}, []
+            if kind == "reasoning":
+                thoughts.append(_text_of(item.get("summary")) or _text_of(item.get("content")))
+            elif kind == "message":
+                assistant["content"] += _text_of(item.get("content"))
+            else:
+                assistant.setdefault("tool_calls", []).append(
                     {
-                        "role": "tool",
-                        "tool_call_id": item["call_id"],
-                        "content": output if isinstance(output, str) else _text_of(output),
+                        "id": item["call_id"],
+                        "type": "function",
+                        "function": {"name": item["name"], "arguments": item.get("arguments") or ""},
                     }
                 )
-            elif item_type == "message":
-                content = item.get("content")
-                messages.append({"role": role, "content": content if isinstance(content, str) else _text_of(content)})
-            else:
-                raise BadRequestError(f"input item of type {item_type!r} cannot be sent to a Chat Completions model; "
-                                      "supported: message, function_call, function_call_output, reasoning")
-        if message is not None and item.get("generation_token_ids") is not None:
-            for name in TOKEN_FIELDS:
-                message[name] = item[name]
-    flush()
+            if item.get("generation_token_ids") is not None:
+                assistant.update({name: item[name] for name in TOKEN_FIELDS})
+            continue
+        if assistant is not None:
+            messages.append(place_reasoning(assistant, thoughts, reasoning))
+            assistant = None
+        if kind == "function_call_output":
+            output = item.get("output")
+            content = output if isinstance(output, str) else _text_of(output)
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
+        elif kind == "message":
+            messages.append({"role": role, "content": _chat_content(item.get("content"))})
+        else:
+            raise BadRequestError(
+                f"input item of type {kind!r} cannot be sent to a Chat Completions model; "
+                "supported: message, function_call, function_call_output, reasoning"
+            )
+    if assistant is not None:
+        messages.append(place_reasoning(assistant, thoughts, reasoning))
     messages = _fold_system(messages, params.get("instructions"))
+    if developer_as_system:
+        messages = [{**message, "role": "system"} if message["role"] == "developer" else message
+                    for message in messages]
+    return {"messages": messages, **_chat_fields(params)}
 
-    body: dict[str, Any] = {"messages": messages}
-    for key in ("temperature", "top_p", "model", "parallel_tool_calls", "tool_choice", "user"):
+
+def place_reasoning(message: dict[str, Any], thoughts: list[str], mode: ReasoningMode) -> dict[str, Any]:
+    """Put an assistant message's reasoning (`thoughts`, plus `<think>` blocks in its content) where `mode` says.
+
+    Examples:
+        >>> place_reasoning({"role": "assistant", "content": "Hi"}, ["plan"], "content")["content"]
+        '<think>plan</think>Hi'
+        >>> sorted(place_reasoning({"role": "assistant", "content": "<think>plan</think>Hi"}, [], "field").items())
+        [('content', 'Hi'), ('reasoning', 'plan'), ('reasoning_content', 'plan'), ('role', 'assistant')]
+    """
+    thoughts = [thought for thought in thoughts if thought]
+    if mode == "content":
+        message["content"] = "".join(f"<think>{thought}</think>" for thought in thoughts) + message["content"]
+        return message
+    inline, message["content"] = split_reasoning(message["content"])
+    blocks = thoughts + inline
+    if mode == "field" and blocks:
+        message["reasoning_content"] = message["reasoning"] = "\n".join(blocks)
+    return message
+
+
+def _chat_fields(params: dict[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for key in ("model", "temperature", "top_p", "user", "parallel_tool_calls"):
         if params.get(key) is not None:
             body[key] = params[key]
     if params.get("max_output_tokens") is not None:
         body["max_tokens"] = params["max_output_tokens"]
-    reasoning = params.get("reasoning") or {}
-    if reasoning.get("effort"):
-        body["reasoning_effort"] = reasoning["effort"]
-    tools = [_chat_tool(tool) for tool in params.get("tools") or [] if tool.get("type", "function") == "function"]
+    if params.get("top_logprobs") is not None:
+        body["logprobs"], body["top_logprobs"] = True, params["top_logprobs"]
+    effort = (params.get("reasoning") or {}).get("effort")
+    if effort:
+        body["reasoning_effort"] = effort
+    response_format = _response_format((params.get("text") or {}).get("format"))
+    if response_format:
+        body["response_format"] = response_format
+    tools = [_chat_tool(tool) for tool in params.get("tools") or []]
     if tools:
         body["tools"] = tools
+        if params.get("tool_choice") is not None:
+            body["tool_choice"] = _chat_tool_choice(params["tool_choice"])
     else:
-        body.pop("tool_choice", None)
         body.pop("parallel_tool_calls", None)
     return body
 
 
 def _fold_system(messages: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
-    leading = []
-    while len(leading) < len(messages) and messages[len(leading)]["role"] in ("system", "developer"):
-        leading.append(messages[len(leading)]["content"])
-    texts = ([instructions] if instructions else []) + leading
+    leading = 0
+    while leading < len(messages) and messages[leading]["role"] in ("system", "developer"):
+        leading += 1
+    texts = ([instructions] if instructions else []) + [_text_of(m["content"]) for m in messages[:leading]]
     if not texts:
         return messages
-    return [{"role": "system", "content": "\n\n".join(texts)}, *messages[len(leading) :]]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *messages[leading:]]
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    if tool.get("type", "function") != "function":
+        raise BadRequestError(f"tool of type {tool.get('type')!r} cannot be served by a Chat Completions model; "
+                              "only function tools can")
     function = {"name": tool["name"]}
     if tool.get("description") is not None:
         function["description"] = tool["description"]
@@ -144,8 +200,32 @@ def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
+def _response_format(text_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not text_format or text_format.get("type") == "text":
+        return None
+    if text_format.get("type") == "json_schema":
+        schema = {key: text_format[key] for key in ("name", "schema", "strict", "description") if key in text_format}
+        return {"type": "json_schema", "json_schema": schema}
+    return {"type": text_format["type"]}
+
+
 def split_reasoning(content: str | None, reasoning: str | None = None) -> tuple[list[str], str]:
-    """Reasoning blocks and the remaining answer text of an assistant message."""
+    """Reasoning blocks and the remaining answer text of an assistant message.
+
+    Examples:
+        >>> split_reasoning("<think> a </think>\\n<think>b</think> Answer")
+        (['a', 'b'], 'Answer')
+        >>> split_reasoning("plan</think>Answer")  # the opening tag was in the prompt
+        (['plan'], 'Answer')
+        >>> split_reasoning("Answer", "plan")
+        (['plan'], 'Answer')
+    """
     blocks = [reasoning] if reasoning else []
     text = content or ""
     if "<think>" in text or "</think>" in text:
@@ -161,8 +241,9 @@ def chat_to_response(completion: dict[str, Any], params: dict[str, Any], *, mode
     """Responses object (plain dict) for a Chat completion answering `params`."""
     choice = completion["choices"][0]
     message = choice.get("message") or {}
-    reasoning_text = message.get("reasoning_content") or message.get("reasoning")
-    blocks, text = split_reasoning(message.get("content"), reasoning_text)
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    blocks, text = split_reasoning(message.get("content"), reasoning)
+    tool_calls = message.get("tool_calls") or []
     output: list[dict[str, Any]] = []
     if blocks:
         output.append(
@@ -172,8 +253,7 @@ def chat_to_response(completion: dict[str, Any], params: dict[str, Any], *, mode
                 "summary": [{"type": "summary_text", "text": block} for block in blocks],
             }
         )
-    tool_calls = message.get("tool_calls") or []
-    if text or not tool_calls:
+    if text or not (blocks or tool_calls):
         output.append(
             {
                 "id": f"msg_{uuid.uuid4().hex}",
@@ -185,28 +265,27 @@ def chat_to_response(completion: dict[str, Any], params: dict[str, Any], *, mode
         )
     for call in tool_calls:
         function = call.get("function") or {}
+        call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
+        arguments = function.get("arguments")
         output.append(
             {
-                "id": call["id"],
-                "call_id": call["id"],
+                "id": call_id,
+                "call_id": call_id,
                 "type": "function_call",
                 "status": "completed",
                 "name": function.get("name", ""),
-                "arguments": function.get("arguments") or "",
+                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {}),
             }
         )
     tokens = {name: message[name] for name in TOKEN_FIELDS if message.get(name) is not None}
     if len(tokens) == len(TOKEN_FIELDS):
         output[-1].update(tokens)
 
-    finish = choice.get("finish_reason")
-    incomplete = None
-    if finish == "length":
-        incomplete = {"reason": "max_output_tokens"}
-    elif finish == "content_filter":
-        incomplete = {"reason": "content_filter"}
-    usage = completion.get("usage") or {}
-    prompt_tokens, completion_tokens = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    incomplete = {"length": {"reason": "max_output_tokens"}, "content_filter": {"reason": "content_filter"}}.get(
+        choice.get("finish_reason")
+    )
+    echoed = ("instructions", "metadata", "temperature", "top_p", "max_output_tokens", "max_tool_calls", "reasoning",
+              "text", "top_logprobs", "truncation", "user", "previous_response_id", "service_tier", "store")
     return {
         "id": f"resp_{uuid.uuid4().hex}",
         "object": "response",
@@ -214,22 +293,27 @@ def chat_to_response(completion: dict[str, Any], params: dict[str, Any], *, mode
         "model": model,
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": incomplete,
+        "error": None,
         "output": output,
-        "instructions": params.get("instructions"),
-        "metadata": params.get("metadata"),
+        **{key: params.get(key) for key in echoed},
         "parallel_tool_calls": params.get("parallel_tool_calls", True),
-        "temperature": params.get("temperature"),
-        "top_p": params.get("top_p"),
-        "max_output_tokens": params.get("max_output_tokens"),
         "tool_choice": params.get("tool_choice") or "auto",
         "tools": params.get("tools") or [],
-        "usage": {
-            "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": _usage(completion.get("usage") or {}),
+    }
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """Chat usage in the Responses names (cached and reasoning token counts kept when the upstream gives them)."""
+    prompt_tokens, completion_tokens = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": usage.get("total_tokens") or prompt_tokens + completion_tokens,
     }
 
 

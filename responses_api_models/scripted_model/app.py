@@ -11,12 +11,18 @@ token ids and logprobs, with the prefix contiguity across turns that RL training
 - `model` ("scripted"): the model name reported in every answer.
 - `max_model_len` (32768): a prompt that leaves no room for one generated token is an HTTP 400 whose message names
   the "maximum context length", as vLLM's is; generations are also cut to fit.
-- `rules` (list): `{match, on, text, reasoning, tool_calls, finish_reason}`; first match wins. `match` is a
-  Python regex searched (DOTALL) in the `on` text: `last_user` (default), `last_message` (any role, e.g. a tool
-  output) or `transcript` (every message's content). `tool_calls` are `{name, arguments}` (an object or a JSON
-  string). `finish_reason` defaults to "tool_calls" with tool calls, else "stop"; "length" ends the generation
-  without `<|im_end|>`. A bad regex fails at startup naming the rule (`rules.<index>.match`). An unquoted `on:`
-  key (YAML 1.1 reads it as `true`) is accepted.
+- `rules` (list): `{match, on, turn, text, reasoning, tool_calls, finish_reason}` plus fault fields; first match
+  wins. `match` is a Python regex searched (DOTALL) in the `on` text: `last_user` (default), `last_message` (any
+  role, e.g. a tool output) or `transcript` (every message's content). `turn: N` restricts a rule to the request
+  whose conversation already holds N assistant messages (0 = the first call of a rollout), for multi-step scripts.
+  `tool_calls` are `{name, arguments}` (an object or a JSON string). `finish_reason` defaults to "tool_calls" with
+  tool calls, else "stop"; "length" ends the generation without `<|im_end|>`. A bad regex fails at startup naming
+  the rule (`rules.<index>.match`). An unquoted `on:` key (YAML 1.1 reads it as `true`) is accepted.
+- Fault injection (per rule, to test clients' retries and deadlines): `status` (400-599) answers that HTTP status
+  with vLLM's error body `{"error": {message, type, param, code}}`; `fail_times: N` fails only the first N
+  matching requests and then gives the rule's reply (unset: fail every time); `retry_after_s` adds a `Retry-After`
+  header; `error_message` sets the message (e.g. "maximum context length" to mimic an overflow); `delay_s` sleeps
+  before answering, failing or not. Fault fields without `status` are a config error. Counts are per server process.
 - `default` ({text: "I am not sure."}): the reply when no rule matches (same fields, without `match`/`on`).
 - `reasoning_parser` (true): reasoning comes back as `reasoning_content` (vLLM `--reasoning-parser`); off, it stays
   in `content` as `<think>...</think>` text.
@@ -31,7 +37,8 @@ token ids and logprobs, with the prefix contiguity across turns that RL training
   Unknown fields are ignored; wrongly typed known fields are a 422.
 - `POST /tokenize` (vLLM's, at the root): `{messages, tools?, add_generation_prompt?}` or `{prompt}` →
   `{tokens, count, max_model_len}`; agrees with `prompt_token_ids`.
-- `POST /v1/responses`: Responses → Chat (`gymfleet.convert`), the same script, Chat → Responses.
+- `POST /v1/responses`: Responses → Chat (`gymfleet.convert`), the same script (faults included), Chat →
+  Responses.
 - `GET /v1/models`: `{"object": "list", "data": [{"id": <model>, "object": "model", ...}]}`.
 - `GET /` liveness and `GET /metrics`, from the base server.
 
@@ -43,13 +50,16 @@ the template would render for the reply, plus `<|im_end|>`. Logprobs are `-((id 
 
 ## Version history
 - v1: initial.
+- v2: fault injection (`status`, `fail_times`, `retry_after_s`, `error_message`, `delay_s`) and `turn`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 import uuid
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -94,13 +104,30 @@ class ScriptedModelConfig(ModelServerConfig):
     """On `/v1/responses`, attach the training token fields to the last output item (as `vllm_model` does)."""
 
 
-class BadRequest(Exception):
-    """A request vLLM would refuse with HTTP 400."""
+class UpstreamFault(Exception):
+    """An error answer in vLLM's shape: a request it refuses (400) or a fault a rule injects."""
+
+    def __init__(self, message: str, status: int = 400, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
 
 
-async def _bad_request(request: Request, exc: BadRequest) -> StarletteResponse:
-    return JSONResponse({"error": {"message": str(exc), "type": "BadRequestError", "param": None, "code": 400}},
-                        status_code=400)
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError", 500: "InternalServerError",
+                503: "ServiceUnavailableError"}
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:  # e.g. Cloudflare's 520
+        return f"HTTP {status}"
+
+
+async def _fault_response(request: Request, exc: UpstreamFault) -> StarletteResponse:
+    error = {"message": str(exc), "type": _ERROR_TYPES.get(exc.status, "APIError"), "param": None, "code": exc.status}
+    headers = {"Retry-After": f"{exc.retry_after_s:g}"} if exc.retry_after_s is not None else None
+    return JSONResponse({"error": error}, status_code=exc.status, headers=headers)
 
 
 class ScriptedModel(ModelServer):
@@ -108,9 +135,14 @@ class ScriptedModel(ModelServer):
 
     config: ScriptedModelConfig
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._matches: dict[int, int] = {}
+        """How many requests each failing rule (by `id`) has matched so far (for `fail_times`)."""
+
     def routes(self, app: FastAPI) -> None:
         super().routes(app)
-        app.add_exception_handler(BadRequest, _bad_request)
+        app.add_exception_handler(UpstreamFault, _fault_response)
 
         async def tokenize_route(request: Request) -> StarletteResponse:
             return JSONResponse(self.tokenize(validate(TokenizeRequest, await read_json(request))))
@@ -131,15 +163,14 @@ class ScriptedModel(ModelServer):
         return {"tokens": tokens, "count": len(tokens), "max_model_len": self.config.max_model_len}
 
     async def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.complete(validate(ChatRequest, body))
+        return await self.answer(validate(ChatRequest, body))
 
     async def responses(self, params: ResponseCreateParams, raw: dict[str, Any]) -> dict[str, Any]:
-        try:
-            body = responses_to_chat(raw, reasoning_as_content=False)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from exc
+        body = responses_to_chat(raw, reasoning="field")
         capture = self.config.return_token_id_information
-        completion = self.complete(validate(ChatRequest, {**body, "logprobs": capture, "return_token_ids": capture}))
+        completion = await self.answer(
+            validate(ChatRequest, {**body, "logprobs": capture, "return_token_ids": capture})
+        )
         if capture:
             choice = completion["choices"][0]
             choice["message"].update(
@@ -149,22 +180,34 @@ class ScriptedModel(ModelServer):
             )
         return chat_to_response(completion, raw, model=self.config.model)
 
-    def complete(self, request: ChatRequest) -> dict[str, Any]:
-        """The Chat completion (wire dict) the script gives for `request`."""
+    async def answer(self, request: ChatRequest) -> dict[str, Any]:
+        """The Chat completion (wire dict) the script gives for `request`, after the rule's delay and faults."""
         if request.stream:
-            raise BadRequest("the scripted model does not stream; send `stream: false` (or leave it out)")
+            raise UpstreamFault("the scripted model does not stream; send `stream: false` (or leave it out)")
         if request.n not in (None, 1):
-            raise BadRequest(f"the scripted model returns one choice; got n={request.n}")
+            raise UpstreamFault(f"the scripted model returns one choice; got n={request.n}")
         messages = plain_messages(request.messages)
+        reply = choose(self.config.rules, self.config.default, messages)
+        if isinstance(reply, Rule):
+            if reply.delay_s:
+                await asyncio.sleep(reply.delay_s)
+            if reply.status is not None:
+                count = self._matches[id(reply)] = self._matches.get(id(reply), 0) + 1
+                if reply.fail_times is None or count <= reply.fail_times:
+                    message = reply.error_message or f"{_phrase(reply.status)} (scripted fault)"
+                    raise UpstreamFault(message, reply.status, reply.retry_after_s)
+        return self.complete(request, messages, reply)
+
+    def complete(self, request: ChatRequest, messages: list[dict[str, Any]], reply: Reply) -> dict[str, Any]:
+        """The Chat completion (wire dict) of `reply` to `request`."""
         prompt = render_chat(messages, request.tools)
         prompt_ids = encode(prompt)
         room = self.config.max_model_len - len(prompt_ids)
         if room <= 0:
-            raise BadRequest(
+            raise UpstreamFault(
                 f"This model's maximum context length is {self.config.max_model_len} tokens. However, your request "
                 f"has {len(prompt_ids)} input tokens. Please reduce the length of the input messages."
             )
-        reply = choose(self.config.rules, self.config.default, messages)
         calls = [
             {"id": _call_id(prompt, index), "type": "function",
              "function": {"name": call.name, "arguments": call.arguments_json()}}

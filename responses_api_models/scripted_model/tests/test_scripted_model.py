@@ -351,3 +351,100 @@ def test_malformed_tool_arguments_are_sent_verbatim():
     """Real models emit broken JSON arguments; the script must be able to as well."""
     config = ScriptedModelConfig(rules=[{"match": "x", "tool_calls": [{"name": "f", "arguments": "{city: Paris"}]}])
     assert config.rules[0].tool_calls[0].arguments_json() == "{city: Paris"
+
+
+# ------------------------------------------------------------------------------------------------ faults and turns
+
+FAULTS = {
+    "name": "faulty",
+    "rules": [
+        {"match": "burst", "status": 429, "fail_times": 2, "retry_after_s": 1.5, "text": "Through."},
+        {"match": "down", "status": 503},
+        {"match": "edge", "status": 520},
+        {"match": "overflow", "status": 400, "error_message": "This model's maximum context length is 8 tokens."},
+        {"match": "slow", "delay_s": 5, "text": "Eventually."},
+        {"match": "step", "turn": 0, "tool_calls": [{"name": "a"}]},
+        {"match": "step", "turn": 1, "tool_calls": [{"name": "b"}]},
+        {"match": "step", "text": "All steps done."},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def faulty():
+    with serve(ScriptedModel(FAULTS).create_app()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield client
+
+
+def _post(client: httpx.Client, text: str, path: str = "/v1/chat/completions") -> httpx.Response:
+    body = {"input": text} if path == "/v1/responses" else {"messages": [{"role": "user", "content": text}]}
+    return client.post(path, json=body)
+
+
+def test_fail_times_fails_then_answers(faulty):
+    answers = [_post(faulty, "burst") for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [429, 429, 200]
+    assert answers[0].headers["retry-after"] == "1.5"
+    assert answers[0].json() == {"error": {"message": "Too Many Requests (scripted fault)", "type": "RateLimitError",
+                                           "param": None, "code": 429}}
+    assert answers[2].json()["choices"][0]["message"]["content"] == "Through."
+    assert _post(faulty, "burst").status_code == 200, "the rule keeps answering once its failures are spent"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+def test_status_without_fail_times_fails_every_time(faulty, path):
+    answers = [_post(faulty, "down", path) for _ in range(3)]
+    assert [answer.status_code for answer in answers] == [503] * 3
+    assert "retry-after" not in answers[0].headers
+    assert answers[0].json()["error"]["type"] == "ServiceUnavailableError"
+
+
+def test_nonstandard_status(faulty):
+    answer = _post(faulty, "edge")
+    assert answer.status_code == 520 and answer.json()["error"]["message"] == "HTTP 520 (scripted fault)"
+
+
+def test_error_message_mimics_vllm(faulty):
+    answer = _post(faulty, "overflow")
+    assert answer.status_code == 400 and "maximum context length" in answer.json()["error"]["message"]
+
+
+def test_delay_outlasts_a_short_client_deadline(faulty):
+    with pytest.raises(httpx.ReadTimeout):
+        faulty.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "slow"}]}, timeout=0.3)
+
+
+@pytest.mark.parametrize(
+    ("assistant_turns", "expected"),
+    [(0, ("a", None)), (1, ("b", None)), (2, (None, "All steps done."))],
+    ids=["turn_0", "turn_1", "turn_2_falls_through"],
+)
+def test_turn_picks_the_step(faulty, assistant_turns, expected):
+    messages = [{"role": "user", "content": "step"}]
+    for turn in range(assistant_turns):
+        messages += [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"c{turn}", "type": "function", "function": {"name": "a", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"c{turn}", "content": "ok"}]
+    message = chat(faulty, messages)["choices"][0]["message"]
+    name = message["tool_calls"][0]["function"]["name"] if message.get("tool_calls") else None
+    assert (name, message["content"] or None) == expected
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        ({"match": "x", "fail_times": 2}, "fail_times only apply to a failing rule: set `status`"),
+        ({"match": "x", "retry_after_s": 1, "error_message": "m"}, "retry_after_s, error_message only apply"),
+        ({"match": "x", "status": 200}, "greater than or equal to 400"),
+        ({"match": "x", "status": 600}, "less than or equal to 599"),
+        ({"match": "x", "status": 500, "fail_times": 0}, "greater than or equal to 1"),
+        ({"match": "x", "delay_s": -1}, "greater than or equal to 0"),
+        ({"match": "x", "turn": -1}, "greater than or equal to 0"),
+        ({"match": "x", "fail_time": 2, "status": 500}, "Extra inputs are not permitted"),
+    ],
+    ids=["fail_times_without_status", "orphan_fault_fields", "status_too_low", "status_too_high", "zero_fail_times",
+         "negative_delay", "negative_turn", "typo"],
+)
+def test_bad_fault_fields_are_config_errors(rule, message):
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ScriptedModelConfig(rules=[rule])
