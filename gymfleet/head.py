@@ -1,8 +1,8 @@
 """The head server: how every client finds every server.
 
 `GET /global_config_dict_yaml` answers a JSON string holding the resolved config as YAML (secrets masked), with
-`host` and `port` filled in for every instance (NeMo-Gym clients `json.loads` it, then `OmegaConf.create` it). For each agent it
-also publishes an `environment_servers` entry pointing at the agent itself, which is how NeMo-Gym 0.7's rollout
+`host` and `port` filled in for every instance (NeMo-Gym clients `json.loads` it, then `OmegaConf.create` it). For
+each agent it also publishes an `environment_servers` entry pointing at the agent itself, which is how NeMo-Gym 0.7's rollout
 client reaches agents (`spec/protocol.md`, addendum). `GET /server_instances` lists the instances with their
 process ids and liveness.
 """
@@ -23,7 +23,7 @@ from gymfleet.config_merge import mask_secrets
 
 
 def published_config(config: GlobalConfig) -> dict[str, Any]:
-    """The config dict clients see: the resolved config, secrets masked, plus one `environment_servers` entry per agent.
+    """The config clients see: the resolved config, secrets masked, plus an `environment_servers` entry per agent.
 
     Clients only need hosts and ports from it (servers get their config from the supervisor, not from here), so API
     keys never leave the process through the head server, which NeMo-RL binds to `0.0.0.0`.

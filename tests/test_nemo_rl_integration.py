@@ -239,6 +239,6 @@ def test_aiohttp_limits_come_from_the_config_split_between_workers():
 def test_nemo_gym_modules_only_re_export_gymfleet(module):
     exported = importlib.import_module(f"nemo_gym.{module}")
     sources = [importlib.import_module(f"gymfleet.{name}")
-               for name in ("config", "collect", "run_helper", "server", "errors")]
+               for name in ("config", "collect", "rollout_helper", "run_helper", "server", "errors")]
     for name in exported.__all__:
         assert any(getattr(source, name, None) is getattr(exported, name) for source in sources), name

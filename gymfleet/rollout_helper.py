@@ -1,0 +1,107 @@
+"""`RolloutCollectionHelper`: the library entry point NeMo-RL drives rollouts through (`spec/protocol.md`, A.2).
+
+`run_examples(rows, head_server_config)` posts every row to its agent's `/run` at once (no concurrency cap unless a
+semaphore is given) and yields awaitables in completion order, each resolving to `(row, result)` with the very row
+object passed in; a non-2xx answer raises `TransportError` with an integer `.status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import yaml
+
+from gymfleet import http
+from gymfleet.collect import RUN_RETRY
+from gymfleet.config import client_limits
+from gymfleet.errors import TransportError
+from gymfleet.http import ServerClient
+
+DEFAULT_HEAD = ("127.0.0.1", 11000)
+
+
+class RolloutCollectionHelper:
+    """NeMo-RL's entry point: `run_examples(rows, head_server_config)` (`nemo_gym.rollout_collection`)."""
+
+    def __init__(self, request_timeout_s: float = 3600.0) -> None:
+        self.request_timeout_s = request_timeout_s
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Future]]
+        self._clients = weakref.WeakKeyDictionary()
+
+    def _client(self, head: tuple[str, int]) -> asyncio.Future:
+        """One bootstrap per head and event loop, shared by concurrent `run_examples` calls; a failed one is redone."""
+        per_loop = self._clients.setdefault(asyncio.get_running_loop(), {})
+        future = per_loop.get(head)
+        if future is None or (future.done() and (future.cancelled() or future.exception() is not None)):
+            future = per_loop[head] = asyncio.ensure_future(_bootstrap(head))
+        return future
+
+    def run_examples(
+        self,
+        examples: list[dict[str, Any]],
+        head_server_config: Any = None,
+        semaphore: asyncio.Semaphore | None = None,
+    ) -> Iterator[asyncio.Future]:
+        """Start one `POST <agent>/run` per row; yield awaitables in completion order, like `asyncio.as_completed`.
+
+        Each awaitable resolves to `(row, result)` where `row` is the very object passed in. Must be called with an
+        event loop running. No concurrency cap unless `semaphore` is given. The connection pool takes its limits
+        from the fleet's `global_aiohttp_connector_limit[_per_host]` (set before this loop's first request).
+
+        Raises (when awaited):
+            TransportError: a non-2xx answer (integer `.status`, `.response_content`) or an unreachable agent.
+        """
+        if not examples:
+            return iter([])
+        client_task = self._client(_head_address(head_server_config))
+
+        async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+            client = await asyncio.shield(client_task)
+            async with semaphore or contextlib.nullcontext():
+                response = await client.post(row["agent_ref"]["name"], "/run", json=row,
+                                             timeout_s=self.request_timeout_s, retry=RUN_RETRY)
+            return row, response.raise_for_status().json()
+
+        return asyncio.as_completed([asyncio.ensure_future(one(row)) for row in examples])
+
+
+async def _bootstrap(head: tuple[str, int]) -> ServerClient:
+    """The fleet's config from its head server, and this process's pool limits set from it.
+
+    The config is fetched outside the pooled session (NeMo-Gym's clients use a plain GET too), so that the session
+    this loop creates next is built with the fleet's limits.
+    """
+    config = await asyncio.to_thread(_fetch_head_config, *head)
+    http.configure(client_limits(config))
+    return ServerClient(config)
+
+
+def _fetch_head_config(host: str, port: int, timeout_s: float = 30.0) -> dict[str, Any]:
+    url = f"http://{host}:{port}/global_config_dict_yaml"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+            return yaml.safe_load(orjson.loads(answer.read()))
+    except urllib.error.HTTPError as exc:
+        raise TransportError(f"head server {url} answered {exc.code}", status=exc.code, url=url,
+                             failure_class="http_5xx" if exc.code >= 500 else "http_4xx") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise TransportError(f"cannot reach the head server at {url} ({exc}); is the fleet running?", url=url,
+                             failure_class="connection_error") from None
+
+
+def _head_address(head_server_config: Any) -> tuple[str, int]:
+    if head_server_config is None:
+        host, port = DEFAULT_HEAD
+    elif isinstance(head_server_config, dict):
+        host, port = head_server_config["host"], head_server_config["port"]
+    else:
+        host, port = head_server_config.host, head_server_config.port
+    host = str(host)
+    return ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host), int(port)
