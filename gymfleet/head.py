@@ -1,10 +1,10 @@
 """The head server: how every client finds every server.
 
 `GET /global_config_dict_yaml` answers a JSON string holding the resolved config as YAML (secrets masked), with
-`host` and `port` filled in for every instance (NeMo-Gym clients `json.loads` it, then `OmegaConf.create` it). For
-each agent it also publishes an `environment_servers` entry pointing at the agent itself, which is how NeMo-Gym 0.7's rollout
-client reaches agents (`spec/protocol.md`, addendum). `GET /server_instances` lists the instances with their
-process ids and liveness.
+`host` and `port` filled in for every instance (NeMo-Gym clients `json.loads` it, then `OmegaConf.create` it).
+For each agent it also publishes an `environment_servers` entry pointing at the agent itself, which is how
+NeMo-Gym 0.7's rollout client reaches agents (`spec/protocol.md`, addendum). `GET /server_instances` lists the
+instances with their process ids and liveness.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NeMo-Gym's `nemo_gym.rollout_collection`, re-exported from `gymfleet.collect` and `gymfleet.rollout_helper` (no code of its own)."""
+"""NeMo-Gym's `nemo_gym.rollout_collection`: re-exports from `gymfleet.collect` and `gymfleet.rollout_helper`."""
 
 from gymfleet.collect import RolloutCollectionConfig
 from gymfleet.rollout_helper import RolloutCollectionHelper
