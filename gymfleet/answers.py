@@ -12,6 +12,7 @@ Contents:
     - `choice_letter`: the option letter a payload names, rejecting hedges such as "A or B".
     - `match_option_text`: the option letter whose text a payload spells out.
     - `unwrap_latex_text`: drop `\text{...}`-style wrappers.
+    - `last_tagged`: content of the last `<answer>...</answer>`-style tag pair.
     - `last_number`, `normalize`, `normalize_letter`, `tail`: small building blocks.
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "choice_letter",
     "last_boxed",
     "last_number",
+    "last_tagged",
     "match_option_text",
     "normalize",
     "normalize_letter",
@@ -250,6 +252,53 @@ def strip_think(text: str) -> str:
         pos = close_at + len(THINK_CLOSE)
         open_at, close_at = text.find(THINK_OPEN, pos), text.find(THINK_CLOSE, pos)
     return "".join(kept).strip()
+
+
+# ---------------------------------------------------------------------------------------------- tag pairs
+
+
+def last_tagged(text: str, tag: str = "answer") -> str | None:
+    r"""Return the content of the last `<tag>...</tag>` pair in `text`, stripped.
+
+    Pairs are found left to right: an opening tag pairs with the first closing tag after it, and the search goes on
+    after that closing tag. This is what the lazy pattern `<tag>(.*?)</tag>` (DOTALL) finds, as used by
+    reasoning-gym's `extract_answer`, but in linear time: that regex rescans to the end of the text for every
+    unclosed opening tag, so `"<answer>" * 100_000` costs it minutes.
+
+    Rules:
+        - Tags match exactly and case-sensitively (`<answer>`, not `<Answer>` or `<answer id=1>`).
+        - An opening tag that never closes (an output cut off mid-answer) is ignored; so is every opening tag after
+          it, since none of them can close either.
+        - A pair that holds only whitespace gives `""`, not None: the tag was found and is empty, which callers may
+          need to tell apart from a missing tag (reasoning-gym grades an empty answer, it does not fall back).
+
+    Args:
+        text: A model output.
+        tag: The tag name, without angle brackets.
+
+    Returns:
+        The stripped content of the last complete pair, or None if there is no complete pair.
+
+    Examples:
+        >>> last_tagged("<answer>12</answer> on reflection <answer> 13 </answer>")
+        '13'
+        >>> last_tagged("<answer>Zoey is a sage</answer> then cut off <answer>Zo")
+        'Zoey is a sage'
+        >>> last_tagged("<answer>\n</answer>")
+        ''
+        >>> last_tagged("<think>...</think>", tag="answer") is None
+        True
+    """
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    found: str | None = None
+    pos = 0
+    while (start := text.find(opening, pos)) != -1:
+        end = text.find(closing, start + len(opening))
+        if end == -1:
+            break
+        found = text[start + len(opening) : end]
+        pos = end + len(closing)
+    return None if found is None else found.strip()
 
 
 # ---------------------------------------------------------------------------------------------- "Answer:" lines

@@ -305,3 +305,41 @@ def test_normalize_letter(ch, expected):
 def test_unwrap_latex_text():
     assert answers.unwrap_latex_text(r"\mathrm{  C }") == "C"
     assert answers.unwrap_latex_text(r"\texttt{B}") == r"\texttt{B}"
+
+
+# ---------------------------------------------------------------------------------------------- last_tagged
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        pytest.param("Reasoning...\n<answer>Zoey is a sage</answer>", "Zoey is a sage", id="simple"),
+        pytest.param("<answer>12</answer> wait, no: <answer>13</answer>", "13", id="last-pair-wins"),
+        pytest.param("<answer>\n  42 \n</answer>", "42", id="stripped-multiline"),
+        pytest.param("<answer>  </answer>", "", id="empty-pair-is-empty-string"),
+        pytest.param("<answer>7</answer> then cut off <answer>8", "7", id="unclosed-last-falls-back"),
+        pytest.param("<answer>8", None, id="only-unclosed"),
+        pytest.param("<answer><answer>x</answer></answer>", "<answer>x", id="nested-pairs-with-first-close"),
+        pytest.param("<Answer>5</Answer>", None, id="case-sensitive"),
+        pytest.param("</answer>5<answer>", None, id="close-before-open"),
+        pytest.param("no tags at all", None, id="none"),
+    ],
+)
+def test_last_tagged(text, expected):
+    assert answers.last_tagged(text) == expected
+
+
+def test_last_tagged_other_tag():
+    assert answers.last_tagged("<final>B</final><answer>A</answer>", tag="final") == "B"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        pytest.param("<answer>" * (ONE_MB // 8), None, id="million-unclosed-openings"),
+        pytest.param(HUGE_JUNK + "<answer>C</answer>", "C", id="answer-after-1mb"),
+        pytest.param("<answer>x</answer>" * (ONE_MB // 18), "x", id="many-pairs"),
+    ],
+)
+def test_last_tagged_is_fast_on_huge_text(text, expected):
+    assert _fast(answers.last_tagged, text) == expected

@@ -1,0 +1,133 @@
+"""Sandbox cost per run: a trivial Python program through the sandbox service beside the same program as a bare
+subprocess, at several concurrencies, in one run.
+
+The sandbox server runs in its own process (`python -m sandbox`, default settings: bubblewrap isolation, CPU cores
+x 2 concurrent runs); the load generator is this process, using gymfleet's HTTP client. The bare column starts the
+same interpreter with the same flags the sandbox uses (`/usr/bin/python3 -I -S -c ...`) as an asyncio subprocess,
+so the ratio is what isolation, the service and HTTP cost on top of starting the program.
+
+    python bench/sandbox_throughput.py [--concurrency 1 2 32] [--seconds 9] [--slices 6] [--code "print(1)"]
+
+Prints one table: runs/s, p50 and p99 latency for both, and the per-run cost ratio (bare runs/s / sandbox runs/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gymfleet import http  # noqa: E402
+from gymfleet.testing import free_port  # noqa: E402
+
+
+async def _sandbox_once(url: str, code: str) -> None:
+    answer = (await http.request("POST", f"{url}/run", json={"code": code}, timeout_s=60)).json()
+    if answer.get("status") != "ok":
+        raise RuntimeError(f"sandbox run failed: {answer}")
+
+
+async def _bare_once(python: str, code: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        python, "-I", "-S", "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={}
+    )
+    await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"bare run failed with status {process.returncode}")
+
+
+class Cell:
+    """Runs and latencies of one mode at one concurrency, gathered over several slices."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.elapsed = 0.0
+
+    def row(self) -> tuple[float, float, float]:
+        ordered = sorted(self.latencies)
+        return len(ordered) / self.elapsed, statistics.median(ordered), ordered[int(0.99 * (len(ordered) - 1))]
+
+
+async def measure(run_once, concurrency: int, seconds: float, cell: Cell) -> None:
+    """Keep `run_once` `concurrency` deep for `seconds`; add what happened to `cell`."""
+    deadline = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            await run_once()
+            cell.latencies.append(time.perf_counter() - start)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    cell.elapsed += time.perf_counter() - started
+
+
+def _wait_ready(url: str, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/", timeout=1):
+                return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the sandbox server did not start") from None
+            time.sleep(0.1)
+
+
+async def main_async(args: argparse.Namespace, url: str, python: str) -> list[str]:
+    """Alternate short slices of the two modes, so load from elsewhere on the machine hits both alike."""
+    sandbox_once = lambda: _sandbox_once(url, args.code)  # noqa: E731
+    bare_once = lambda: _bare_once(python, args.code)  # noqa: E731
+    for _ in range(3):  # warm-up
+        await sandbox_once()
+        await bare_once()
+    rows = []
+    for concurrency in args.concurrency:
+        sandbox, bare = Cell(), Cell()
+        for _ in range(args.slices):
+            await measure(sandbox_once, concurrency, args.seconds / args.slices, sandbox)
+            await measure(bare_once, concurrency, args.seconds / args.slices, bare)
+        ratio = bare.row()[0] / sandbox.row()[0]
+        for name, cell in (("sandbox", sandbox), ("bare", bare)):
+            rate, p50, p99 = cell.row()
+            extra = f"{ratio:9.2f}x" if name == "sandbox" else ""
+            rows.append(f"{concurrency:>11} {name:>8} {rate:>8.1f} {p50 * 1e3:>9.1f} {p99 * 1e3:>9.1f} {extra}")
+    await http.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 32])
+    parser.add_argument("--seconds", type=float, default=9.0, help="per mode and concurrency")
+    parser.add_argument("--slices", type=int, default=6, help="alternating slices the seconds are split into")
+    parser.add_argument("--code", default="print(1)")
+    parser.add_argument("--python", default="/usr/bin/python3", help="interpreter of the bare runs (the sandbox's)")
+    args = parser.parse_args()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "sandbox", "--port", str(port)], cwd=ROOT,
+                              stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, server)
+        rows = asyncio.run(main_async(args, url, args.python))
+    finally:
+        server.terminate()
+        server.wait(30)
+    print(f"trivial program {args.code!r}; {os.cpu_count()} CPUs; {args.seconds:g}s per cell in {args.slices} slices")
+    print(f"{'concurrency':>11} {'mode':>8} {'runs/s':>8} {'p50 ms':>9} {'p99 ms':>9} {'cost/run':>10}")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

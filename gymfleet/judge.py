@@ -1,0 +1,267 @@
+r"""LLM judges: call a model server by instance name, load prompt files, read verdicts.
+
+A judge is just another model server in the fleet (often the policy itself, or a larger model), reached by its
+instance name through `gymfleet.http`:
+
+    judge = JudgeClient("judge_model", self.client, timeout_s=60)
+    reply = await judge.responses({"input": [{"role": "user", "content": prompt}], "max_output_tokens": 1024})
+    label = verdict(response_text(reply), choices=("[[A=B]]", "[[A!=B]]"))
+
+Failure boundary (STYLE 2.5): a judge that cannot be reached, times out, answers a non-2xx status once retries are
+spent, or answers something that is not a JSON object raises `JudgeError`; so does a reply that names none of the
+expected verdicts (an unparseable verdict is not the policy's fault). A resources server turns `JudgeError` into a
+row tagged `_ng_failure_class: judge_failed`, kept out of rewards and metrics. Wrap the judge *call* this way, never
+the whole of `verify`, so ordinary bugs still surface as bugs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from gymfleet import http
+from gymfleet.errors import JudgeError, TransportError
+
+__all__ = ["JudgeClient", "chat_text", "load_prompt", "render_prompt", "response_text", "verdict"]
+
+_JUDGE_RETRY_STATUSES = http.RETRY_STATUSES | {500}  # a judge's 500 is usually a transient engine error
+
+
+class JudgeClient:
+    """Calls one judge model server by instance name, with a deadline, bounded retries and a concurrency cap.
+
+    Args:
+        server: Instance name of the judge's model server (a `{type, name}` reference's `name`).
+        client: The calling server's `ServerClient` (resolves the name from the global config).
+        timeout_s: Deadline for one attempt.
+        max_concurrency: Judge calls in flight at once from this client; more wait their turn.
+        max_attempts: Attempts per call, the first included. Connection failures, timeouts and 429/5xx answers are
+            retried with exponential backoff; a judge call has no side effects, so retrying after a timeout is safe.
+        backoff_s: First backoff (doubles each attempt, with jitter).
+    """
+
+    def __init__(
+        self,
+        server: str,
+        client: http.ServerClient,
+        *,
+        timeout_s: float = 120.0,
+        max_concurrency: int = 64,
+        max_attempts: int = 3,
+        backoff_s: float = 0.5,
+    ):
+        self.server = server
+        self.client = client
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.retry = http.RetryPolicy(
+            max_attempts=max_attempts, backoff_s=backoff_s, retry_statuses=_JUDGE_RETRY_STATUSES, retry_timeouts=True
+        )
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def url(self) -> str:
+        """The judge's base URL.
+
+        Raises:
+            ServerRefError: No instance of that name is in the global config (call it at startup to fail early).
+        """
+        return self.client.url_of(self.server)
+
+    async def responses(self, params: dict[str, Any]) -> dict[str, Any]:
+        """POST a Responses API request (`input`, `max_output_tokens`, ...) and return the Responses object.
+
+        Raises:
+            JudgeError: The call failed (see the module docstring).
+        """
+        return await self._post("/v1/responses", params)
+
+    async def chat(self, params: dict[str, Any]) -> dict[str, Any]:
+        """POST a Chat Completions request (`messages`, `max_tokens`, ...) and return the completion.
+
+        Raises:
+            JudgeError: The call failed (see the module docstring).
+        """
+        return await self._post("/v1/chat/completions", params)
+
+    async def ask(
+        self, prompt: str | list[dict[str, Any]], *, api: Literal["responses", "chat"] = "responses", **params: Any
+    ) -> str:
+        """Send `prompt` (one user message, or a list of `{role, content}` messages) and return the reply text.
+
+        Args:
+            prompt: The user message, or the whole message list.
+            api: Which endpoint to call.
+            **params: Other request fields (`max_output_tokens` / `max_tokens`, `temperature`, ...).
+
+        Returns:
+            The text of the judge's last message.
+
+        Raises:
+            JudgeError: The call failed, or the reply holds no message text.
+        """
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if api == "chat":
+            text = chat_text(await self.chat({"messages": messages, **params}))
+        else:
+            text = response_text(await self.responses({"input": messages, **params}))
+        if text is None:
+            raise JudgeError(f"judge {self.server!r} replied without message text")
+        return text
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with self._semaphore():
+            try:
+                response = await self.client.post(self.server, path, json=body, timeout_s=self.timeout_s,
+                                                  retry=self.retry)
+            except TransportError as exc:
+                raise JudgeError(f"judge {self.server!r} {path}: {exc}") from exc
+        if not response.ok:
+            raise JudgeError(f"judge {self.server!r} {path}: HTTP {response.status}: {response.text[:300]}")
+        try:
+            data = response.json()
+        except orjson.JSONDecodeError as exc:
+            raise JudgeError(f"judge {self.server!r} {path}: reply is not JSON: {response.text[:200]!r}") from exc
+        if not isinstance(data, dict):
+            raise JudgeError(f"judge {self.server!r} {path}: reply is not a JSON object: {response.text[:200]!r}")
+        return data
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        semaphore = self._semaphores.get(loop)
+        if semaphore is None:
+            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
+        return semaphore
+
+
+def response_text(response: dict[str, Any]) -> str | None:
+    """Text of the last output item of a Responses object when it is a message, else None.
+
+    Examples:
+        >>> response_text({"output": [{"type": "reasoning", "summary": []},
+        ...     {"type": "message", "content": [{"type": "output_text", "text": "[[A=B]]"}]}]})
+        '[[A=B]]'
+        >>> response_text({"output": [{"type": "reasoning", "summary": []}]}) is None
+        True
+    """
+    output = response.get("output")
+    if not isinstance(output, list) or not output or not isinstance(output[-1], dict):
+        return None
+    last = output[-1]
+    if last.get("type") != "message" or not isinstance(last.get("content"), list):
+        return None
+    parts = [part.get("text") for part in last["content"] if isinstance(part, dict)]
+    texts = [text for text in parts if isinstance(text, str)]
+    return "".join(texts) if texts else None
+
+
+def chat_text(completion: dict[str, Any]) -> str | None:
+    """`choices[0].message.content` of a Chat completion, or None when absent.
+
+    Examples:
+        >>> chat_text({"choices": [{"message": {"role": "assistant", "content": "yes"}}]})
+        'yes'
+        >>> chat_text({"choices": []}) is None
+        True
+    """
+    choices = completion.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    return content if isinstance(content, str) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _choice_pattern(choices: tuple[str, ...]) -> re.Pattern[str]:
+    alternatives = []
+    for choice in sorted(choices, key=len, reverse=True):  # longest first: "[[A!=B]]" before a prefix of it
+        left = r"(?<!\w)" if re.match(r"\w", choice[0]) else ""
+        right = r"(?!\w)" if re.match(r"\w", choice[-1]) else ""
+        alternatives.append(left + re.escape(choice) + right)
+    return re.compile("|".join(alternatives), re.IGNORECASE)
+
+
+def verdict(
+    text: str | None, choices: Sequence[str] = ("yes", "no"), *, occurrence: Literal["first", "last"] = "first"
+) -> str:
+    """The choice a judge's reply names: the one occurring first (or last) in `text`.
+
+    Matching ignores case. A choice that begins or ends with a letter or digit must stand as a whole word there, so
+    "no" is not found in "not" or "know"; labels such as `[[A=B]]` match anywhere.
+
+    Args:
+        text: The judge's reply text (None counts as naming nothing).
+        choices: The possible verdicts, e.g. `("[[A=B]]", "[[A!=B]]")`.
+        occurrence: `first` (the earliest label in the text wins) or `last`.
+
+    Returns:
+        The matching element of `choices`, as given.
+
+    Raises:
+        JudgeError: The reply names none of the choices (an unparseable verdict is infrastructure's fault).
+        ValueError: `choices` is empty or holds two labels equal up to case.
+
+    Examples:
+        >>> verdict("The answers match. [[A=B]]", ("[[A=B]]", "[[A!=B]]"))
+        '[[A=B]]'
+        >>> verdict("[[A!=B]] ... not [[A=B]]", ("[[A=B]]", "[[A!=B]]"))
+        '[[A!=B]]'
+        >>> verdict("I do not know. Final: Yes", ("yes", "no"))
+        'yes'
+        >>> verdict("YES at first, but finally no", ("yes", "no"), occurrence="last")
+        'no'
+    """
+    canonical = {choice.casefold(): choice for choice in choices}
+    if not choices or len(canonical) != len(choices) or "" in canonical:
+        raise ValueError(f"choices must be distinct non-empty labels (ignoring case), got {choices!r}")
+    found = None
+    if text:
+        matches = _choice_pattern(tuple(choices)).finditer(text)
+        if occurrence == "first":
+            found = next(matches, None)
+        else:
+            for found in matches:  # noqa: B007 - the last match is wanted
+                pass
+    if found is None:
+        shown = text if text is None or len(text) <= 300 else "..." + text[-300:]
+        raise JudgeError(f"judge reply names none of {list(choices)}: {shown!r}")
+    return canonical[found.group(0).casefold()]
+
+
+def load_prompt(anchor: str | Path, name: str) -> str:
+    """The text of prompt file `name` in the folder of `anchor` (pass `__file__` from an environment's `app.py`).
+
+    Raises:
+        FileNotFoundError: No such file next to `anchor`.
+    """
+    return _read_prompt(str(Path(anchor).resolve().parent / name))
+
+
+@functools.lru_cache(maxsize=128)
+def _read_prompt(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
+
+
+_FIELD = re.compile(r"\{(\w+)\}")  # "{question}"; "\boxed{}" has no name and stays, as does "{x}" unless given
+
+
+def render_prompt(template: str, **fields: str) -> str:
+    r"""Fill `{name}` placeholders in one pass; other braces (LaTeX such as `\frac{1}{2}`) are left alone.
+
+    Unlike `str.format`, braces need no escaping, and a field value that itself contains `{name}` is not expanded
+    again (an answer cannot inject text into the prompt's other slots).
+
+    Examples:
+        >>> render_prompt(r"Is {first} equal to \frac{1}{2}?", first="{second}", second="0.5")
+        'Is {second} equal to \\frac{1}{2}?'
+    """
+    return _FIELD.sub(lambda match: fields.get(match.group(1), match.group(0)), template)

@@ -1,0 +1,553 @@
+"""A supervised pool of worker processes with a hard per-item deadline, for CPU-heavy verification.
+
+`ProcessPool(target)` runs `target(*args)` in worker processes it owns, one item per worker at a time, each worker
+talking to the pool over its own socket. The event loop only waits: it is woken when a worker's socket turns
+readable, and process starts run in a thread. Unlike `concurrent.futures.ProcessPoolExecutor`, a dead or killed
+worker only affects its own item (the executor marks the whole pool broken and fails every queued item):
+
+- An item that has used `timeout_s` of CPU time, or `wall_factor * timeout_s` (default 4x) of wall-clock time
+  since it was handed to a worker, gets its worker SIGKILLed, and the caller gets `ItemTimeout`. The worker is
+  replaced on demand. The budget is CPU time so that an ordinary item starved by a busy machine is not failed for
+  the machine's load; the wall-clock backstop bounds the wait all the same. No `signal.alarm` anywhere: the
+  deadline is kept by the parent, so the target may block, spin in C code or hold the GIL.
+- An item that has burnt `slow_after_s` of CPU time is demoted: its worker is reniced to 19 and stops counting
+  against `size`, so a fresh worker takes its place and ordinary items keep flowing while a poison input burns out
+  its budget at low priority (at most `max_demoted` workers at once). A demoted worker is retired when its item
+  ends, since a process cannot raise its own priority back.
+- A worker that dies mid-item (segfault, OOM kill) has the item retried once on a fresh worker; a second death is
+  `WorkerCrashed`.
+- A worker that cannot be started raises `PoolError` (a `SandboxError`: infrastructure, not the input's fault).
+
+Workers are forked from a small fork server of the pool's own (the "zygote": a fresh interpreter that imports
+`preload` and runs `initializer` once, so a new worker is ready in milliseconds with warm caches). Forking the
+caller instead could deadlock the child (the caller runs threads and an event loop), and multiprocessing's own
+fork server re-runs the caller's `__main__` script in every worker. Workers start lazily, as items need them; they
+die with the zygote (parent-death signal) and the zygote exits when the pool's process goes away. A pool may be used
+from one event loop at a time (sequential loops, as in tests, are fine). Linux only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import importlib
+import logging
+import os
+import pickle
+import resource
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from gymfleet.errors import SandboxError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ItemTimeout", "PoolError", "ProcessPool", "RemoteError", "WorkerCrashed", "available_cpus"]
+
+_PR_SET_PDEATHSIG = 1
+_PID = struct.Struct("!i")
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: `taskset`, container cpusets), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class PoolError(SandboxError):
+    """The pool cannot run items: it is closed or a worker could not be started (infrastructure failure)."""
+
+
+class ItemTimeout(Exception):
+    """An item outlived its deadline; its worker was killed."""
+
+
+class WorkerCrashed(Exception):
+    """The worker died while running an item, twice (the item was retried once on a fresh worker)."""
+
+
+class RemoteError(Exception):
+    """`target` raised in the worker; the message names the remote exception type."""
+
+
+# ---------------------------------------------------------------------------------------------- child side
+
+
+def _zygote_main(control_fd: int) -> None:
+    """Fork server body: load the pool's code once, then fork one worker per request until the pool goes away."""
+    control = socket.socket(fileno=control_fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it shuts us down
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps dead workers: no zombies
+    preload, payload = pickle.loads(control.recv(1 << 20))
+    for name in preload:
+        importlib.import_module(name)
+    target, initializer, memory_mb = pickle.loads(payload)
+    if initializer is not None:
+        initializer()
+    control.send(b"ready")
+    zygote = os.getpid()
+    while True:
+        try:
+            _message, fds, _flags, _address = socket.recv_fds(control, 16, 1)
+        except OSError:
+            return
+        if not fds:  # the pool closed its end
+            return
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _die_with_parent(zygote)
+                _worker_main(Connection(fds[0]), target, memory_mb)
+            except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(fds[0])
+        control.send(_PID.pack(pid))
+
+
+def _die_with_parent(parent: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the zygote died before the signal was armed
+        os._exit(1)
+
+
+def _worker_main(conn: Connection, target: Callable[..., Any], memory_mb: int | None) -> None:
+    """Worker body: answer `target(*args)` for every `args` received, until the socket closes."""
+    if memory_mb:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, hard))
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = ("ok", target(*args))
+        except Exception as exc:  # noqa: BLE001 - reported to the caller, never fatal to the worker
+            reply = ("raise", f"{type(exc).__name__}: {str(exc)[:500]}")
+        conn.send(reply)
+
+
+# ---------------------------------------------------------------------------------------------- parent side
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) process `pid` has used so far; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+
+class _Worker:
+    __slots__ = ("pid", "pidfd", "conn", "demoted", "busy", "demote_timer")
+
+    def __init__(self, pid: int, conn: Connection):
+        self.pid = pid
+        self.conn = conn
+        self.demoted = False
+        self.busy = False
+        self.demote_timer: asyncio.TimerHandle | None = None
+        try:
+            # Signals go through a pidfd, so a recycled pid can never be hit by mistake.
+            self.pidfd: int | None = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            self.pidfd = None
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        self.kill()
+        self.conn.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class _Zygote:
+    """The parent's handle on the fork server: start it, ask it for workers, stop it."""
+
+    def __init__(self, payload: bytes, preload: Sequence[str], start_timeout_s: float):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
+                f"from gymfleet.procpool import _zygote_main; _zygote_main({theirs.fileno()})")
+        try:
+            self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()],
+                                            stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.socket = ours
+        self.timeout_s = start_timeout_s
+        self._finalizer = weakref.finalize(self, _stop_zygote, self.process, ours)
+        ours.settimeout(start_timeout_s)
+        try:
+            ours.send(pickle.dumps((list(preload), payload)))
+            if ours.recv(16) != b"ready":
+                raise EOFError("the fork server exited while starting (its traceback is on stderr)")
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self) -> _Worker:
+        """A new worker that has reported ready (blocking: call from a thread, one call at a time)."""
+        ours, theirs = socket.socketpair()
+        try:
+            socket.send_fds(self.socket, [b"w"], [theirs.fileno()])
+            reply = self.socket.recv(_PID.size)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        if len(reply) != _PID.size:
+            ours.close()
+            raise EOFError("the fork server is gone")
+        worker = _Worker(_PID.unpack(reply)[0], Connection(ours.detach()))
+        try:
+            if not worker.conn.poll(self.timeout_s):
+                raise TimeoutError(f"a worker did not report ready within {self.timeout_s:g}s")
+            kind, _pid = worker.conn.recv()
+            if kind != "ready":
+                raise ValueError(f"unexpected first message {kind!r} from a worker")
+        except BaseException:
+            worker.close()
+            raise
+        return worker
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop_zygote(process: subprocess.Popen, control: socket.socket) -> None:
+    control.close()  # the zygote exits on its own; its workers follow through their parent-death signal
+    with contextlib.suppress(OSError):
+        process.kill()
+    process.wait()
+
+
+class ProcessPool:
+    """Worker processes that run `target(*args)` one item each, with a hard deadline per item.
+
+    Args:
+        target: Function run in the workers, pickled by reference, so defined at the top level of an importable
+            module (not `__main__`). It should catch what its inputs can make it raise and return a small,
+            picklable result.
+        size: Workers running items at full priority (default: `available_cpus()`).
+        initializer: Module-level function the fork server runs once before forking workers (warm caches there
+            and every worker inherits them).
+        preload: Modules the fork server imports before unpickling `target`.
+        memory_mb: Address-space limit per worker (`RLIMIT_AS`); None for no limit.
+        slow_after_s: Demote an item's worker once the item has used this much CPU time; None never demotes.
+        max_demoted: Most demoted workers alive at once (default `4 * size`); past it, slow items keep their slot.
+        wall_factor: An item is killed after `wall_factor * timeout_s` wall-clock seconds even if it has not used
+            its CPU budget (starved by a busy machine, or blocked).
+        start_timeout_s: How long the fork server, or a new worker, may take to report ready.
+    """
+
+    def __init__(
+        self,
+        target: Callable[..., Any],
+        *,
+        size: int | None = None,
+        initializer: Callable[[], None] | None = None,
+        preload: Sequence[str] = (),
+        memory_mb: int | None = None,
+        slow_after_s: float | None = 0.25,
+        max_demoted: int | None = None,
+        wall_factor: float = 4.0,
+        start_timeout_s: float = 60.0,
+    ):
+        self.size = max(1, size or available_cpus())
+        self._max_demoted = 4 * self.size if max_demoted is None else max_demoted
+        self._wall_factor = max(1.0, wall_factor)
+        self._payload = pickle.dumps((target, initializer, memory_mb))
+        self._preload = tuple(preload)
+        self._slow_after_s = slow_after_s
+        self._start_timeout_s = start_timeout_s
+        self._zygote: _Zygote | None = None
+        self._zygote_lock = threading.Lock()
+        self._workers: set[_Worker] = set()
+        self._idle: list[_Worker] = []
+        self._free_slots = self.size
+        self._demoted = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._closed = False
+        self.stats = {"items": 0, "timeouts": 0, "crashes": 0, "started": 0, "demoted": 0}
+        """Counters since the pool was created: items run, deadlines hit, worker deaths, workers started, demotions."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
+        return self._closed
+
+    async def start(self, workers: int | None = None) -> None:
+        """Start the fork server and `workers` (default `size`) workers now instead of on first use."""
+        wanted = min(self.size, workers or self.size)
+        started = []
+        try:
+            while len(self._idle) + len(started) < wanted and self._free_slots > 0:
+                started.append(await self._acquire())
+        finally:
+            for worker in started:
+                self._release(worker)
+
+    async def run(self, *args: Any, timeout_s: float) -> Any:
+        """Run `target(*args)` in a worker and return its result.
+
+        Args:
+            *args: Picklable arguments for `target`.
+            timeout_s: CPU-time budget for the item once a worker has it (time queued for a worker is not counted);
+                the wall-clock backstop is `wall_factor` times this.
+
+        Returns:
+            What `target` returned.
+
+        Raises:
+            ItemTimeout: The item outlived its budget (its worker was killed).
+            WorkerCrashed: The worker died running the item, on two workers in a row.
+            RemoteError: `target` raised.
+            PoolError: The pool is closed or cannot start a worker.
+        """
+        for attempt in range(2):
+            worker = await self._acquire()
+            reply = await self._run_on(worker, args, timeout_s)
+            if reply is not None:
+                kind, value = reply
+                if kind == "raise":
+                    raise RemoteError(value)
+                return value
+            if self._closed:
+                raise PoolError("the process pool was closed while the item ran")
+            self.stats["crashes"] += 1
+            log.warning("a worker died running an item (attempt %d of 2)", attempt + 1)
+        raise WorkerCrashed("the worker process died while running this item, twice")
+
+    def close(self) -> None:
+        """Kill every worker and the fork server, and refuse new items. Items in flight fail with `PoolError`."""
+        self._closed = True
+        for worker in list(self._workers):
+            if worker.busy:
+                worker.kill()  # its item notices the closed socket and cleans up
+            else:
+                worker.close()
+                self._workers.discard(worker)
+        self._idle.clear()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done() and not waiter.get_loop().is_closed():
+                waiter.set_result(None)
+        if self._zygote_lock.acquire(blocking=False):  # else a start is under way; it stops the zygote itself
+            try:
+                if self._zygote is not None:
+                    self._zygote.close()
+                    self._zygote = None
+            finally:
+                self._zygote_lock.release()
+
+    # ------------------------------------------------------------------------------------------ one item
+
+    async def _run_on(self, worker: _Worker, args: tuple[Any, ...], timeout_s: float) -> tuple[str, Any] | None:
+        """Run one item on `worker`; returns the worker's reply, or None when the worker died."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[str, Any] | None] = loop.create_future()
+        fd = worker.conn.fileno()
+
+        def on_readable() -> None:
+            loop.remove_reader(fd)
+            try:
+                reply = worker.conn.recv()
+            except (EOFError, OSError):
+                reply = None
+            if not done.done():
+                done.set_result(reply)
+
+        worker.busy = True
+        self.stats["items"] += 1
+        began, cpu_before = loop.time(), _cpu_seconds(worker.pid)
+        loop.add_reader(fd, on_readable)
+        if self._slow_after_s and cpu_before is not None:
+            worker.demote_timer = loop.call_later(self._slow_after_s, self._maybe_demote, worker, cpu_before)
+        healthy = False
+        try:
+            try:
+                worker.conn.send(args)
+            except OSError:
+                done.set_result(None)
+            wall_limit = began + self._wall_factor * timeout_s
+            while not done.done():
+                # Wait until the item may have used its CPU budget (never before: CPU time cannot outrun the clock),
+                # then look at what it really used. A starved item gets more wall time, up to the backstop.
+                cpu_now = _cpu_seconds(worker.pid)
+                if cpu_now is None or cpu_before is None:
+                    used = loop.time() - began
+                else:
+                    used = cpu_now - cpu_before
+                wait_s = min(timeout_s - used, wall_limit - loop.time())
+                if wait_s <= 0:
+                    self.stats["timeouts"] += 1
+                    raise ItemTimeout(f"no result within {timeout_s:g}s of CPU time; the worker was killed")
+                await asyncio.wait([done], timeout=wait_s)
+            reply = done.result()
+            healthy = reply is not None
+            return reply
+        finally:
+            # Also reached when the caller is cancelled: the worker is then busy with an item nobody waits for, so
+            # it is killed rather than left to finish.
+            if worker.demote_timer is not None:
+                worker.demote_timer.cancel()
+                worker.demote_timer = None
+            loop.remove_reader(fd)
+            worker.busy = False
+            if healthy and not worker.demoted and not self._closed:
+                self._release(worker)
+            else:
+                self._retire(worker)
+
+    def _maybe_demote(self, worker: _Worker, cpu_before: float) -> None:
+        """Demote a worker whose item has burnt CPU for `slow_after_s`; one merely waiting for a CPU is left be."""
+        worker.demote_timer = None
+        cpu_now = _cpu_seconds(worker.pid)
+        if not worker.busy or worker.demoted or cpu_now is None:
+            return
+        used = cpu_now - cpu_before
+        if used < 0.8 * self._slow_after_s:
+            worker.demote_timer = asyncio.get_running_loop().call_later(
+                self._slow_after_s - used, self._maybe_demote, worker, cpu_before
+            )
+            return
+        if self._demoted >= self._max_demoted:
+            return
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, worker.pid, 19)
+        worker.demoted = True
+        self._demoted += 1
+        self.stats["demoted"] += 1
+        self._free_slot()
+
+    # ------------------------------------------------------------------------------------------ slots
+
+    async def _acquire(self) -> _Worker:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closed:
+                raise PoolError("the process pool is closed")
+            if self._idle:
+                return self._idle.pop()
+            if self._free_slots > 0:
+                self._free_slots -= 1
+                try:
+                    worker = await self._spawn()
+                except BaseException:
+                    self._free_slot()
+                    raise
+                if self._closed:
+                    worker.close()
+                    raise PoolError("the process pool is closed")
+                self._workers.add(worker)
+                return worker
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # we were woken but will not take the turn: pass it on
+                else:
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+                raise
+
+    def _release(self, worker: _Worker) -> None:
+        self._idle.append(worker)
+        self._wake()
+
+    def _retire(self, worker: _Worker) -> None:
+        worker.close()
+        self._workers.discard(worker)
+        if worker.demoted:
+            self._demoted -= 1
+        else:
+            self._free_slot()
+
+    def _free_slot(self) -> None:
+        self._free_slots += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done() and not waiter.get_loop().is_closed():
+                waiter.set_result(None)
+                return
+
+    # ------------------------------------------------------------------------------------------ processes
+
+    async def _spawn(self) -> _Worker:
+        errors = []
+        for _ in range(3):
+            try:
+                worker = await asyncio.to_thread(self._spawn_sync)
+            except (OSError, EOFError, TimeoutError, ValueError) as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+                log.warning("cannot start a worker: %s", errors[-1])
+                continue
+            self.stats["started"] += 1
+            return worker
+        raise PoolError(f"cannot start a worker process: {'; '.join(errors)}")
+
+    def _spawn_sync(self) -> _Worker:
+        with self._zygote_lock:
+            if self._zygote is not None and not self._zygote.alive:
+                self._zygote.close()
+                self._zygote = None
+            if self._zygote is None and not self._closed:
+                self._zygote = _Zygote(self._payload, self._preload, self._start_timeout_s)
+            try:
+                if self._closed:
+                    raise PoolError("the process pool is closed")
+                return self._zygote.fork()
+            except (OSError, EOFError):
+                self._zygote.close()  # a broken fork server is replaced on the next attempt
+                self._zygote = None
+                raise
+            finally:
+                if self._closed and self._zygote is not None:  # closed while we were starting it
+                    self._zygote.close()
+                    self._zygote = None

@@ -1,0 +1,239 @@
+"""The client every environment uses to run code in the sandbox service (`sandbox/`).
+
+    client = SandboxClient("sandbox", config=self.client)           # by instance name, or SandboxClient(url=...)
+    result = await client.run("print(input())", "python", stdin="hi", timeout_s=10, memory_mb=1024)
+    result.status  # "ok" | "failed" | "timeout" | "oom" | "killed"
+
+`run_batch` runs one program on many inputs in one sandbox; `session()` opens a persistent sandbox whose Python
+state survives between `exec` calls. Calls go through `gymfleet.http`: an overloaded sandbox's 429 is retried,
+honouring `Retry-After`, a bounded number of times.
+
+Failure boundary (ARCHITECTURE decision 4): whatever the *program* does is a `RunResult` (a crash, a timeout, a
+memory bomb are statuses). Whatever goes wrong with the *sandbox* - unreachable, no answer in time, a 5xx, still
+overloaded after the retries, an answer that is not a result - raises `SandboxError`, which a resources server turns
+into a `sandbox_failed` row instead of a reward of 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gymfleet import http
+from gymfleet.errors import SandboxError, ServerRefError, TransportError
+
+__all__ = ["RunResult", "SandboxClient", "SandboxError", "SandboxSession", "SessionGoneError"]
+
+Status = Literal["ok", "failed", "timeout", "oom", "killed"]
+STATUSES = frozenset({"ok", "failed", "timeout", "oom", "killed"})
+SANDBOX_RETRY = http.RetryPolicy(max_attempts=6, backoff_s=0.2, max_backoff_s=30.0)
+"""Overload (429) and gateway errors are retried 5 times, waiting what `Retry-After` says (at most 30 s each);
+connection failures too, with jittered exponential backoff from 0.2 s (a restarting sandbox is waited for a few
+seconds, a dead one is reported soon)."""
+
+
+class SessionGoneError(SandboxError):
+    """The session no longer exists (deleted, expired after idling, or ended by its program)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one program run did.
+
+    Attributes:
+        status: `ok` (exit 0), `failed` (non-zero exit, exception, crash), `timeout`, `oom` or `killed`.
+        stdout: Standard output (decoded as UTF-8, invalid bytes replaced), possibly truncated.
+        stderr: Standard error, likewise.
+        return_code: Exit status; minus the signal number if a signal ended it; None on timeout.
+        duration_s: Time the program ran inside the sandbox.
+        truncated: Whether stdout or stderr was cut at the output limit.
+        message: Why, in words, when `status` is not `ok`.
+    """
+
+    status: Status
+    stdout: str
+    stderr: str
+    return_code: int | None
+    duration_s: float
+    truncated: bool = False
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the program exited 0 within its limits."""
+        return self.status == "ok"
+
+
+class SandboxClient:
+    """Runs code in a sandbox server, found by instance name in the fleet config or by URL.
+
+    Args:
+        server: Instance name of the sandbox in the global config (ignored when `url` is given).
+        url: Base URL of a sandbox server (`http://host:port`).
+        config: The global config dict, or a `gymfleet.http.ServerClient` (a server's `self.client`).
+        queue_timeout_s: How long a request may wait in the sandbox's queue, on top of its own run time.
+        retry: Retry policy for overload (429) and gateway errors.
+    """
+
+    def __init__(
+        self,
+        server: str = "sandbox",
+        *,
+        url: str | None = None,
+        config: dict[str, Any] | http.ServerClient | None = None,
+        queue_timeout_s: float = 600.0,
+        retry: http.RetryPolicy = SANDBOX_RETRY,
+    ):
+        self.server = server
+        self._url = url.rstrip("/") if url else None
+        self._servers = config if isinstance(config, http.ServerClient) else http.ServerClient(config or {})
+        self.queue_timeout_s = queue_timeout_s
+        self.retry = retry
+
+    @property
+    def url(self) -> str:
+        """The sandbox's base URL.
+
+        Raises:
+            SandboxError: the instance name is not in the config (say `sandbox_url`, or add a sandbox instance).
+        """
+        if self._url is None:
+            try:
+                self._url = self._servers.url_of(self.server)
+            except ServerRefError as exc:
+                raise SandboxError(f"no sandbox to run code in: {exc}") from exc
+        return self._url
+
+    async def run(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        stdin: str | None = None,
+        args: list[str] | None = None,
+        files: dict[str, str] | None = None,
+        timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+        max_output_bytes: int | None = None,
+    ) -> RunResult:
+        """Run `code` once.
+
+        Raises:
+            SandboxError: the sandbox failed (not the program).
+        """
+        body = {"language": language, "code": code, "stdin": stdin, "args": args or [], "files": files or {},
+                "timeout_s": timeout_s, "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
+        return _result(await self._post("/run", body, timeout_s + 30))
+
+    async def run_batch(
+        self,
+        code: str,
+        cases: list[dict[str, Any]],
+        language: str = "python",
+        *,
+        files: dict[str, str] | None = None,
+        prelude: str | None = None,
+        stop_on_failure: bool = False,
+        timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+        max_output_bytes: int | None = None,
+    ) -> list[RunResult]:
+        """Run `code` once per case (`{"stdin": ..., "args": [...]}`) in one sandbox, each case in a fresh process.
+
+        Returns:
+            One result per case run: fewer than the cases when `stop_on_failure` stopped at a non-`ok` one.
+
+        Raises:
+            SandboxError: the sandbox failed (not the program).
+        """
+        body = {"language": language, "code": code, "cases": cases, "files": files or {}, "prelude": prelude,
+                "stop_on_failure": stop_on_failure, "timeout_s": timeout_s, "memory_mb": memory_mb,
+                "max_output_bytes": max_output_bytes}
+        answer = await self._post("/run_batch", body, len(cases) * (timeout_s + 2) + 30)
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list) or not 0 < len(results) <= len(cases):
+            raise SandboxError(f"malformed answer from the sandbox at {self.url}/run_batch: {str(answer)[:300]}")
+        return [_result(item) for item in results]
+
+    async def session(
+        self, *, files: dict[str, str] | None = None, timeout_s: float = 10.0, memory_mb: int = 1024
+    ) -> SandboxSession:
+        """Open a persistent session (use it as `async with await client.session() as session:`).
+
+        Raises:
+            SandboxError: the sandbox failed.
+        """
+        answer = await self._post("/sessions", {"files": files or {}, "timeout_s": timeout_s, "memory_mb": memory_mb},
+                                  60)
+        if not isinstance(answer, dict) or not isinstance(answer.get("session_id"), str):
+            raise SandboxError(f"malformed answer from the sandbox at {self.url}/sessions: {str(answer)[:300]}")
+        return SandboxSession(self, answer["session_id"], timeout_s)
+
+    async def _post(self, path: str, body: dict[str, Any], run_time_s: float) -> Any:
+        url = self.url + path
+        try:
+            response = await http.request("POST", url, json=body, timeout_s=run_time_s + self.queue_timeout_s,
+                                          retry=self.retry)
+        except TransportError as exc:
+            raise SandboxError(f"sandbox call failed: {exc}") from exc
+        if response.status == 404 and "/sessions/" in path:
+            raise SessionGoneError(f"sandbox session gone: {response.text[:300]}")
+        if not response.ok:
+            raise SandboxError(f"sandbox answered HTTP {response.status} for {url}: {response.text[:500]}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise SandboxError(f"sandbox answered non-JSON for {url}: {response.text[:300]!r}") from exc
+
+
+class SandboxSession:
+    """A persistent sandbox: Python variables and workspace files survive between `exec` calls."""
+
+    def __init__(self, client: SandboxClient, session_id: str, timeout_s: float):
+        self.client = client
+        self.id = session_id
+        self.timeout_s = timeout_s
+
+    async def exec(
+        self, code: str, language: str = "python", *, stdin: str | None = None, timeout_s: float | None = None
+    ) -> RunResult:
+        """Run a Python chunk in the session's namespace, or a bash command in its workspace.
+
+        Raises:
+            SessionGoneError: the session no longer exists.
+            SandboxError: the sandbox failed.
+        """
+        limit = timeout_s or self.timeout_s
+        body = {"code": code, "language": language, "stdin": stdin, "timeout_s": limit}
+        return _result(await self.client._post(f"/sessions/{self.id}/exec", body, limit + 30))
+
+    async def close(self) -> None:
+        """Delete the session (a session that is already gone is fine)."""
+        try:
+            await http.request("DELETE", f"{self.client.url}/sessions/{self.id}", timeout_s=30)
+        except TransportError as exc:
+            raise SandboxError(f"could not delete sandbox session {self.id}: {exc}") from exc
+
+    async def __aenter__(self) -> SandboxSession:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def _result(answer: Any) -> RunResult:
+    try:
+        status = answer["status"]
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        return RunResult(
+            status=status,
+            stdout=str(answer["stdout"]),
+            stderr=str(answer["stderr"]),
+            return_code=answer["return_code"],
+            duration_s=float(answer["duration_s"]),
+            truncated=bool(answer.get("truncated", False)),
+            message=answer.get("message"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SandboxError(f"malformed run result from the sandbox: {exc}: {str(answer)[:300]}") from exc

@@ -1,0 +1,195 @@
+"""code_gen: competitive programming, graded by running the model's program on hidden tests in the sandbox.
+
+## Task fields
+- `verifier_metadata.unit_tests`: `{inputs: [str], outputs: [str], fn_name: str | null}` (LiveCodeBench format;
+  a JSON string of that object is accepted too). With `fn_name` null each input is the program's stdin and each
+  output its expected stdout; with `fn_name` set each input holds the function's arguments as JSON, one per line,
+  and each output the expected return value as JSON (a method of `class Solution` when the code defines one).
+- `verifier_metadata.difficulty` (optional): echoed as `difficulty`.
+- Any other field (`hash_id`, `dataset`, `source`, ...) is echoed untouched.
+
+## Reward
+1.0 iff every test passes, else 0.0. The answer is the response's `output_text`; the code is the lines between its
+last two fence lines (```). Tests run in order in the sandbox (`sandbox/`), each in a fresh process with
+`unit_test_timeout_secs` of CPU time (the sandbox allows twice that in wall-clock time) and `memory_mb`, after a
+grader header that pre-imports the usual contest modules (`math`, `collections`, `heapq`, ...; recursion limit
+50000); the first failing test decides (the first test runs alone, the rest only if it passes). Comparison, stdin
+tests: line by line after stripping the output and each line, a line matching exactly or token by token as decimals
+(`1.0` = `1`); call tests: equal JSON values, or floats within 1e-5 relative. A `<think>`/`</think>` tag in the
+answer (or more than one of either in the reasoning summary) scores `reasoning_format_penalty` without running.
+Response fields: `verdict` (`passed`, `empty`, `no_code`, `think_tag_leak`, `wrong_answer`, `timeout`,
+`runtime_error`, `memory_limit`), `failed_test` (index) and `metadata` (what failed: expected vs got, stderr,
+status), `tests_passed`, `tests_total`, plus NeMo-Gym's `extracted_model_output`, `extracted_model_code`, `result`
+(per test run: true, -2 wrong answer, -3 time limit, -4 runtime error), `unit_tests_time_taken`,
+`reasoning_format_violation_rate`, `difficulty`. A sandbox that fails (unreachable, 5xx) makes the row a
+`sandbox_failed` failure, never a 0.
+
+## Config
+- `sandbox`: the sandbox instance (`{type: sandbox_servers, name: sandbox}` or its name); `sandbox_url` instead
+  names a sandbox outside the fleet.
+- `unit_test_timeout_secs` (10), `memory_mb` (4096): limits per test.
+- `reasoning_format_penalty` (0.0; NeMo-Gym's super-v3 branch used -0.2).
+- `num_processes`: at most this many verifications use the sandbox at once (null: no cap; the sandbox queues).
+
+## Tools
+None.
+
+## Version history
+- v1: NeMo-Gym/LiveCodeBench row format and grading rules, run in the bubblewrap sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gymfleet.errors import ConfigError, SandboxError, ServerRefError
+from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.sandbox_client import RunResult, SandboxClient
+from gymfleet.server import ServerRef
+from gymfleet.wire import Response
+from resources_servers.code_gen.checker import Grade, call_program, extract_code, grade, leaks_think_tags, prelude_for
+
+
+class CodeGenConfig(ResourcesServerConfig):
+    """code_gen's fields."""
+
+    sandbox: ServerRef = "sandbox"
+    """The sandbox instance that runs the tests."""
+    sandbox_url: str | None = None
+    """A sandbox outside the fleet (`http://host:port`); wins over `sandbox`."""
+    unit_test_timeout_secs: float = 10.0
+    memory_mb: int = 4096
+    reasoning_format_penalty: float = 0.0
+    num_processes: int | None = None
+    """NeMo-Gym's concurrency knob: verifications using the sandbox at once (null: the sandbox's queue decides)."""
+
+
+class UnitTests(BaseModel):
+    """LiveCodeBench tests: inputs and expected outputs, and the function to call (null: stdin/stdout)."""
+
+    model_config = ConfigDict(extra="allow")
+    inputs: list[str]
+    outputs: list[str]
+    fn_name: str | None = None
+
+    @field_validator("inputs", "outputs", mode="before")
+    @classmethod
+    def _lines(cls, values: Any) -> Any:
+        if isinstance(values, list):
+            return ["\n".join(map(str, v)) if isinstance(v, list) else v for v in values]
+        return values
+
+    @model_validator(mode="after")
+    def _paired(self) -> UnitTests:
+        if len(self.inputs) != len(self.outputs) or not self.inputs:
+            raise ValueError(f"need as many outputs as inputs, and some: {len(self.inputs)} vs {len(self.outputs)}")
+        return self
+
+
+class VerifierMetadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    unit_tests: UnitTests
+    difficulty: Any = None
+
+    @field_validator("unit_tests", mode="before")
+    @classmethod
+    def _decode(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+
+class CodeGenRequest(VerifyRequest):
+    """A row to grade."""
+
+    verifier_metadata: VerifierMetadata
+
+
+class CodeGenResponse(VerifyResponse):
+    """The graded row."""
+
+    verdict: str
+    failed_test: int | None = None
+    tests_passed: int = 0
+    tests_total: int = 0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    extracted_model_output: str = ""
+    extracted_model_code: str | None = None
+    result: list[bool | int] = Field(default_factory=list)
+    unit_tests_time_taken: float = 0.0
+    reasoning_format_violation_rate: float = 0.0
+    difficulty: Any = None
+
+
+class CodeGenServer(ResourcesServer):
+    """Grades programs by running them in the sandbox."""
+
+    config: CodeGenConfig
+    reverify_mode = "stateless"
+
+    def __init__(self, config, global_config=None):
+        super().__init__(config, global_config)
+        self.sandbox = SandboxClient(self.config.sandbox, url=self.config.sandbox_url, config=self.client)
+        limit = self.config.num_processes
+        self._slots = asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
+
+    async def startup(self) -> None:
+        if self.config.sandbox_url is None and self.global_config:  # in a fleet: a missing sandbox fails now
+            try:
+                self.client.url_of(self.config.sandbox)
+            except ServerRefError as exc:
+                hint = "Add sandbox/configs/sandbox.yaml to config_paths, or set sandbox_url."
+                raise ConfigError(f"code_gen needs a sandbox instance: {exc}", hint=hint) from exc
+
+    async def verify(self, body: CodeGenRequest) -> CodeGenResponse:
+        text = body.response.output_text
+        tests = body.verifier_metadata.unit_tests
+        fields: dict[str, Any] = {"extracted_model_output": text, "tests_total": len(tests.inputs),
+                                  "difficulty": body.verifier_metadata.difficulty}
+        code = extract_code(text) if text.strip() else None
+        if leaks_think_tags(text, _reasoning_text(body.response)):
+            penalty = self.config.reasoning_format_penalty
+            return CodeGenResponse.echo(body, reward=penalty, verdict="think_tag_leak", extracted_model_code=code,
+                                        reasoning_format_violation_rate=1.0, **fields)
+        if code is None or not code.strip():
+            verdict = "empty" if not text.strip() else "no_code"
+            return CodeGenResponse.echo(body, reward=0.0, verdict=verdict, extracted_model_code=code, **fields)
+        graded = await self._run_tests(code, tests)
+        return CodeGenResponse.echo(
+            body, reward=graded.reward, verdict=graded.verdict, failed_test=graded.failed_test,
+            tests_passed=sum(result is True for result in graded.results), metadata=graded.detail,
+            extracted_model_code=code, result=graded.results, unit_tests_time_taken=graded.time_s, **fields,
+        )  # fmt: skip
+
+    async def _run_tests(self, code: str, tests: UnitTests) -> Grade:
+        call_based = tests.fn_name is not None
+        program = call_program(code, tests.fn_name) if call_based else code
+        cases = [{"stdin": text} for text in tests.inputs]
+        longest = max(map(len, tests.outputs))
+        options = {"prelude": prelude_for(program), "stop_on_failure": True, "memory_mb": self.config.memory_mb,
+                   "timeout_s": self.config.unit_test_timeout_secs,
+                   "max_output_bytes": max(1 << 16, 2 * longest + 4096)}
+        async with self._slots:
+            # The first test alone first: most wrong programs fail it, and then the rest need not run at all.
+            results = await self._batch(program, cases[:1], options)
+            if len(cases) > 1 and grade(results, tests.outputs[:1], call_based, 1).reward == 1.0:
+                results += await self._batch(program, cases[1:], options)
+        return grade(results, tests.outputs, call_based, len(cases))
+
+    async def _batch(self, program: str, cases: list[dict[str, str]], options: dict[str, Any]) -> list[RunResult]:
+        results = await self.sandbox.run_batch(program, cases, "python", **options)
+        if results and results[0].message and results[0].message.startswith("could not set up"):
+            raise SandboxError(f"the sandbox could not set the tests up: {results[0].message}")
+        return results
+
+
+def _reasoning_text(response: Response) -> str:
+    return "".join(
+        getattr(part, "text", "") or ""
+        for item in response.output
+        if item.type == "reasoning"
+        for part in (getattr(item, "summary", None) or [])
+    )

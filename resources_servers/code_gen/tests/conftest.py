@@ -1,0 +1,28 @@
+"""Fixtures: a real sandbox server and a real code_gen server pointed at it (both uvicorn on ephemeral ports)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from gymfleet.testing import make_response, serve
+from resources_servers.code_gen.app import CodeGenServer
+
+
+@pytest.fixture(scope="session")
+def code_gen_url(sandbox_url):
+    server = CodeGenServer({"name": "code_gen", "domain": "coding", "sandbox_url": sandbox_url,
+                            "unit_test_timeout_secs": 2, "memory_mb": 1024})
+    with serve(server.create_app()) as url:
+        yield url
+
+
+def verify(url: str, row: dict, text: str, **response) -> dict:
+    """POST /verify with `text` as the model's answer; asserts HTTP 200."""
+    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text, **response)}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def fenced(code: str, before: str = "Here is my solution.") -> str:
+    return f"{before}\n\n```python\n{code}\n```\n"

@@ -1,0 +1,100 @@
+"""Table tests of code_gen's pure parts: extraction, comparison, think-tag leaks, the header, grading."""
+
+from __future__ import annotations
+
+import pytest
+
+from gymfleet.sandbox_client import RunResult
+from resources_servers.code_gen.checker import (
+    RESULT_MARKER,
+    call_result_matches,
+    extract_code,
+    grade,
+    leaks_think_tags,
+    prelude_for,
+    stdout_matches,
+)
+
+
+@pytest.mark.parametrize(("text", "code"), [
+    ("```python\nprint(1)\n```", "print(1)"),
+    ("Idea first.\n```\na = 1\n```\nThen:\n```python\nb = 2\nprint(b)\n```\nDone.", "b = 2\nprint(b)"),
+    ("One fence only ```python\nprint(1)", None),
+    ("No code at all.", None),
+    ("```python\n```", ""),
+    ("text ``` inline\nx = 1\n``` end", "x = 1"),
+], ids=["plain", "last-block-wins", "unclosed", "none", "empty-block", "fence-inside-lines"])
+def test_extract_code(text, code):
+    assert extract_code(text) == code
+
+
+@pytest.mark.parametrize(("got", "expected", "same"), [
+    ("5\n", "5\n", True),
+    ("  1 2 3  \n\n", "1 2 3", True),
+    ("2.5\n", "2.500000\n", True),
+    ("1e3", "1000", True),
+    ("1 2\n3", "1 2 3", False),
+    ("2.5000001", "2.5", False),
+    ("YES", "yes", False),
+    ("", "0", False),
+    ("a b", "a  b", False),
+    ("1\r\n2\r\n", "1\n2\n", True),
+], ids=["exact", "whitespace", "decimal-padding", "exponent", "line-count", "not-tolerant", "case", "empty",
+        "inner-space", "crlf"])
+def test_stdout_matches(got, expected, same):
+    assert stdout_matches(got, expected) is same
+
+
+@pytest.mark.parametrize(("value", "expected", "same"), [
+    ("[1, 2]", "[1, 2]", True),
+    ("3", "3.0", True),
+    ("0.30000000000000004", "0.3", True),
+    ("0.31", "0.3", False),
+    ('"abc"', '"abc"', True),
+    ("true", "true", True),
+    ("[1, 2]", "[2, 1]", False),
+    ("0.5", '"0.5"', True),
+], ids=["list", "int-float", "float-close", "float-far", "string", "bool", "order", "string-number"])
+def test_call_result_matches(value, expected, same):
+    assert call_result_matches(f"debug print{RESULT_MARKER}{value}\n", expected) is same
+
+
+def test_call_result_needs_the_drivers_marker():
+    assert not call_result_matches("[1, 2]\n", "[1, 2]")
+
+
+@pytest.mark.parametrize(("answer", "reasoning", "leaks"), [
+    ("```python\nx\n```", "", False),
+    ("<think>oops</think>```python\nx\n```", "", True),
+    ("answer</think>", "", True),
+    ("fine", "<think>a</think>", False),
+    ("fine", "<think>a</think><think>b</think>", True),
+], ids=["clean", "think-in-answer", "close-tag", "one-pair-in-reasoning", "two-in-reasoning"])
+def test_leaks_think_tags(answer, reasoning, leaks):
+    assert leaks_think_tags(answer, reasoning) is leaks
+
+
+def test_the_header_imports_only_what_the_code_can_name():
+    header = prelude_for("q = deque()\nprint(sqrt(4), List)")
+    assert "from collections import *" in header and "from math import *" in header
+    assert "from typing import *" in header and "from statistics import *" not in header
+    assert header.index("from math import *") < header.index("from builtins import *") < header.index("import math")
+    assert "sys.setrecursionlimit(50000)" in header
+    assert "import re" not in prelude_for("print(int(input()) + 1)")
+
+
+def _run(status="ok", stdout="", duration_s=0.01) -> RunResult:
+    return RunResult(status, stdout, "", 0 if status == "ok" else 1, duration_s)
+
+
+@pytest.mark.parametrize(("results", "reward", "verdict", "codes"), [
+    ([_run(stdout="1"), _run(stdout="2")], 1.0, "passed", [True, True]),
+    ([_run(stdout="1"), _run(stdout="3")], 0.0, "wrong_answer", [True, -2]),
+    ([_run("timeout")], 0.0, "timeout", [-3]),
+    ([_run("failed")], 0.0, "runtime_error", [-4]),
+    ([_run("oom")], 0.0, "memory_limit", [-4]),
+    ([_run(stdout="1")], 0.0, "runtime_error", [True]),
+], ids=["all-pass", "wrong-second", "timeout", "crash", "oom", "cut-short"])
+def test_grade(results, reward, verdict, codes):
+    graded = grade(results, ["1", "2"], call_based=False, total=2)
+    assert (graded.reward, graded.verdict, graded.results) == (reward, verdict, codes)

@@ -1,0 +1,179 @@
+r"""math_with_judge: math problems graded by math-verify, with an optional LLM judge as a second opinion.
+
+## Task fields
+- `question`: the problem (shown to the judge).
+- `expected_answer`: the gold answer, bare LaTeX or wrapped in `\(...\)` / `$...$` (a JSON number is accepted).
+- `responses_create_params`: the prompt, which should ask for the final answer in `\boxed{}`.
+- Any other field (`uuid`, ...) is echoed untouched. NeMo-Gym's math_with_judge rows are accepted as they are.
+
+## Reward
+1.0 when the answer is right, else 0.0.
+1. The text read is the response's `output_text` (all assistant message text; reasoning items excluded), of which
+   only the last `library_verifier_max_chars` characters are read: final answers sit at the end, and a long
+   reasoning trace must neither score 0 for its length nor cost seconds of parsing.
+2. Library (`gymfleet.mathcheck`, math-verify as NeMo-Gym runs it): the gold, wrapped in `\boxed{}`, against the
+   answer extracted from the text (a `\boxed{}` first, else a LaTeX or plain expression). Listing several answers
+   does not match one gold. `library_reward` is 1.0 or 0.0 and `library_reason` says why not: `not_equal`,
+   `parse_error` (no answer found), `gold_parse_error`, `timeout` (the check used its budget and was killed),
+   `crash`, `error`.
+3. Without the judge (`should_use_judge: false`), when the library says equal, or when the text is empty, reward is
+   `library_reward`.
+4. Judge: it is asked whether the gold and the answer are equivalent (`judge.txt`), gold as answer A; if it says
+   `[[A=B]]` it is asked again with the two swapped, against position bias. Reward 1.0 only when both say
+   `[[A=B]]`. The answer shown is `extracted_answer`, else the text's last 2,000 characters. The verdict is the
+   label that occurs first in the text of the judge's last output message.
+Response fields: `expected_answer`; `extracted_answer` (the extracted answer that matched the gold, else the first
+one extracted, in SymPy's notation, e.g. `1/2`; null when none); `library_reward`; `library_reason` (null when the
+library says equal); `judge_evaluations` (null, or each judge call made as `{responses_create_params, response}`).
+
+Failures, kept out of rewards (`_ng_failure_class`): `judge_failed` when the judge cannot be reached, answers an
+error after retries, or names neither label (NeMo-Gym scores an unlabelled judge reply 0; here it is not the
+policy's fault); `sandbox_failed` when the verification processes cannot be started.
+
+## Config
+- `should_use_judge` (false): ask the judge when the library says not equal.
+- `judge_model_server`: the judge's model server, `{type: responses_api_models, name: ...}` or a plain name.
+  Checked at startup when `should_use_judge` is true.
+- `judge_responses_create_params` ({input: []}): base `/v1/responses` request for judge calls (`max_output_tokens`,
+  `temperature`, ...); `input` is replaced by the prompt.
+- `judge_timeout_s` (120), `judge_max_attempts` (3), `judge_max_concurrency` (64): per-attempt deadline, attempts
+  per call (connection errors, timeouts, 429 and 5xx are retried), and judge calls in flight at once.
+- `library_verifier_timeout_seconds` (10): budget per verification, in CPU seconds (so a busy machine does not
+  fail ordinary answers), with a wall-clock backstop of four times that; past it the worker is killed.
+- `library_verifier_max_concurrency` (32): verification processes at full priority, never more than the CPUs
+  available (per server process: with `num_workers` > 1 each has its own pool).
+- `library_verifier_max_chars` (50,000): how much of the text's end the library reads.
+
+## Tools
+None.
+
+## Version history
+- v1: NeMo-Gym's math_with_judge rules (math-verify, judge in both orders) with a supervised process pool, a hard
+  per-verification deadline and `library_reason`; an unlabelled judge reply is a `judge_failed` row, not 0.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from gymfleet.answers import tail
+from gymfleet.judge import JudgeClient, load_prompt, render_prompt, response_text, verdict
+from gymfleet.mathcheck import MathChecker, MathResult
+from gymfleet.procpool import available_cpus
+from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.server import ServerRef
+from gymfleet.wire import ResponseCreateParams
+
+EQUAL, NOT_EQUAL = "[[A=B]]", "[[A!=B]]"
+JUDGE_ANSWER_CHARS = 2_000  # a runaway output must not overflow the judge's context
+
+
+def _number_as_text(value: Any) -> Any:
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+class MathWithJudgeConfig(ResourcesServerConfig):
+    """math_with_judge's fields (the module docstring explains each)."""
+
+    should_use_judge: bool = False
+    """Ask the judge when the library says the answer is not equal to the gold."""
+    judge_model_server: ServerRef | None = None
+    """The judge's model server instance."""
+    judge_responses_create_params: ResponseCreateParams = ResponseCreateParams(input=[])
+    """Base request for judge calls; `input` is replaced by the prompt."""
+    judge_timeout_s: float = Field(default=120.0, gt=0)
+    """Deadline for one judge call attempt."""
+    judge_max_attempts: int = Field(default=3, ge=1)
+    """Attempts per judge call, the first included."""
+    judge_max_concurrency: int = Field(default=64, ge=1)
+    """Judge calls in flight at once from this server process."""
+    library_verifier_timeout_seconds: float = Field(default=10.0, gt=0)
+    """CPU-time budget for one math-verify check, with a 4x wall-clock backstop (NeMo-Gym's key)."""
+    library_verifier_max_concurrency: int = Field(default=32, ge=1)
+    """Verification processes at full priority, capped at the CPUs available (NeMo-Gym's key)."""
+    library_verifier_max_chars: int = Field(default=50_000, ge=1)
+    """How many characters at the end of the text the library reads."""
+
+    @model_validator(mode="after")
+    def _judge_needs_a_server(self):
+        if self.should_use_judge and not self.judge_model_server:
+            raise ValueError("should_use_judge is true but judge_model_server is not set")
+        return self
+
+
+class MathWithJudgeRequest(VerifyRequest):
+    """A row to grade."""
+
+    question: str
+    expected_answer: Annotated[str, BeforeValidator(_number_as_text)]
+
+
+class MathWithJudgeResponse(VerifyResponse):
+    """The graded row."""
+
+    expected_answer: str
+    extracted_answer: str | None = None
+    library_reward: float
+    library_reason: str | None = None
+    judge_evaluations: list[dict[str, Any]] | None = None
+
+
+class MathWithJudgeServer(ResourcesServer):
+    """Grades math answers with math-verify and, optionally, an LLM judge."""
+
+    config: MathWithJudgeConfig
+    reverify_mode = "stateless"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        config = self.config
+        self.checker = MathChecker(workers=min(config.library_verifier_max_concurrency, available_cpus()))
+        self.judge = None
+        if config.should_use_judge:
+            self.judge = JudgeClient(
+                config.judge_model_server,
+                self.client,
+                timeout_s=config.judge_timeout_s,
+                max_concurrency=config.judge_max_concurrency,
+                max_attempts=config.judge_max_attempts,
+            )
+        self.judge_prompt = load_prompt(__file__, "judge.txt")
+
+    async def startup(self) -> None:
+        await super().startup()
+        if self.judge is not None:
+            self.judge.url()  # an unknown judge name fails here, at launch, not on the first wrong answer
+
+    async def shutdown(self) -> None:
+        self.checker.close()
+        await super().shutdown()
+
+    async def verify(self, body: MathWithJudgeRequest) -> MathWithJudgeResponse:
+        text = body.response.output_text
+        max_chars = self.config.library_verifier_max_chars
+        result: MathResult = await self.checker.check(
+            body.expected_answer, tail(text, max_chars), timeout_s=self.config.library_verifier_timeout_seconds,
+            max_chars=max_chars,
+        )
+        fields = {"extracted_answer": result.extracted, "library_reward": result.reward,
+                  "library_reason": result.reason}
+        if self.judge is None or result.equal or not text.strip():
+            return MathWithJudgeResponse.echo(body, reward=result.reward, judge_evaluations=None, **fields)
+        answer = result.extracted or tail(text, JUDGE_ANSWER_CHARS)
+        reward, evaluations = await self._ask_judge(body.question, body.expected_answer, answer)
+        return MathWithJudgeResponse.echo(body, reward=reward, judge_evaluations=evaluations, **fields)
+
+    async def _ask_judge(self, question: str, expected: str, answer: str) -> tuple[float, list[dict[str, Any]]]:
+        """Ask in both orders (the second only if the first says equal); 1.0 only when both say equal."""
+        base = self.config.judge_responses_create_params.model_dump(mode="json", exclude_none=True)
+        evaluations = []
+        for first, second in ((expected, answer), (answer, expected)):
+            prompt = render_prompt(self.judge_prompt, question=question, first_answer=first, second_answer=second)
+            params = {**base, "input": [{"role": "user", "content": prompt}]}
+            response = await self.judge.responses(params)
+            evaluations.append({"responses_create_params": params, "response": response})
+            if verdict(response_text(response), (EQUAL, NOT_EQUAL)) != EQUAL:
+                return 0.0, evaluations
+        return 1.0, evaluations

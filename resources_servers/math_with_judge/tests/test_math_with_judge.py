@@ -1,0 +1,217 @@
+r"""math_with_judge as a real server: realistic outputs, NeMo-Gym rows, poison inputs, and a scripted judge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from gymfleet.errors import ServerRefError
+from gymfleet.testing import free_port, make_response, serve
+from resources_servers.math_with_judge.app import MathWithJudgeServer
+from responses_api_models.scripted_model.app import ScriptedModel
+
+ROOT = Path(__file__).resolve().parents[3]
+OUR_ROWS = [json.loads(line) for line in
+            (ROOT / "resources_servers/math_with_judge/data/example.jsonl").read_text().splitlines()]
+NEMO_ROWS = [json.loads(line) for line in
+             (ROOT.parent / "shared/data/nemo_gym_examples/math_with_judge/example.jsonl").read_text().splitlines()]
+REASONING = "Let me work through this carefully. " * 40
+BASE = {"name": "math_with_judge", "domain": "math", "library_verifier_timeout_seconds": 2}
+
+
+@pytest.fixture(scope="module")
+def url():
+    with serve(MathWithJudgeServer(BASE).create_app()) as base:
+        yield base
+
+
+def _verify(url: str, row: dict, text: str | None, status: int = 200) -> dict:
+    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=60)
+    assert answer.status_code == status, answer.text
+    return answer.json()
+
+
+# Realistic endings of model outputs for our example rows (gold: 400, 11/12, 3√2, -10, {1, 2, 3}).
+CASES = [
+    (0, REASONING + r"The sum is $20^2$, so the answer is $\boxed{400}$.", 1.0, None),
+    (0, r"\boxed{400}", 1.0, None),
+    (0, "The first 20 odd numbers add up to 400.", 1.0, None),
+    (1, REASONING + r"Hence $P = \boxed{\frac{11}{12}}$.", 1.0, None),
+    (1, r"\boxed{\dfrac{33}{36}}", 1.0, None),
+    (1, r"\boxed{0.9166666667}", 1.0, None),
+    (1, r"\boxed{11/12}", 1.0, None),
+    (2, r"\boxed{\sqrt{18}}", 1.0, None),
+    (2, r"\boxed{3 \cdot 2^{1/2}}", 1.0, None),
+    (3, r"Solving, $y = -10$. \boxed{y = -10}", 1.0, None),
+    (4, r"The roots are \boxed{3, 2, 1}.", 1.0, None),
+    (0, r"\boxed{399}", 0.0, "not_equal"),
+    (1, r"\boxed{\frac{1}{12}}", 0.0, "not_equal"),
+    (4, r"The roots are \boxed{1, 2}.", 0.0, "not_equal"),
+    (0, "", 0.0, "parse_error"),
+    (0, None, 0.0, "parse_error"),
+    (0, "I am not able to solve this problem.", 0.0, "parse_error"),
+    (1, r"\boxed{\frac{11}{", 0.0, "not_equal"),
+    (0, OUR_ROWS[0]["responses_create_params"]["input"][0]["content"], 0.0, "not_equal"),
+    (0, r"It is \boxed{200}, \boxed{400} or \boxed{800}.", 0.0, "not_equal"),
+    (0, r"\boxed{200, 400, 800}", 0.0, "not_equal"),
+    (0, "x " * 500_000 + r"\boxed{401}", 0.0, "not_equal"),
+    (0, "x " * 500_000 + r"\boxed{400}", 1.0, None),
+    (0, r"so the answer is \boxed{9^{9^{9^{9}}}}", 0.0, "timeout"),
+    (0, r"\boxed{" + r"\frac{1}{" * 30 + "2" + "}" * 31, 0.0, "timeout"),
+]
+CASE_IDS = [
+    "boxed-after-reasoning", "bare-box", "no-box-plain-sentence", "frac", "unreduced-dfrac", "decimal", "slash",
+    "radical-form", "power-form", "equation-in-box", "set-any-order", "off-by-one", "wrong-frac", "missing-root",
+    "empty", "no-message", "refusal", "malformed-latex", "echoes-the-prompt", "lists-three-boxes",
+    "lists-three-in-one-box", "1MB-then-wrong", "1MB-then-right", "huge-exponent", "deeply-nested-fraction",
+]
+
+
+@pytest.mark.parametrize(("row", "text", "reward", "reason"), CASES, ids=CASE_IDS)
+def test_realistic_outputs(url, row, text, reward, reason):
+    result = _verify(url, OUR_ROWS[row], text)
+    assert (result["reward"], result["library_reward"], result["library_reason"]) == (reward, reward, reason)
+    assert result["judge_evaluations"] is None and "_ng_failure_class" not in result
+
+
+@pytest.mark.parametrize("row", OUR_ROWS + NEMO_ROWS, ids=lambda row: row["expected_answer"][:24])
+def test_gold_answer_scores_one(url, row):
+    gold = row["expected_answer"].strip().removeprefix("\\(").removesuffix("\\)").strip("$")
+    result = _verify(url, row, f"{REASONING}\n\nThe final answer is $\\boxed{{{gold}}}$.")
+    assert (result["reward"], result["library_reason"]) == (1.0, None)
+    assert result["extracted_answer"] and result["expected_answer"] == row["expected_answer"]
+
+
+def test_nemo_gym_row_with_a_wrong_answer(url):
+    result = _verify(url, NEMO_ROWS[0], r"\boxed{31}")
+    assert (result["reward"], result["extracted_answer"], result["library_reason"]) == (0.0, "31", "not_equal")
+
+
+def test_numeric_gold_is_accepted_and_echoed_as_sent(url):
+    row = {**OUR_ROWS[0], "expected_answer": 400}
+    result = _verify(url, row, r"\boxed{400}")
+    assert result["reward"] == 1.0 and result["expected_answer"] == 400
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"expected_answer": None}, {"expected_answer": ["400"]}, {"question": {"text": "?"}}, {"response": "400"}],
+    ids=["no-gold", "gold-list", "question-object", "response-not-object"],
+)
+def test_malformed_rows_are_422(url, change):
+    body = {**OUR_ROWS[0], "response": make_response(r"\boxed{400}"), **change}
+    answer = httpx.post(f"{url}/verify", json=body, timeout=30)
+    assert answer.status_code == 422
+    assert answer.json()["detail"][0]["loc"][1] == next(iter(change))
+
+
+def test_missing_question_is_422(url):
+    row = {key: value for key, value in OUR_ROWS[0].items() if key != "question"}
+    assert httpx.post(f"{url}/verify", json={**row, "response": make_response("1")}).status_code == 422
+
+
+async def test_poison_input_does_not_stall_others():
+    server = MathWithJudgeServer({**BASE, "library_verifier_max_concurrency": 1,
+                                  "library_verifier_timeout_seconds": 4})
+    with serve(server.create_app()) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            async def verify(text: str) -> dict:
+                answer = await client.post("/verify", json={**OUR_ROWS[0], "response": make_response(text)})
+                return answer.json()
+
+            await verify(r"\boxed{400}")  # the worker is up
+            poison = asyncio.ensure_future(verify(r"\boxed{9^{9^{9^{9}}}}"))
+            await asyncio.sleep(0.5)
+            began = time.monotonic()
+            ordinary = await asyncio.gather(*(verify(rf"\boxed{{{k}}}") for k in range(390, 410)))
+            assert time.monotonic() - began < 3.5 and not poison.done()
+            assert [result["reward"] for result in ordinary] == [1.0 if k == 400 else 0.0 for k in range(390, 410)]
+            assert (await poison)["library_reason"] == "timeout"
+
+
+# ---------------------------------------------------------------------------------------------- judge
+
+JUDGE_SCRIPT = {
+    "name": "judge_model",
+    "rules": [
+        # Rules see the rendered judge.txt prompt; the answer under judgement names the scenario.
+        {"match": r"Answer A:\s*The result is twelve dozen", "text": "On reflection they differ. [[A!=B]]"},
+        {"match": "twelve dozen", "text": "144 is twelve dozen. [[A=B]]"},
+        {"match": "four hundred", "text": "Four hundred is 400. [[A=B]]"},
+        {"match": "about four", "text": "About four is not 400. [[A!=B]]"},
+        {"match": "undecided", "text": "Hard to say."},
+        {"match": "overloaded", "status": 503},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def judged_url():
+    with serve(ScriptedModel(JUDGE_SCRIPT).create_app()) as judge:
+        parts = urlsplit(judge)
+        fleet = {"judge_model": {"responses_api_models": {"scripted_model": {"host": parts.hostname,
+                                                                               "port": parts.port}}}}
+        config = {**BASE, "should_use_judge": True, "judge_max_attempts": 2,
+                  "judge_model_server": {"type": "responses_api_models", "name": "judge_model"},
+                  "judge_responses_create_params": {"input": [], "max_output_tokens": 512, "temperature": 0.0}}
+        with serve(MathWithJudgeServer(config, fleet).create_app()) as base:
+            yield base
+
+
+def test_judge_both_orders_equal_scores_one(judged_url):
+    result = _verify(judged_url, OUR_ROWS[0], "The answer is four hundred.")
+    assert (result["reward"], result["library_reward"]) == (1.0, 0.0)
+    first, second = result["judge_evaluations"]
+    prompt = first["responses_create_params"]["input"][0]["content"]
+    assert prompt.index("Answer A:\n400") < prompt.index("Answer B:\nThe answer is four hundred.")
+    assert "Answer A:\nThe answer is four hundred." in second["responses_create_params"]["input"][0]["content"]
+    assert first["responses_create_params"]["max_output_tokens"] == 512
+    assert second["response"]["output"][-1]["content"][0]["text"].endswith("[[A=B]]")
+
+
+def test_judge_disagreeing_in_the_second_order_scores_zero(judged_url):
+    result = _verify(judged_url, {**OUR_ROWS[0], "expected_answer": "144"}, "The result is twelve dozen")
+    assert result["reward"] == 0.0 and len(result["judge_evaluations"]) == 2
+
+
+def test_judge_saying_not_equal_first_stops_there(judged_url):
+    result = _verify(judged_url, OUR_ROWS[0], "It is about four.")
+    assert result["reward"] == 0.0 and len(result["judge_evaluations"]) == 1
+
+
+def test_judge_is_not_asked_when_the_library_agrees_or_the_text_is_empty(judged_url):
+    assert _verify(judged_url, OUR_ROWS[0], r"\boxed{400}")["judge_evaluations"] is None
+    empty = _verify(judged_url, OUR_ROWS[0], "")
+    assert (empty["reward"], empty["judge_evaluations"]) == (0.0, None)
+
+
+@pytest.mark.parametrize("text", ["I am undecided", "overloaded"], ids=["unlabelled-verdict", "judge-5xx"])
+def test_judge_failure_is_a_tagged_row_not_a_zero(judged_url, text):
+    result = _verify(judged_url, OUR_ROWS[0], text)
+    assert result["_ng_failure_class"] == "judge_failed" and result["failure"]
+    assert result["uuid"] == OUR_ROWS[0]["uuid"]
+
+
+def test_judge_down_is_a_tagged_row():
+    fleet = {"judge_model": {"responses_api_models": {"scripted_model": {"host": "127.0.0.1", "port": free_port()}}}}
+    config = {**BASE, "should_use_judge": True, "judge_model_server": "judge_model", "judge_max_attempts": 2}
+    with serve(MathWithJudgeServer(config, fleet).create_app()) as base:
+        result = _verify(base, OUR_ROWS[0], "four hundred")
+        assert result["_ng_failure_class"] == "judge_failed" and "cannot reach" in result["failure"]
+        assert _verify(base, OUR_ROWS[0], r"\boxed{400}")["reward"] == 1.0  # the library path needs no judge
+
+
+def test_judge_config_is_checked():
+    with pytest.raises(ValueError, match="judge_model_server is not set"):
+        MathWithJudgeServer({**BASE, "should_use_judge": True})
+    server = MathWithJudgeServer({**BASE, "should_use_judge": True, "judge_model_server": "judge_modle"},
+                                 {"judge_model": {"responses_api_models": {"scripted_model": {"port": 1}}}})
+    with pytest.raises(ServerRefError, match="did you mean|Did you mean"):
+        asyncio.run(server.startup())
+    server.checker.close()

@@ -1,0 +1,191 @@
+"""The code-execution service: runs untrusted programs in bubblewrap sandboxes, one-shot, batched or in sessions.
+
+Routes (JSON in and out; shapes in `sandbox.models`):
+
+- `POST /run`: one program (`language` python|bash, `code`, `stdin`, `args`, `files`, `timeout_s`, `memory_mb`,
+  `max_output_bytes`) -> `{status, stdout, stderr, return_code, duration_s, truncated, message}` with status
+  `ok|failed|timeout|oom|killed`. `timeout_s` is CPU time per process; the wall-clock limit is `wall_time_factor`
+  times it, so runs slowed down by their neighbours are not timed out for it.
+- `POST /run_batch`: one program, many `cases` (`stdin`, `args`), optional `stop_on_failure` and Python `prelude`
+  -> `{results: [...]}`; all cases share one sandbox, each runs in a fresh process.
+- `POST /sessions` (optional `files`, limits) -> `{session_id, idle_timeout_s}`; `POST /sessions/{id}/exec`
+  (`code`, `language`, `stdin`, `timeout_s`) -> a run result, with Python state kept between execs;
+  `DELETE /sessions/{id}`.
+- `GET /info`: isolation mode and limits. Plus the base server's `GET /` and `GET /metrics`.
+
+Overload is a 429 with `Retry-After` (never a hang); an unknown session is a 404; limits above the configured
+maxima are a 400; a sandbox that cannot start is a 503 (infrastructure). The program's own failures are 200s with
+their status. Isolation is checked when the server starts: if bubblewrap cannot run, start-up fails saying how to
+fix it. Run it with `python -m sandbox` or as a fleet instance (`sandbox/configs/sandbox.yaml`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from gymfleet.bodies import read_json, validate
+from gymfleet.errors import ConfigError
+from gymfleet.server import JSONResponse, Server, ServerConfig, add_route, dump
+from sandbox import isolation
+from sandbox.admission import Admission, Overloaded
+from sandbox.metrics import SandboxMetrics
+from sandbox.models import BatchRequest, BatchResult, ExecRequest, RunRequest, SessionCreated, SessionRequest
+from sandbox.process import SandboxStartError
+from sandbox.runner import Runner
+from sandbox.sessions import SessionNotFound, Sessions
+
+log = logging.getLogger(__name__)
+
+
+class SandboxConfig(ServerConfig):
+    """The sandbox service's fields."""
+
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    """`bwrap` (bubblewrap namespaces; required in production) or `none` (development only, logged loudly)."""
+    python: str | None = None
+    """Interpreter that runs Python programs (default /usr/bin/python3, else this server's)."""
+    site_packages: bool = False
+    """Let programs import the interpreter's site-packages (costs a few ms per run: no `-S`)."""
+    bwrap: str = "bwrap"
+    sandbox_uid: int = 65534
+    """Uid sandboxes run as when the service runs as root (the kernel exempts root from process limits)."""
+    max_concurrent_runs: int | None = None
+    """Sandboxes running at once; default CPU cores x `runs_per_core`."""
+    runs_per_core: int = 2
+    queue_length: int = 4096
+    """Requests that may wait for a slot; beyond that the answer is 429 with Retry-After."""
+    startup_timeout_s: float = 30.0
+    wall_time_factor: float = 2.0
+    """Wall-clock limit = `timeout_s` x this (the CPU time limit is `timeout_s`): a program slowed down by other runs
+    sharing the CPU is not timed out for it. 1.0 makes `timeout_s` a pure wall-clock limit."""
+    default_timeout_s: float = 10.0
+    max_timeout_s: float = 120.0
+    default_memory_mb: int = 1024
+    max_memory_mb: int = 8192
+    default_output_bytes: int = 1 << 20
+    max_output_bytes: int = 16 << 20
+    max_processes: int = 64
+    """Processes and threads a run may have at once (RLIMIT_NPROC, counted per sandbox)."""
+    max_file_mb: int = 64
+    max_open_files: int = 256
+    workspace_mb: int = 256
+    """Size of the tmpfs workspace (/workspace, /tmp) each sandbox gets."""
+    max_batch_cases: int = 10_000
+    max_sessions: int = 64
+    session_idle_timeout_s: float = 600.0
+    session_cpu_s: int = 3600
+    """CPU seconds a whole session may use."""
+
+
+class SandboxServer(Server):
+    """Runs untrusted code."""
+
+    config: SandboxConfig
+
+    def __init__(self, config, global_config=None):
+        super().__init__(config, global_config)
+        slots = self.config.max_concurrent_runs or (os.cpu_count() or 1) * self.config.runs_per_core
+        self.admission = Admission(slots, self.config.queue_length)
+        self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
+        self.runner: Runner | None = None
+        self.sessions: Sessions | None = None
+        self._sweeper: asyncio.Task | None = None
+
+    async def startup(self) -> None:
+        config = self.config
+        prepared = await asyncio.to_thread(
+            isolation.prepare, config.isolation, python=config.python, bwrap=config.bwrap,
+            workspace_mb=config.workspace_mb, sandbox_uid=config.sandbox_uid, site_packages=config.site_packages,
+        )  # fmt: skip
+        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics)
+        self.sessions = Sessions(self.runner)
+        try:
+            await self._check_isolation()
+        except BaseException:
+            prepared.close()
+            raise
+        self._sweeper = asyncio.create_task(self.sessions.expire_forever())
+        log.info("sandbox ready: isolation %s, %d concurrent runs, queue %d", prepared.mode,
+                 self.admission.max_running, self.admission.max_queued)
+
+    async def _check_isolation(self) -> None:
+        try:
+            result = await self.runner.run(RunRequest(code="print('ok')", timeout_s=30))
+        except SandboxStartError as exc:
+            raise ConfigError(f"sandbox isolation ({self.config.isolation}) does not work here: {exc}",
+                              hint=isolation.INSTALL_HINT) from exc
+        if result.status != "ok" or result.stdout != "ok\n":
+            raise ConfigError(f"the sandbox's self-test failed: {result.model_dump()}", hint=isolation.INSTALL_HINT)
+
+    async def shutdown(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self.sessions is not None:
+            await self.sessions.close_all()
+        if self.runner is not None:
+            await self.runner.drain()
+            self.runner.isolation.close()
+        await super().shutdown()
+
+    def routes(self, app: FastAPI) -> None:
+        add_route(app, "/run", self._run)
+        add_route(app, "/run_batch", self._run_batch)
+        add_route(app, "/sessions", self._create_session)
+        add_route(app, "/sessions/{session_id}/exec", self._exec)
+        add_route(app, "/sessions/{session_id}", self._delete_session, methods=("DELETE",))
+        add_route(app, "/info", self._info, methods=("GET",))
+        app.add_exception_handler(Overloaded, self._on_overloaded)
+        app.add_exception_handler(SessionNotFound, self._on_session_not_found)
+        app.add_exception_handler(SandboxStartError, self._on_start_error)
+
+    async def _run(self, request: Request) -> Response:
+        body = validate(RunRequest, await read_json(request))
+        return JSONResponse(dump(await self.runner.run(body)))
+
+    async def _run_batch(self, request: Request) -> Response:
+        body = validate(BatchRequest, await read_json(request))
+        return JSONResponse(dump(BatchResult(results=await self.runner.run_batch(body))))
+
+    async def _create_session(self, request: Request) -> Response:
+        body = validate(SessionRequest, await read_json(request))
+        session = await self.sessions.create(body)
+        created = SessionCreated(session_id=session.id, idle_timeout_s=self.config.session_idle_timeout_s)
+        return JSONResponse(dump(created))
+
+    async def _exec(self, request: Request) -> Response:
+        body = validate(ExecRequest, await read_json(request))
+        return JSONResponse(dump(await self.sessions.exec(request.path_params["session_id"], body)))
+
+    async def _delete_session(self, request: Request) -> Response:
+        if not await self.sessions.delete(request.path_params["session_id"]):
+            raise SessionNotFound(request.path_params["session_id"])
+        return JSONResponse({"deleted": True})
+
+    async def _info(self, request: Request) -> Response:
+        fields = ("default_timeout_s", "max_timeout_s", "default_memory_mb", "max_memory_mb", "max_output_bytes",
+                  "max_processes", "workspace_mb", "max_sessions")
+        return JSONResponse({
+            "isolation": self.runner.isolation.mode, "python": self.runner.isolation.python,
+            "max_concurrent_runs": self.admission.max_running, "queue_length": self.admission.max_queued,
+            **{name: getattr(self.config, name) for name in fields},
+        })  # fmt: skip
+
+    async def _on_overloaded(self, request: Request, exc: Overloaded) -> Response:
+        self.sandbox_metrics.rejected.labels(exc.reason).inc()
+        return JSONResponse({"detail": str(exc), "error_type": "overloaded"}, status_code=429,
+                            headers={"Retry-After": str(exc.retry_after_s)})
+
+    async def _on_session_not_found(self, request: Request, exc: SessionNotFound) -> Response:
+        detail = f"no open session {exc}: it was deleted, expired after idling, or ended"
+        return JSONResponse({"detail": detail, "error_type": "session_not_found"}, status_code=404)
+
+    async def _on_start_error(self, request: Request, exc: SandboxStartError) -> Response:
+        log.error("%s %s: %s", request.method, request.url.path, exc)
+        self.metrics.failures.labels("sandbox_start_failed").inc()
+        return JSONResponse({"detail": str(exc), "error_type": "sandbox_unavailable"}, status_code=503)

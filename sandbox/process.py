@@ -1,0 +1,247 @@
+"""One running sandbox, seen from the service: start it, send it frames, read its results, kill it.
+
+Pipes are driven with the event loop's `add_reader`/`add_writer` and the exit is awaited on a pidfd, so this works
+the same under asyncio and uvloop and needs no child-watcher threads. The process is spawned with
+`subprocess.Popen` without `preexec_fn` or uid switches, so CPython uses `vfork`: starting a sandbox does not
+copy the server's page tables.
+
+Trust boundary: everything up to the launcher's ready line is infrastructure (a failure there is
+`SandboxStartError`, answered 503); everything after it may have been touched by the program under test (garbage
+is `ProtocolError`, which the caller reports as the program's fault).
+
+Direct mode (one Python case): the launcher runs the program itself instead of forking (a fork of the interpreter
+costs about a millisecond of copied pages), so the program's stdout and stderr are pipes read here, truncated
+at `max_output`; the launcher reports the exit status afterwards, and when a signal ends the program (and with it
+the launcher) bwrap's exit status, 128 + the signal, says which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import marshal
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox.isolation import Isolation
+from sandbox.launcher import EXITED, READY, SETUP_FAILED, SIGNALED
+from sandbox.pipes import PipeReader, PipeWriter, ProtocolError
+
+RESULT_TAG = b"@@GF-RESULT"
+STDERR_KEEP_BYTES = 16384
+HEADER_MAX_BYTES = 256
+KILL_GRACE_S = 2.0
+
+
+class SandboxStartError(Exception):
+    """The sandbox could not be started (bubblewrap or the interpreter failed): an infrastructure failure."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One case's raw outcome as the launcher reported it (see `sandbox.launcher`)."""
+
+    kind: int
+    code: int
+    duration_s: float
+    cpu_s: float
+    stdout: bytes
+    stderr: bytes
+    flags: int
+
+
+def encode(payload: Any) -> bytes:
+    """A launcher frame: 10 ASCII digits of length, then the marshal blob."""
+    blob = payload if isinstance(payload, bytes) else marshal.dumps(payload)
+    return b"%010d" % len(blob) + blob
+
+
+class SandboxProcess:
+    """A started sandbox whose launcher said it is ready."""
+
+    def __init__(self, popen: subprocess.Popen, readers: list[PipeReader], stdin: PipeWriter, host_dir: str | None):
+        self.popen = popen
+        self._stdout, self._stderr, *self._output = readers
+        self._stdin = stdin
+        self._host_dir = host_dir
+        self.max_frame_bytes = 0
+
+    @classmethod
+    async def start(
+        cls, isolation: Isolation, request: dict[str, Any], *, timeout_s: float, direct: bool = False
+    ) -> SandboxProcess:
+        """Start a sandbox, send it the launcher and `request`, and wait for its ready line.
+
+        Raises:
+            SandboxStartError: it did not come up within `timeout_s` (the message carries bwrap's stderr).
+        """
+        host_dir = tempfile.mkdtemp(prefix="gymfleet-run-") if isolation.mode == "none" else None
+        request = {**request, "workdir": host_dir or isolation.workdir, "pidns": isolation.pidns}
+        max_output = request.get("max_output", 0)
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(5 if direct else 3)]
+        if direct:  # the program's own stdout and stderr, handed through bwrap under their numbers here
+            request.update(mode="direct", stdout_fd=pipes[3][1], stderr_fd=pipes[4][1])
+        child_ends = [pipes[0][0]] + [write_end for _, write_end in pipes[1:]]
+        try:
+            popen = subprocess.Popen(
+                isolation.argv,
+                stdin=pipes[0][0],
+                stdout=pipes[1][1],
+                stderr=pipes[2][1],
+                pass_fds=child_ends[3:],
+                env=isolation.env,
+                cwd=host_dir,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for fd in (fd for pipe in pipes for fd in pipe):
+                os.close(fd)
+            raise SandboxStartError(f"cannot start the sandbox ({isolation.argv[0]}): {exc}") from exc
+        for fd in child_ends:
+            os.close(fd)
+        loop = asyncio.get_running_loop()
+        readers = [
+            PipeReader(loop, pipes[1][0], max_buffer=4 * max_output + (1 << 20)),
+            PipeReader(loop, pipes[2][0], max_buffer=STDERR_KEEP_BYTES, keep_head=True),
+            *(PipeReader(loop, read_end, max_buffer=max_output, keep_head=True) for read_end, _ in pipes[3:]),
+        ]
+        process = cls(popen, readers, PipeWriter(loop, pipes[0][1]), host_dir)
+        process.max_frame_bytes = 2 * max_output
+        process.send(isolation.launcher_code)
+        process.send(request)
+        problem = "exited before it was ready"
+        try:
+            async with asyncio.timeout(timeout_s):
+                line = await process._stdout.readline(len(READY))
+        except TimeoutError:
+            line, problem = None, f"was not ready within {timeout_s:g}s"
+        except ProtocolError:
+            line = None
+        if line != READY:
+            await process.close()
+            raise SandboxStartError(f"the sandbox {problem}: {process.stderr_text or 'no error output'}")
+        return process
+
+    @property
+    def stderr_text(self) -> str:
+        """What the launcher and bwrap wrote to stderr (kept for diagnostics, truncated)."""
+        return bytes(self._stderr.buffer).decode("utf-8", "replace").strip()
+
+    def send(self, payload: Any) -> None:
+        self._stdin.write(encode(payload))
+
+    async def next_result(self) -> Frame | None:
+        """The next result frame, or None when the launcher is gone.
+
+        Raises:
+            ProtocolError: the channel carried something else.
+        """
+        header = await self._stdout.readline(HEADER_MAX_BYTES)
+        if header is None:
+            return None
+        parts = header.split()
+        if len(parts) != 8 or parts[0] != RESULT_TAG:
+            raise ProtocolError(f"unexpected output on the launcher channel: {header[:80]!r}")
+        try:
+            kind, code, duration_us, cpu_us, out_len, err_len, flags = (int(part) for part in parts[1:])
+        except ValueError as exc:
+            raise ProtocolError(f"malformed result header: {header[:80]!r}") from exc
+        if min(out_len, err_len, duration_us, cpu_us) < 0 or out_len + err_len > self.max_frame_bytes:
+            raise ProtocolError(f"result header out of bounds: {header[:80]!r}")
+        body = await self._stdout.read(out_len + err_len)
+        if body is None:
+            return None
+        return Frame(kind, code, duration_us / 1e6, cpu_us / 1e6, body[:out_len], body[out_len:], flags)
+
+    async def direct_result(self, frame: Frame | None, duration_s: float) -> Frame:
+        """Complete a direct-mode outcome with the program's output. `frame` is the launcher's report (or a timeout
+        the caller made), or None when the program ended the launcher: bwrap's exit status then tells how."""
+        if frame is None:
+            await self.stop(grace_s=2.0)
+            code = self.popen.returncode
+            kind, code = (SIGNALED, code - 128) if code > 128 else (EXITED, code)
+            frame = Frame(kind, code, duration_s, 0.0, b"", b"", 0)
+        elif frame.kind == SETUP_FAILED:
+            return frame
+        for reader in self._output:
+            await reader.wait_eof(timeout_s=1.0)
+        out, err = (bytes(reader.buffer) for reader in self._output)
+        flags = (1 if self._output[0].truncated else 0) | (2 if self._output[1].truncated else 0)
+        return Frame(frame.kind, frame.code, frame.duration_s, frame.cpu_s, out, err, flags)
+
+    async def stop(self, *, grace_s: float = 0.0) -> None:
+        """Let the sandbox end by itself for up to `grace_s`, else kill it; reap it either way.
+
+        The sandbox's init (bwrap's PID 1) is killed first, so the kernel kills the whole PID namespace and the
+        outer bwrap reaps it and exits: killing the outer bwrap first would orphan the init to whatever reaps
+        orphans on this host (a container's init may never do it).
+        """
+        if self.popen.poll() is None and not await _exited_within(self.popen, grace_s):
+            for pid in _children(self.popen.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if not await _exited_within(self.popen, KILL_GRACE_S):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                await _exited_within(self.popen, None)
+
+    async def close(self, *, grace_s: float = 0.0) -> None:
+        """`stop()`, then release the pipes (and, without isolation, the run's folder)."""
+        try:
+            await self.stop(grace_s=grace_s)
+            await self._stderr.wait_eof(timeout_s=1.0)
+        finally:
+            self._stdin.close()
+            for reader in (self._stdout, self._stderr, *self._output):
+                reader.close()
+            if self._host_dir is not None:
+                shutil.rmtree(self._host_dir, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as listing:
+            return [int(child) for child in listing.read().split()]
+    except OSError:
+        return []
+
+
+async def _exited_within(popen: subprocess.Popen, timeout_s: float | None) -> bool:
+    """Whether the process exited (and is reaped) within `timeout_s` (None: wait as long as it takes)."""
+    if popen.poll() is not None:
+        return True
+    if timeout_s is not None and timeout_s <= 0:
+        return False
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _wait_exit(popen)
+    except TimeoutError:
+        return False
+    except asyncio.CancelledError:  # the request was cancelled: still never leave the sandbox running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(5)
+        raise
+    return True
+
+
+async def _wait_exit(popen: subprocess.Popen) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(popen.pid)
+    except ProcessLookupError:
+        popen.wait()
+        return
+    exited = loop.create_future()
+    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+    try:
+        await exited
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    popen.wait()

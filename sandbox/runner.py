@@ -1,0 +1,193 @@
+"""Running programs: limits checked against the server's maxima, a slot from admission, one sandbox per request.
+
+A `/run` is a batch of one case. A batch runs all its cases in one sandbox (one interpreter start), each case in a
+fresh forked process; the service reads one result per case and gives every case its time limit plus a grace
+period to be reported, so a launcher the program froze or killed costs at most that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gymfleet.errors import BadRequestError
+from sandbox.admission import Admission
+from sandbox.isolation import Isolation
+from sandbox.metrics import SandboxMetrics
+from sandbox.models import SETUP_FAILED, TIMED_OUT, BatchRequest, Case, RunRequest, RunResult, broken, to_result
+from sandbox.process import Frame, ProtocolError, SandboxProcess
+
+log = logging.getLogger(__name__)
+
+CASE_GRACE_S = 3.0
+DIRECT_SETUP_S = 0.5
+"""Time a direct run's launcher may take to write the files and compile the program before the limit starts."""
+EXIT_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits one request runs under, after defaults and maxima."""
+
+    timeout_s: float
+    memory_mb: int
+    max_output: int
+    wall_timeout_s: float
+
+
+class Runner:
+    """Starts sandboxes for requests and turns their frames into results."""
+
+    def __init__(self, config: Any, isolation: Isolation, admission: Admission, metrics: SandboxMetrics):
+        self.config = config
+        self.isolation = isolation
+        self.admission = admission
+        self.metrics = metrics
+        self._cleanups: set[asyncio.Task] = set()
+
+    def limits(self, timeout_s: float | None, memory_mb: int | None, max_output: int | None) -> Limits:
+        """Fill defaults and refuse values above the server's maxima (a 400 naming the maximum)."""
+        config = self.config
+        limits = Limits(
+            timeout_s if timeout_s is not None else config.default_timeout_s,
+            memory_mb if memory_mb is not None else config.default_memory_mb,
+            max_output if max_output is not None else config.default_output_bytes,
+            (timeout_s if timeout_s is not None else config.default_timeout_s) * config.wall_time_factor,
+        )
+        for name, value, maximum in (
+            ("timeout_s", limits.timeout_s, config.max_timeout_s),
+            ("memory_mb", limits.memory_mb, config.max_memory_mb),
+            ("max_output_bytes", limits.max_output, config.max_output_bytes),
+        ):
+            if value > maximum:
+                raise BadRequestError(f"{name}={value:g} is above this sandbox's maximum of {maximum:g}")
+        return limits
+
+    def payload(self, mode: str, language: str, limits: Limits, **fields: Any) -> dict[str, Any]:
+        """The launcher request (see `sandbox.launcher`)."""
+        config = self.config
+        return {
+            "mode": mode,
+            "language": language,
+            "timeout_s": limits.timeout_s,
+            "wall_timeout_s": limits.wall_timeout_s,
+            "memory_bytes": limits.memory_mb << 20,
+            "max_output": limits.max_output,
+            "max_processes": config.max_processes,
+            "max_file_bytes": config.max_file_mb << 20,
+            "max_open_files": config.max_open_files,
+            "bash": "/bin/bash",
+            **fields,
+        }
+
+    async def start(self, payload: dict[str, Any], direct: bool = False) -> SandboxProcess:
+        return await SandboxProcess.start(self.isolation, payload, timeout_s=self.config.startup_timeout_s,
+                                          direct=direct)
+
+    async def direct_result(self, process: SandboxProcess, limits: Limits) -> RunResult:
+        """The result of a direct-mode run (see `sandbox.process`): the wall-clock limit is enforced here."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(limits.wall_timeout_s + DIRECT_SETUP_S):
+                frame = await process.next_result()
+        except TimeoutError:
+            await process.stop()
+            frame = Frame(TIMED_OUT, 0, time.monotonic() - started, 0.0, b"", b"", 0)
+        except ProtocolError:
+            frame = None  # the program wrote to its launcher's channel; its exit status still counts
+        return to_result(await process.direct_result(frame, time.monotonic() - started), limits)
+
+    async def run(self, request: RunRequest) -> RunResult:
+        case = Case(stdin=request.stdin, args=request.args)
+        batch = BatchRequest(**request.model_dump(exclude={"stdin", "args"}), cases=[case])
+        return (await self.run_batch(batch))[0]
+
+    async def run_batch(self, request: BatchRequest) -> list[RunResult]:
+        if len(request.cases) > self.config.max_batch_cases:
+            maximum = self.config.max_batch_cases
+            raise BadRequestError(f"{len(request.cases)} cases; this sandbox takes at most {maximum}")
+        limits = self.limits(request.timeout_s, request.memory_mb, request.max_output_bytes)
+        payload = self.payload(
+            "run",
+            request.language,
+            limits,
+            code=request.code,
+            files=request.files,
+            prelude=request.prelude,
+            stop_on_failure=request.stop_on_failure,
+            cases=[{"stdin": (case.stdin or "").encode(), "args": case.args} for case in request.cases],
+        )
+        direct = len(request.cases) == 1 and request.language == "python" and self.isolation.pidns
+        release = await self.admission.acquire()
+        try:
+            process = await self.start(payload, direct=direct)
+        except BaseException:
+            release()
+            raise
+        results: list[RunResult] = []
+        try:
+            if direct:
+                results.append(await self.direct_result(process, limits))
+                clean = True
+            else:
+                clean = await self.collect(process, len(request.cases), limits, request.stop_on_failure, results)
+        except BaseException:
+            await self._finish(process, release, clean=False)
+            raise
+        # Answer now; the sandbox's teardown finishes in the background, still holding its slot.
+        task = asyncio.create_task(self._finish(process, release, clean=clean))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        for result in results:
+            self.metrics.observe(request.language, result.status, result.duration_s)
+        return results
+
+    async def _finish(self, process: SandboxProcess, release: Callable[[], None], *, clean: bool) -> None:
+        """A launcher that reported every case exits by itself at once; anything else is killed now."""
+        try:
+            await process.close(grace_s=EXIT_GRACE_S if clean else 0.0)
+        except Exception:
+            log.exception("could not clean a sandbox up")
+        finally:
+            release()
+
+    async def drain(self) -> None:
+        """Wait for background teardowns (at server shutdown)."""
+        while self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    async def collect(
+        self, process: SandboxProcess, count: int, limits: Limits, stop: bool, results: list[RunResult]
+    ) -> bool:
+        """Append up to `count` results; a silent, dead or garbled launcher ends the list with a failed case.
+
+        Returns:
+            Whether the launcher reported normally to the end (then it is exiting by itself).
+        """
+        while len(results) < count and not (stop and results and results[-1].status != "ok"):
+            result, frame = await self.next_result(process, limits)
+            results.append(result)
+            if frame is None:
+                return False
+            if frame.kind == SETUP_FAILED:
+                break
+        return True
+
+    async def next_result(self, process: SandboxProcess, limits: Limits) -> tuple[RunResult, Frame | None]:
+        """One result, with its frame; no frame when the launcher is gone, silent or garbled (the program's doing)."""
+        try:
+            async with asyncio.timeout(limits.wall_timeout_s + CASE_GRACE_S):
+                frame = await process.next_result()
+        except TimeoutError:
+            message = f"the program froze the sandbox's supervisor past the {limits.wall_timeout_s:g}s time limit"
+            return broken(message, "timeout", limits.wall_timeout_s), None
+        except ProtocolError as exc:
+            return broken(f"the program tampered with the sandbox's supervisor ({exc})"), None
+        if frame is None:
+            return broken("the program killed the sandbox's supervisor"), None
+        result = to_result(frame, limits)
+        return result, frame

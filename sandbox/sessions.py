@@ -1,0 +1,119 @@
+"""Sessions: one long-lived sandbox per session, running the kernel (`sandbox.kernel`) until deleted or idle.
+
+A session is created with optional files and limits (its memory limit covers the whole session; its timeout is the
+default per exec). Execs of one session run one at a time, each holding a run slot like any run. An exec that
+outlives its time limit and cannot be interrupted, or that kills the kernel, ends the session (the result says
+so; the next exec is a 404). Sessions idle longer than `session_idle_timeout_s` are deleted; at most
+`max_sessions` are open at once (beyond that, 429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from gymfleet.errors import BadRequestError
+from sandbox.admission import Overloaded
+from sandbox.models import ExecRequest, RunResult, SessionRequest
+from sandbox.process import SandboxProcess
+from sandbox.runner import Limits, Runner
+
+log = logging.getLogger(__name__)
+
+
+class SessionNotFound(Exception):
+    """No open session with that id (never created, deleted, expired or ended)."""
+
+
+@dataclass
+class Session:
+    id: str
+    process: SandboxProcess
+    limits: Limits
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
+
+
+class Sessions:
+    """The open sessions of one server."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.config = runner.config
+        self._open: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    async def create(self, request: SessionRequest) -> Session:
+        if len(self._open) >= self.config.max_sessions:
+            message = f"{len(self._open)} sessions open (max_sessions {self.config.max_sessions}); retry later"
+            raise Overloaded(message, 5, reason="max_sessions")
+        limits = self.runner.limits(request.timeout_s, request.memory_mb, request.max_output_bytes)
+        payload = self.runner.payload(
+            "session", "python", limits, files=request.files, kernel=self.runner.isolation.kernel_code,
+            session_cpu_s=self.config.session_cpu_s,
+        )  # fmt: skip
+        process = await self.runner.start(payload)
+        result, frame = await self.runner.next_result(process, limits)
+        if frame is None or result.status != "ok":
+            await process.close()
+            raise BadRequestError(f"could not set up the session: {result.message or result.stderr}")
+        session = Session(secrets.token_hex(16), process, limits)
+        self._open[session.id] = session
+        self.runner.metrics.sessions.set(len(self._open))
+        return session
+
+    async def exec(self, session_id: str, request: ExecRequest) -> RunResult:
+        session = self._get(session_id)
+        limits = self.runner.limits(request.timeout_s or session.limits.timeout_s, session.limits.memory_mb,
+                                    session.limits.max_output)
+        async with session.lock:
+            if session.closed:
+                raise SessionNotFound(session_id)
+            async with self.runner.admission.slot():
+                session.process.send({
+                    "language": request.language, "code": request.code, "timeout_s": limits.timeout_s,
+                    "wall_timeout_s": limits.wall_timeout_s,
+                    "stdin": (request.stdin or "").encode(),
+                })  # fmt: skip
+                result, frame = await self.runner.next_result(session.process, limits)
+            session.last_used = time.monotonic()
+        if frame is None:
+            await self.delete(session_id)
+            result.message = f"{result.message}; the session has ended"
+        self.runner.metrics.observe(request.language, result.status, result.duration_s)
+        return result
+
+    async def delete(self, session_id: str) -> bool:
+        session = self._open.pop(session_id, None)
+        if session is None:
+            return False
+        session.closed = True
+        self.runner.metrics.sessions.set(len(self._open))
+        await session.process.close()
+        return True
+
+    def _get(self, session_id: str) -> Session:
+        session = self._open.get(session_id)
+        if session is None:
+            raise SessionNotFound(session_id)
+        return session
+
+    async def expire_forever(self) -> None:
+        """Delete idle sessions, forever (a background task of the server)."""
+        idle_s = self.config.session_idle_timeout_s
+        while True:
+            await asyncio.sleep(min(max(idle_s / 4, 0.05), 5.0))
+            now = time.monotonic()
+            for session in [s for s in self._open.values() if now - s.last_used > idle_s and not s.lock.locked()]:
+                log.info("session %s idle for %.0fs: deleting", session.id, now - session.last_used)
+                await self.delete(session.id)
+
+    async def close_all(self) -> None:
+        for session_id in list(self._open):
+            await self.delete(session_id)

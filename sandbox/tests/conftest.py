@@ -1,0 +1,56 @@
+"""Fixtures: a real sandbox server (uvicorn on an ephemeral port) and helpers to call it over HTTP."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import psutil
+import pytest
+
+from gymfleet.testing import serve
+from sandbox.app import SandboxServer
+
+SECRET_ENV = "GYMFLEET_FAKE_SECRET"
+SECRET = "s3cr3t-value-the-sandbox-must-never-see"
+SANDBOX_UID = 65534
+
+
+@pytest.fixture(scope="session")
+def sandbox_url():
+    """One sandbox server for the session, started with a fake secret in its environment."""
+    os.environ[SECRET_ENV] = SECRET
+    server = SandboxServer({"name": "sandbox", "default_timeout_s": 5, "max_timeout_s": 30})
+    with serve(server.create_app()) as url:
+        yield url
+
+
+@pytest.fixture
+def client(sandbox_url):
+    with httpx.Client(base_url=sandbox_url, timeout=120) as http_client:
+        yield http_client
+
+
+def run(client: httpx.Client, code: str, **fields) -> dict:
+    """POST /run and return the result (asserting HTTP 200)."""
+    answer = client.post("/run", json={"code": code, **fields})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def sandbox_processes() -> list[psutil.Process]:
+    """Processes running as the sandbox uid (there must be none once a run is over)."""
+    found = []
+    for process in psutil.process_iter(["uids", "pid", "num_threads"]):
+        uids = process.info["uids"]
+        if uids is not None and SANDBOX_UID in (uids.real, uids.effective):
+            found.append(process)
+    return found
+
+
+def assert_no_leftovers(timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := sandbox_processes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"processes left behind: {[(p.pid, p.info) for p in left]}"

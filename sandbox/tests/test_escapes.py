@@ -1,0 +1,234 @@
+"""The escape and abuse suite: hostile programs are contained, reported with the right status, and leave the host
+and the service unharmed (the service still answers; no process of theirs survives the run)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandbox.tests.conftest import SECRET, SECRET_ENV, assert_no_leftovers, run, sandbox_processes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _host_unharmed(client):
+    yield
+    assert_no_leftovers()
+    assert client.get("/").json() == {"status": "ok"}
+    assert run(client, "print('still serving')")["stdout"] == "still serving\n"
+
+
+NETWORK = {
+    "tcp": "import socket, sys\n"
+           "for host, port in [('1.1.1.1', 80), ('127.0.0.1', int(sys.argv[1])), ('10.0.0.1', 22)]:\n"
+           "    try:\n"
+           "        socket.create_connection((host, port), timeout=2); print('CONNECTED', host)\n"
+           "    except OSError as exc:\n"
+           "        print('blocked', host, type(exc).__name__)\n"
+           "print('interfaces', [name for _, name in socket.if_nameindex()])",
+    "dns": "import socket\n"
+           "try:\n"
+           "    print('RESOLVED', socket.getaddrinfo('example.com', 80))\n"
+           "except OSError as exc:\n"
+           "    print('blocked', type(exc).__name__)",
+    "udp": "import socket\n"
+           "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+           "try:\n"
+           "    s.sendto(b'x' * 64, ('8.8.8.8', 53)); print('SENT')\n"
+           "except OSError as exc:\n"
+           "    print('blocked', type(exc).__name__)",
+    "bash-tcp": "(echo > /dev/tcp/1.1.1.1/80) 2>/dev/null && echo CONNECTED || echo blocked",
+}
+
+
+@pytest.mark.parametrize("name", NETWORK)
+def test_no_network(client, sandbox_url, name):
+    language = "bash" if name.startswith("bash") else "python"
+    result = run(client, NETWORK[name], language=language, args=[sandbox_url.rsplit(":", 1)[1]], timeout_s=10)
+    assert result["status"] == "ok", result
+    assert "blocked" in result["stdout"]
+    assert not any(word in result["stdout"] for word in ("CONNECTED", "RESOLVED", "SENT")), result["stdout"]
+    if name == "tcp":
+        assert "interfaces ['lo']" in result["stdout"]
+
+
+def test_host_files_are_invisible(client):
+    targets = ["/work", "/root", "/home", "/etc/shadow", "/etc/hostname", "/etc/ssh", str(REPO),
+               str(REPO / "sandbox" / "app.py"), "/proc/1/root/etc/shadow", "/sys/class/net"]
+    code = ("import os, sys\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n"
+            "        print('LEAK', path, os.listdir(path) if os.path.isdir(path) else open(path).read()[:50])\n"
+            "    except OSError as exc:\n"
+            "        print('blocked', path, type(exc).__name__)\n"
+            "print('etc', sorted(os.listdir('/etc')))")
+    result = run(client, code, args=targets)
+    assert result["status"] == "ok" and "LEAK" not in result["stdout"], result["stdout"]
+    assert "etc ['alternatives', 'group', 'hosts', 'ld.so.cache', 'localtime', 'passwd']" in result["stdout"]
+
+
+def test_the_servers_environment_is_unreadable(client):
+    assert os.environ[SECRET_ENV] == SECRET  # the server process (this one) really has it
+    code = ("import os, glob\n"
+            "print(dict(os.environ))\n"
+            "for path in ['/proc/self/environ', '/proc/1/environ', *glob.glob('/proc/[0-9]*/environ')]:\n"
+            "    try:\n"
+            "        print(path, open(path, 'rb').read())\n"
+            "    except OSError as exc:\n"
+            "        print(path, type(exc).__name__)")
+    result = run(client, code)
+    assert result["status"] == "ok" and "/proc/1/environ b''" in result["stdout"], result["stdout"]
+    assert SECRET not in result["stdout"] and SECRET_ENV not in result["stdout"]
+    assert run(client, "env; cat /proc/1/environ", language="bash")["stdout"].count(SECRET) == 0
+
+
+def test_writes_outside_the_workspace_fail(client):
+    marker = f"gymfleet-escape-{os.getpid()}"
+    code = ("import sys\n"
+            "for path in ['/usr/x', '/etc/x', '/x', '/dev/x', '/proc/x', '/usr/bin/python3']:\n"
+            "    try:\n"
+            "        open(path, 'a').write('pwned'); print('WROTE', path)\n"
+            "    except OSError as exc:\n"
+            "        print('blocked', path, type(exc).__name__)\n"
+            f"open('/tmp/{marker}', 'w').write('inside')\n"
+            "open('/workspace/ok', 'w').write('ok'); print('workspace ok')")
+    result = run(client, code)
+    assert result["status"] == "ok" and "WROTE" not in result["stdout"] and "workspace ok" in result["stdout"]
+    assert not Path(f"/tmp/{marker}").exists()  # the sandbox's /tmp is its own
+
+
+@pytest.mark.parametrize("path", ["/workspace/big", "/dev/shm/big"])
+def test_filling_a_tmpfs_stops_at_its_size(client, path):
+    code = (f"f = open('{path}', 'wb')\n"
+            "try:\n    while True: f.write(b'x' * (1 << 20))\nexcept OSError as exc:\n    print(exc)")
+    result = run(client, code, timeout_s=20)
+    assert result["status"] in ("ok", "killed"), result  # ENOSPC, or the file-size limit's SIGXFSZ
+
+
+@pytest.mark.parametrize(("code", "language"), [
+    ("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", "python"),
+    ("import threading, time\nwhile True:\n    try: threading.Thread(target=time.sleep, args=(60,)).start()\n"
+     "    except RuntimeError: pass", "python"),
+    (":(){ :|:& };:\nsleep 30", "bash"),
+], ids=["fork-bomb", "thread-bomb", "bash-fork-bomb"])
+def test_fork_bombs_are_capped_and_cleaned_up(client, code, language):
+    peak = 0
+    stop = threading.Event()
+
+    def watch():
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, sum(p.info["num_threads"] or 1 for p in sandbox_processes()))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = run(client, code, language=language, timeout_s=2)
+    finally:
+        stop.set()
+        watcher.join()
+    assert result["status"] in ("timeout", "failed", "ok"), result
+    assert result["duration_s"] < 2 * 2 + 1  # the wall-clock limit is twice the CPU limit
+    assert peak <= 64 + 8, f"{peak} tasks at once: the process limit did not hold"
+
+
+def test_memory_bomb_in_many_processes(client):
+    code = ("import os\nfor _ in range(8):\n    if os.fork() == 0:\n        break\n"
+            "hog = []\nwhile True: hog.append(bytearray(1 << 24))")
+    result = run(client, code, timeout_s=5, memory_mb=128)
+    assert result["status"] == "oom", result
+
+
+def test_huge_output_is_truncated(client):
+    finite = run(client, "import sys\nfor _ in range(2000): sys.stdout.write('y' * 100_000)", max_output_bytes=4096)
+    assert (finite["status"], finite["truncated"], len(finite["stdout"])) == ("ok", True, 4096)
+    endless = run(client, "while True: print('z' * 1000)", timeout_s=1, max_output_bytes=4096)
+    assert (endless["status"], endless["truncated"]) == ("timeout", True)
+
+
+ATTACKS = {
+    "kill-parent": "import os, signal; os.kill(os.getppid(), signal.SIGKILL)",
+    "kill-all": "import os, signal; os.kill(-1, signal.SIGKILL)",
+    "stop-parent": "import os, signal, time; os.kill(os.getppid(), signal.SIGSTOP); time.sleep(60)",
+}
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_attacking_the_supervisor_is_the_programs_loss(client, name):
+    # In a batch the launcher is the program's parent: killing or freezing it fails the case, and nothing else.
+    results = client.post("/run_batch", json={"code": ATTACKS[name], "timeout_s": 1, "cases": [{}, {}]}).json()
+    result = results["results"][-1]
+    assert result["status"] in ("killed", "timeout") and "supervisor" in (result["message"] or ""), result
+    # A single run is the launcher itself, its parent the sandbox's init, which its own namespace cannot signal.
+    single = run(client, ATTACKS[name], timeout_s=1)
+    expected = {"kill-parent": "ok", "kill-all": "failed", "stop-parent": "timeout"}[name]  # kill(-1): ESRCH
+    assert single["status"] == expected, single
+
+
+def test_init_cannot_be_killed_from_inside(client):
+    result = run(client, "import os, signal\nos.kill(1, signal.SIGKILL)\nprint('init survives')")
+    assert result["status"] == "ok" and result["stdout"] == "init survives\n"
+
+
+def test_sleeping_past_the_deadline_with_children(client):
+    code = ("import os, subprocess, time\n"
+            "subprocess.Popen(['sleep', '600'])\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(600)\n"
+            "    os._exit(0)\n"
+            "time.sleep(600)")
+    started = time.monotonic()
+    result = run(client, code, timeout_s=1)
+    assert result["status"] == "timeout" and time.monotonic() - started < 10
+
+
+def test_other_processes_are_invisible_in_proc(client):
+    code = ("import os\n"
+            "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+            "print(len(pids))\n"
+            "print(any(b'pytest' in open(f'/proc/{p}/cmdline', 'rb').read() for p in pids))")
+    result = run(client, code)
+    count, seen = result["stdout"].split()
+    assert int(count) <= 4 and seen == "False", result
+
+
+def test_no_privileges_inside(client):
+    code = ("unshare -r true 2>/dev/null && echo UNSHARED || echo no-unshare\n"
+            "mount -t tmpfs x /workspace 2>/dev/null && echo MOUNTED || echo no-mount\n"
+            "id -u")
+    result = run(client, code, language="bash")
+    assert result["stdout"] == "no-unshare\nno-mount\n65534\n", result
+
+
+def test_forging_the_result_channel_gains_nothing(client):
+    code = ("import os\n"
+            "for fd in os.listdir(f'/proc/{os.getppid()}/fd'):\n"
+            "    try:\n"
+            "        os.write(os.open(f'/proc/{os.getppid()}/fd/{fd}', os.O_WRONLY), b'garbage\\n')\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "while True: pass")
+    result = run(client, code, timeout_s=1)
+    assert result["status"] in ("killed", "timeout"), result
+
+
+def test_a_flood_of_runs_is_served(sandbox_url):
+    async def flood():
+        async with httpx.AsyncClient(base_url=sandbox_url, timeout=120) as client:
+            import asyncio
+
+            answers = await asyncio.gather(*(client.post("/run", json={"code": "print(1)"}) for _ in range(64)))
+        return [answer.json()["status"] for answer in answers]
+
+    import asyncio
+
+    assert asyncio.run(flood()) == ["ok"] * 64

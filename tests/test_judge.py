@@ -1,0 +1,160 @@
+"""gymfleet.judge against a real scripted model server: calls by instance name, retries, failures, verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+import doctest
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+import gymfleet.judge
+from gymfleet import http
+from gymfleet.errors import JudgeError, ServerRefError
+from gymfleet.judge import JudgeClient, chat_text, load_prompt, render_prompt, response_text, verdict
+from gymfleet.testing import free_port, serve
+from responses_api_models.scripted_model.app import ScriptedModel
+
+SCRIPT = {
+    "name": "judge_model",
+    "rules": [
+        {"match": "FLAKY", "status": 503, "fail_times": 1, "text": "Recovered. [[A=B]]"},
+        {"match": "BROKEN", "status": 500},
+        {"match": "REJECTED", "status": 400},
+        {"match": "STALL", "delay_s": 3, "text": "late"},
+        {"match": "PAUSE", "delay_s": 0.3, "text": "[[A=B]]"},
+        {"match": "TOOL", "tool_calls": [{"name": "lookup", "arguments": {}}]},
+        {"match": "equivalent", "text": "Both are one half. [[A=B]]"},
+    ],
+    "default": {"text": "I am not sure."},
+}
+
+
+def _config(name: str, url: str) -> dict:
+    parts = urlsplit(url)
+    return {name: {"responses_api_models": {"scripted_model": {"host": parts.hostname, "port": parts.port}}}}
+
+
+@pytest.fixture(scope="module")
+def judge_url():
+    with serve(ScriptedModel(SCRIPT).create_app()) as url:
+        yield url
+
+
+@pytest.fixture
+async def judge(judge_url):
+    yield JudgeClient("judge_model", http.ServerClient(_config("judge_model", judge_url)), timeout_s=10,
+                      max_attempts=2, backoff_s=0.01)
+    await http.close()
+
+
+def test_docstring_examples():
+    assert doctest.testmod(gymfleet.judge).failed == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "choices", "occurrence", "expected"),
+    [
+        ("Same value. [[A=B]]", ("[[A=B]]", "[[A!=B]]"), "first", "[[A=B]]"),
+        ("They differ: [[A!=B]]", ("[[A=B]]", "[[A!=B]]"), "first", "[[A!=B]]"),
+        ("[[A!=B]] at first, then [[A=B]]", ("[[A=B]]", "[[A!=B]]"), "first", "[[A!=B]]"),
+        ("[[a=b]]", ("[[A=B]]", "[[A!=B]]"), "first", "[[A=B]]"),
+        ("I do not know... Yes.", ("yes", "no"), "first", "yes"),
+        ("Yes, at first. On reflection: no", ("yes", "no"), "last", "no"),
+        ("PASS\nFAIL", ("PASS", "FAIL"), "last", "FAIL"),
+        ("verdict:COMPLIED.", ("[[COMPLIED]]", "COMPLIED"), "first", "COMPLIED"),
+    ],
+    ids=["equal", "not-equal", "first-label-wins", "case-insensitive", "whole-words-only", "last-label",
+         "last-line", "longest-label-first"],
+)
+def test_verdict(text, choices, occurrence, expected):
+    assert verdict(text, choices, occurrence=occurrence) == expected
+
+
+@pytest.mark.parametrize("text", [None, "", "I cannot decide.", "knot", "[[A==B]]"],
+                         ids=["none", "empty", "no-label", "substring-only", "near-miss"])
+def test_unparseable_verdict_is_a_judge_error(text):
+    with pytest.raises(JudgeError, match="names none of"):
+        verdict(text, ("[[A=B]]", "[[A!=B]]", "no"))
+
+
+def test_verdict_rejects_bad_choices():
+    with pytest.raises(ValueError):
+        verdict("yes", ("yes", "YES"))
+    with pytest.raises(ValueError):
+        verdict("yes", ())
+
+
+def test_load_and_render_prompt(tmp_path):
+    (tmp_path / "judge.txt").write_text("Q: {question}\nIs {first} equal to \\frac{1}{2}? {unknown}\n")
+    template = load_prompt(tmp_path / "app.py", "judge.txt")
+    assert render_prompt(template, question="{first}", first="0.5") == \
+        "Q: {first}\nIs 0.5 equal to \\frac{1}{2}? {unknown}\n"
+    with pytest.raises(FileNotFoundError):
+        load_prompt(tmp_path / "app.py", "missing.txt")
+
+
+async def test_responses_call_by_instance_name(judge):
+    reply = await judge.responses({"input": [{"role": "user", "content": "Are these equivalent?"}]})
+    assert reply["object"] == "response"
+    assert verdict(response_text(reply), ("[[A=B]]", "[[A!=B]]")) == "[[A=B]]"
+
+
+async def test_chat_call_and_ask(judge):
+    completion = await judge.chat({"messages": [{"role": "user", "content": "equivalent?"}]})
+    assert chat_text(completion) == "Both are one half. [[A=B]]"
+    assert await judge.ask("equivalent?", api="chat") == "Both are one half. [[A=B]]"
+    assert await judge.ask([{"role": "user", "content": "equivalent?"}], max_output_tokens=64) == \
+        "Both are one half. [[A=B]]"
+
+
+async def test_transient_failures_are_retried(judge):
+    assert await judge.ask("FLAKY") == "Recovered. [[A=B]]"
+
+
+@pytest.mark.parametrize("prompt", ["BROKEN", "REJECTED"], ids=["5xx-after-retries", "4xx"])
+async def test_http_errors_are_judge_errors(judge, prompt):
+    with pytest.raises(JudgeError, match="HTTP (500|400)"):
+        await judge.ask(prompt)
+
+
+async def test_timeout_is_a_judge_error(judge_url):
+    client = JudgeClient("judge_model", http.ServerClient(_config("judge_model", judge_url)), timeout_s=0.3,
+                         max_attempts=1)
+    try:
+        with pytest.raises(JudgeError, match="within 0.3s"):
+            await client.ask("STALL")
+    finally:
+        await http.close()
+
+
+async def test_unreachable_judge_is_a_judge_error():
+    client = JudgeClient("judge_model", http.ServerClient(_config("judge_model", f"http://127.0.0.1:{free_port()}")),
+                         max_attempts=2, backoff_s=0.01)
+    try:
+        with pytest.raises(JudgeError, match="cannot reach"):
+            await client.ask("hello")
+    finally:
+        await http.close()
+
+
+async def test_reply_without_message_text_is_a_judge_error(judge):
+    with pytest.raises(JudgeError, match="without message text"):
+        await judge.ask("TOOL")
+
+
+async def test_unknown_judge_name_fails_early():
+    client = JudgeClient("judge_modle", http.ServerClient({"judge_model": {"responses_api_models": {}}}))
+    with pytest.raises(ServerRefError, match="judge_modle"):
+        client.url()
+
+
+async def test_concurrency_is_capped(judge_url):
+    client = JudgeClient("judge_model", http.ServerClient(_config("judge_model", judge_url)), max_concurrency=1)
+    try:
+        began = time.monotonic()
+        await asyncio.gather(*(client.ask("PAUSE") for _ in range(3)))
+        assert time.monotonic() - began >= 0.9
+    finally:
+        await http.close()

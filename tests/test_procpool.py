@@ -1,0 +1,270 @@
+"""gymfleet.procpool with real worker processes: deadlines, kill-and-replace, demotion, crashes, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from gymfleet.errors import SandboxError
+from gymfleet.procpool import ItemTimeout, PoolError, ProcessPool, RemoteError, WorkerCrashed
+
+# Targets run in the workers; the fork server imports this module to find them.
+
+
+def echo(value):
+    return value, os.getpid()
+
+
+def spin(seconds: float = 3600.0):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return "spun"
+
+
+def nap(seconds: float):
+    time.sleep(seconds)
+    return "rested"
+
+
+def fail(message: str):
+    raise ValueError(message)
+
+
+def die(marker: str | None = None):
+    """Kill this worker, or (with a marker file) only the first time it is called."""
+    if marker is not None:
+        path = Path(marker)
+        if path.exists():
+            return "survived"
+        path.touch()
+    os._exit(3)
+
+
+def allocate(megabytes: int):
+    return len(bytearray(megabytes * 2**20))
+
+
+def slow_initializer():
+    time.sleep(1.5)  # as a heavy preload would
+
+
+def broken_initializer():
+    raise RuntimeError("cannot warm up")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:  # gone (possibly between the open and the read)
+        return False
+
+
+async def _wait_dead(pid: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return not _alive(pid)
+
+
+@pytest.fixture
+def pool():
+    pool = ProcessPool(echo, size=2, slow_after_s=None)
+    yield pool
+    pool.close()
+
+
+async def test_runs_items_and_reuses_workers(pool):
+    (value, first_pid), (_, second_pid) = [await pool.run(x, timeout_s=10) for x in ("a", "b")]
+    assert value == "a" and first_pid == second_pid != os.getpid()
+    assert pool.stats["started"] == 1 and pool.stats["items"] == 2
+
+
+async def test_start_is_lazy_and_can_be_forced(pool):
+    assert pool.stats["started"] == 0
+    await pool.start()
+    assert pool.stats["started"] == 2
+
+
+async def test_timeout_kills_the_worker_and_the_pool_recovers():
+    pool = ProcessPool(spin, size=1, slow_after_s=None)
+    try:
+        await pool.start()
+        (pid,) = [worker.pid for worker in pool._workers]
+        began = time.monotonic()
+        with pytest.raises(ItemTimeout):
+            await pool.run(timeout_s=0.5)
+        assert time.monotonic() - began < 3
+        assert await _wait_dead(pid)
+        assert await pool.run(0.01, timeout_s=10) == "spun"
+        assert pool.stats["timeouts"] == 1 and pool.stats["started"] == 2
+    finally:
+        pool.close()
+
+
+async def test_the_budget_is_cpu_time_so_a_starved_item_is_not_failed():
+    pool = ProcessPool(spin, size=1, slow_after_s=None, wall_factor=20)
+    try:
+        await pool.start()
+        (pid,) = [worker.pid for worker in pool._workers]
+        item = asyncio.ensure_future(pool.run(0.3, timeout_s=1))
+        await asyncio.sleep(0.05)
+        os.kill(pid, signal.SIGSTOP)  # as if the machine were too busy to run it
+        await asyncio.sleep(1.5)
+        assert not item.done()
+        os.kill(pid, signal.SIGCONT)
+        assert await item == "spun"
+    finally:
+        pool.close()
+
+
+async def test_a_blocked_item_is_killed_at_the_wall_clock_backstop():
+    pool = ProcessPool(nap, size=1, wall_factor=3)
+    try:
+        await pool.start()
+        began = time.monotonic()
+        with pytest.raises(ItemTimeout):
+            await pool.run(60, timeout_s=0.2)
+        assert 0.55 < time.monotonic() - began < 3
+        assert await pool.run(0, timeout_s=5) == "rested"
+    finally:
+        pool.close()
+
+
+async def test_a_hung_item_does_not_fail_or_stall_others_and_the_loop_stays_free():
+    pool = ProcessPool(spin, size=2, slow_after_s=None, initializer=slow_initializer)
+    gaps = []
+
+    async def ticker():
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.ensure_future(ticker())
+    try:
+        hung = asyncio.ensure_future(pool.run(timeout_s=4))
+        quick = await asyncio.gather(*(pool.run(0.001, timeout_s=10) for _ in range(10)))
+        assert quick == ["spun"] * 10 and not hung.done()
+        with pytest.raises(ItemTimeout):
+            await hung
+    finally:
+        ticking.cancel()
+        pool.close()
+    assert max(gaps) < 0.75  # neither the fork server's slow start nor the waits block the event loop
+
+
+async def test_slow_items_are_demoted_so_a_one_worker_pool_keeps_serving():
+    pool = ProcessPool(spin, size=1, slow_after_s=0.2)
+    try:
+        await pool.start()
+        hung = asyncio.ensure_future(pool.run(timeout_s=10))
+        for _ in range(100):  # demotion needs 0.2 s of CPU, which a busy machine may take a while to give
+            await asyncio.sleep(0.05)
+            if pool.stats["demoted"]:
+                break
+        (demoted,) = [worker for worker in pool._workers if worker.demoted]
+        assert os.getpriority(os.PRIO_PROCESS, demoted.pid) == 19
+        assert await asyncio.gather(*(pool.run(0.001, timeout_s=10) for _ in range(5))) == ["spun"] * 5
+        assert not hung.done()
+        with pytest.raises(ItemTimeout):
+            await hung
+        assert await _wait_dead(demoted.pid)
+        assert pool.stats["demoted"] == 1
+    finally:
+        pool.close()
+
+
+async def test_caller_cancellation_kills_the_worker_and_frees_its_slot():
+    pool = ProcessPool(spin, size=1, slow_after_s=None)
+    try:
+        await pool.start()
+        (pid,) = [worker.pid for worker in pool._workers]
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(pool.run(timeout_s=60), 0.3)
+        assert await _wait_dead(pid)
+        assert await pool.run(0.001, timeout_s=10) == "spun"
+    finally:
+        pool.close()
+
+
+async def test_target_exceptions_are_remote_errors_and_the_worker_survives():
+    pool = ProcessPool(fail, size=1)
+    try:
+        with pytest.raises(RemoteError, match="ValueError: bad input"):
+            await pool.run("bad input", timeout_s=10)
+        with pytest.raises(RemoteError):
+            await pool.run("again", timeout_s=10)
+        assert pool.stats["started"] == 1
+    finally:
+        pool.close()
+
+
+async def test_a_worker_death_is_retried_once(tmp_path):
+    pool = ProcessPool(die, size=1)
+    try:
+        assert await pool.run(str(tmp_path / "marker"), timeout_s=10) == "survived"
+        with pytest.raises(WorkerCrashed):
+            await pool.run(timeout_s=10)
+        assert pool.stats["crashes"] == 3
+    finally:
+        pool.close()
+
+
+async def test_memory_limit_turns_a_huge_allocation_into_an_error():
+    pool = ProcessPool(allocate, size=1, memory_mb=1024)
+    try:
+        with pytest.raises(RemoteError, match="MemoryError"):
+            await pool.run(4096, timeout_s=30)
+        assert await pool.run(1, timeout_s=10) == 2**20
+    finally:
+        pool.close()
+
+
+async def test_a_worker_that_cannot_start_is_a_pool_error():
+    pool = ProcessPool(echo, size=1, initializer=broken_initializer, start_timeout_s=20)
+    try:
+        with pytest.raises(PoolError, match="cannot start a worker") as info:
+            await pool.run("x", timeout_s=10)
+        assert isinstance(info.value, SandboxError)
+    finally:
+        pool.close()
+
+
+async def test_close_kills_everything_and_refuses_new_items():
+    pool = ProcessPool(spin, size=2, slow_after_s=None)
+    await pool.start()
+    pids = [worker.pid for worker in pool._workers]
+    zygote = pool._zygote.process
+    running = asyncio.ensure_future(pool.run(timeout_s=60))
+    await asyncio.sleep(0.2)
+    pool.close()
+    with pytest.raises(PoolError):
+        await running
+    with pytest.raises(PoolError):
+        await pool.run(0.001, timeout_s=10)
+    assert zygote.poll() is not None
+    for pid in pids:
+        assert await _wait_dead(pid)
+
+
+async def test_many_kills_leak_no_file_descriptors():
+    pool = ProcessPool(spin, size=2, slow_after_s=None)
+    try:
+        await pool.start()
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(5):
+            with pytest.raises(ItemTimeout):
+                await pool.run(timeout_s=0.05)
+        await pool.start()
+        assert len(os.listdir("/proc/self/fd")) <= before
+    finally:
+        pool.close()
