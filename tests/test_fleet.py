@@ -128,12 +128,14 @@ def test_num_workers_serves_one_port_from_several_processes():
             assert httpx.post(url + "/verify", json={**ROW, "response": {"output": []}}).status_code == 200
 
 
-def test_ng_run_cli_starts_and_stops_on_sigterm(tmp_path):
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint-while-ignored"])
+def test_ng_run_cli_starts_and_stops_on_a_signal(tmp_path, stop_signal):
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{QUICKSTART}]", f"+head_server.port={port}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    # Started with SIGINT ignored (`trap '' INT` survives exec), as a shell without job control starts `ng_run &`.
+    command = (f"trap '' INT; exec {sys.executable} -m gymfleet.cli.run '+config_paths=[{QUICKSTART}]' "
+               f"+head_server.port={port}")
+    process = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
     lines = []
     for line in process.stdout:
         lines.append(line)
@@ -141,10 +143,12 @@ def test_ng_run_cli_starts_and_stops_on_sigterm(tmp_path):
             break
     assert "All 4 / 4 servers ready" in "".join(lines), "".join(lines)
     children = psutil.Process(process.pid).children(recursive=True)
-    process.send_signal(signal.SIGTERM)
-    process.stdout.read()
-    process.stdout.close()
-    assert process.wait(15) == 0
+    process.send_signal(stop_signal)
+    try:
+        process.communicate(timeout=15)
+    finally:
+        process.kill()
+    assert process.returncode == 0
     time.sleep(0.3)
     assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 

@@ -24,7 +24,10 @@ def _run(argv: list[str]) -> int:
     def stop(signum, frame):
         raise KeyboardInterrupt
 
+    # SIGINT explicitly too: a shell without job control starts background commands with SIGINT ignored, and a
+    # supervisor's `kill -INT` (NeMo-Gym's own shutdown signal) must still stop the fleet.
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         fleet.start()
         fleet.run_forever()
