@@ -8,18 +8,27 @@ check and `shutdown()` at the end (`spec/protocol.md` §6.2). Config semantics i
   that does not exist is fine;
 - `head_server: {host: "0.0.0.0", port: P}` binds the head server on every interface (clients reach it through
   the node address or 127.0.0.1); `default_host` and `port_range_low/high` place the servers;
-- `ray_head_node_address` attaches this process to that Ray cluster when the `ray` package is importable (never
-  starting one); without Ray it is logged and ignored, as no gymfleet server needs Ray yet;
+- `ray_head_node_address` (NeMo-RL passes its own cluster's GCS address) attaches this process to that Ray
+  cluster when the `ray` package is importable: `ray.init(address=..., ignore_reinit_error=True)`, a no-op inside
+  NeMo-RL's Gym actor, which is already connected. A cluster is never started, with or without the key (NeMo-Gym
+  starts a local one when the key is unset; gymfleet servers do not use Ray, so nothing needs one), and the
+  server processes do not connect to Ray. An address Ray cannot attach to is a `ConfigError` naming the key;
+  without the `ray` package the key is logged and ignored;
 - `global_aiohttp_connector_limit[_per_host]` set every fleet process's HTTP pool limits (see
   `gymfleet.config.client_limits`); `uv_venv_dir`, `uv_cache_dir`, `skip_venv_if_present` are accepted and unused
   (one Python environment serves the whole fleet), and unknown top-level scalars (`num_gpu_nodes`) are ignored;
 - `dry_run: true` validates the config and builds every server in this process, then returns without starting
   anything.
+
+`get_global_config_dict()` (NeMo-Gym's `nemo_gym.global_config.get_global_config_dict`, which newer NeMo-RL calls
+after `start()` to list the entries it spawned) returns the resolved config of the last `start()` in this process.
 """
 
 from __future__ import annotations
 
 import logging
+
+from omegaconf import DictConfig
 
 from gymfleet.config import (
     BaseServerConfig,
@@ -30,9 +39,12 @@ from gymfleet.config import (
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import Fleet
 
-__all__ = ["RunHelper"]
+__all__ = ["RunHelper", "get_global_config_dict"]
 
 log = logging.getLogger(__name__)
+
+_started: GlobalConfig | None = None
+"""The config of the last `RunHelper.start()` in this process (what `get_global_config_dict` returns)."""
 
 
 class RunHelper:
@@ -49,12 +61,14 @@ class RunHelper:
         server) answers, or right after validation with `dry_run: true`.
 
         Raises:
-            ConfigError: a bad config (named by its YAML path), or model endpoints that never answered.
+            ConfigError: a bad config (named by its YAML path), model endpoints that never answered, or a
+                `ray_head_node_address` Ray cannot attach to.
             ServerCrashedError: a server died or did not come up; everything started is stopped again.
             RuntimeError: `start()` called twice.
         """
         if self._fleet is not None:
             raise RuntimeError("RunHelper.start() was already called; call shutdown() first")
+        global _started
         config = parse_global_config(global_config_dict_parser_config)
         _attach_ray(config.data.get("ray_head_node_address"))
         fleet = Fleet(config)
@@ -63,10 +77,11 @@ class RunHelper:
                 raise ConfigError("no server instances in the config: pass config_paths with at least one server")
             fleet.validate()
             log.info("dry run: %d server instances validated; nothing started", len(config.instances))
-            self.config = config
+            self.config = _started = config
             return
         fleet.start()
         self.config, self._fleet = config, fleet
+        _started = config
 
     @property
     def head_server_config(self) -> BaseServerConfig:
@@ -89,7 +104,17 @@ class RunHelper:
             fleet.shutdown()
 
 
+def get_global_config_dict(
+    global_config_dict_parser_config: GlobalConfigDictParserConfig | None = None,
+) -> DictConfig:
+    """The resolved global config (hosts and ports filled in) of the last `RunHelper.start()` in this process;
+    before any, the config `global_config_dict_parser_config` describes (default: CLI overrides and env.yaml)."""
+    config = _started or parse_global_config(global_config_dict_parser_config, assign_ports=False)
+    return DictConfig(config.data)
+
+
 def _attach_ray(address: str | None) -> None:
+    """Connect this process to the Ray cluster at `address` (never start one); see the module docstring."""
     if not address:
         return
     try:
@@ -98,4 +123,12 @@ def _attach_ray(address: str | None) -> None:
         log.warning("ray_head_node_address=%s is set but Ray is not installed; going on without Ray "
                     "(no gymfleet server needs it yet)", address)
         return
-    ray.init(address=address, ignore_reinit_error=True)
+    try:
+        ray.init(address=str(address), ignore_reinit_error=True)
+    except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError, ... for a bad address
+        raise ConfigError(
+            f"cannot attach to the Ray cluster at ray_head_node_address={address!r}: {type(exc).__name__}: {exc}",
+            path="ray_head_node_address",
+            hint="Give the GCS address of a running cluster (host:port), or leave the key out.",
+        ) from exc
+    log.info("attached to the Ray cluster at %s", address)

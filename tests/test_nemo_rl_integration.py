@@ -8,12 +8,15 @@ on every result.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
 import logging
 import re
+import sys
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from gymfleet.errors import ConfigError, TransportError
 from gymfleet.http import ClientLimits
 from gymfleet.testing import free_port, serve
 from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper
+from nemo_gym.global_config import get_global_config_dict
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_utils import HEAD_SERVER_KEY_NAME, BaseServerConfig
 from resources_servers.example_weather.app import FORECASTS
@@ -37,15 +41,17 @@ AGENT = "example_weather_simple_agent"
 CONFIG_PATHS = ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
                 "resources_servers/example_weather/configs/example_weather.yaml"]
 GENERATIONS, TEMPERATURE, TOP_P, MAX_NEW_TOKENS = 6, 0.7, 0.95, 512
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
 
-def scripted_app(tag: str):
-    """A scripted upstream: look the weather up, then report the condition; every text is tagged `[tag]`."""
+def scripted_app(tag: str, faults: list[dict] | None = None):
+    """A scripted upstream: look the weather up, then report the condition; every text is tagged `[tag]`.
+    `faults` are rules checked first."""
     answers = [{"match": rf'"condition":\s*"{condition}"', "on": "last_message",
                 "text": f"The forecast says {condition}. [{tag}]"} for condition in {c for c, _ in FORECASTS.values()}]
     calls = [{"match": rf"(?i)\b{city}\b", "on": "transcript", "text": f"Let me look that up. [{tag}]",
               "tool_calls": [{"name": "get_weather", "arguments": {"city": city.title()}}]} for city in FORECASTS]
-    model = ScriptedModel({"name": f"upstream_{tag}", "rules": answers + calls})
+    model = ScriptedModel({"name": f"upstream_{tag}", "rules": [*(faults or []), *answers, *calls]})
     return Recorder(model.create_app())
 
 
@@ -69,6 +75,11 @@ class Recorder:
             return message
 
         await self.app(scope, recording_receive, send)
+
+    def chats(self, containing: str = "") -> list[dict]:
+        """Bodies of the `/v1/chat/completions` requests received (those whose text holds `containing`)."""
+        return [json.loads(body) for path, body in self.requests
+                if path == "/v1/chat/completions" and containing in body.decode()]
 
 
 def nemo_rl_config(urls: list[str], tmp: Path, **extra) -> GlobalConfigDictParserConfig:
@@ -101,17 +112,24 @@ def prepare_rows() -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
+def running_fleet(urls: list[str], tmp: Path, **extra):
+    """NeMo-RL's start-up over upstreams at `urls`; shut down on exit."""
+    rh = RunHelper()
+    rh.start(global_config_dict_parser_config=nemo_rl_config(urls, tmp, **extra))
+    try:
+        yield rh
+    finally:
+        rh.shutdown()
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     upstreams = {"A": scripted_app("A"), "B": scripted_app("B")}
     with serve(upstreams["A"]) as url_a, serve(upstreams["B"]) as url_b:
         before = {p.pid for p in psutil.Process().children(recursive=True)}
-        rh = RunHelper()
-        rh.start(global_config_dict_parser_config=nemo_rl_config([url_a, url_b], tmp_path_factory.mktemp("rl")))
-        try:
+        with running_fleet([url_a, url_b], tmp_path_factory.mktemp("rl")) as rh:
             yield rh, upstreams, before
-        finally:
-            rh.shutdown()
 
 
 def head_of(rh: RunHelper) -> BaseServerConfig:
@@ -151,12 +169,25 @@ async def test_nemo_rl_rollouts_complete_with_training_data(fleet):
         assert result["_ng_task_index"] == row["_ng_task_index"], "row fields echoed"
     assert sorted(done) == list(range(len(rows)))
     assert served["A"] > 0 and served["B"] > 0, f"both upstream ranks used: {served}"
+    first_turns = {_token_key(trainable_items(result)[0]) for result in done.values()}
     for tag, app in upstreams.items():
-        chats = [json.loads(body) for path, body in app.requests if path == "/v1/chat/completions"]
+        chats = app.chats()
         assert len(chats) == 2 * served[tag], "each rollout's two model calls went to its one upstream"
         assert all((c["temperature"], c["top_p"], c["logprobs"]) == (TEMPERATURE, TOP_P, True) for c in chats)
         assert all(c["max_tokens"] == MAX_NEW_TOKENS for c in chats)
+        # What RL's vLLM splices the next prompt from: the previous turn's token fields on its assistant message.
+        history = [m for c in chats for m in c["messages"] if m["role"] == "assistant"]
+        assert len(history) == served[tag], "one assistant message in each rollout's second call"
+        assert all(_token_key(message) in first_turns for message in history), "token fields forwarded upstream"
     rh.poll()
+
+
+def trainable_items(result: dict) -> list[dict]:
+    return [item for item in result["response"]["output"] if item.get("generation_token_ids")]
+
+
+def _token_key(item: dict) -> tuple:
+    return tuple(tuple(item[name]) for name in TOKEN_FIELDS)
 
 
 def test_servers_are_placed_by_default_host_and_port_range(fleet):
@@ -196,6 +227,91 @@ def test_poll_reports_a_dead_server_and_shutdown_leaves_no_processes(fleet):
     assert not [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+# ---------------------------------------------------------------------------------------------- upstream faults
+
+FAULT_RULES = [
+    {"match": "(?i)burst", "status": 429, "retry_after_s": 3600},  # a 429 burst that outlasts the retry bound
+    {"match": "(?i)crash", "turn": 1, "status": 500},  # the second model call of the rollout, after a tool call
+    {"match": "(?i)hang", "delay_s": 60, "text": "Too late."},
+]
+ATTEMPTS = 3
+FAULT_TOLERANT = {"policy_model": {"responses_api_models": {"vllm_model": {
+    "timeout_s": 5, "upstream_max_attempts": ATTEMPTS, "upstream_backoff_s": 0.01, "upstream_max_backoff_s": 0.05}}}}
+"""Nested per-instance overrides, as NeMo-RL recipes write them: a short deadline and a small retry bound."""
+
+
+def fault_rows(marker: str, count: int = 4) -> list[dict]:
+    """One group of `count` repeated rows whose user message carries `marker` (and asks about Paris)."""
+    rows = [row for row in prepare_rows() if row["expected_city"] == "Paris"][:count]
+    for index, row in enumerate(rows):
+        row["responses_create_params"]["input"][-1]["content"] = f"{marker}: what's the weather in Paris today?"
+        row["_rowidx"] = index
+    return rows
+
+
+async def collect_failures(rows: list[dict], head: BaseServerConfig) -> list[TransportError]:
+    """Run `rows` as NeMo-RL does; every one must fail with a `TransportError`."""
+    failures = []
+    for future in RolloutCollectionHelper().run_examples(examples=rows, head_server_config=head):
+        with pytest.raises(TransportError) as info:
+            await future
+        failures.append(info.value)
+    return failures
+
+
+def error_of(failure: TransportError) -> dict:
+    assert failure.status == 502 and isinstance(failure.status, int)
+    return json.loads(failure.response_content)
+
+
+@pytest.fixture(scope="module")
+def faulty_fleet(tmp_path_factory):
+    upstream = scripted_app("F", faults=FAULT_RULES)
+    with serve(upstream) as url, running_fleet([url], tmp_path_factory.mktemp("faults"), **FAULT_TOLERANT) as rh:
+        yield rh, upstream
+
+
+@pytest.mark.parametrize(
+    ("marker", "error_type", "status_named", "calls_per_rollout"),
+    [("burst", "upstream_error", "answered 429", ATTEMPTS),
+     ("crash", "upstream_error", "answered 500", 1 + ATTEMPTS),
+     ("hang", "timeout", "within 5s", 1)],
+    ids=["429_burst", "500", "hung"],
+)
+async def test_upstream_faults_end_in_typed_failures(faulty_fleet, marker, error_type, status_named,
+                                                     calls_per_rollout):
+    rh, upstream = faulty_fleet
+    rows = fault_rows(marker)
+    failures = await collect_failures(rows, head_of(rh))
+    assert len(failures) == len(rows)
+    for failure in failures:
+        error = error_of(failure)
+        assert error["error_type"] == error_type, error
+        assert status_named in error["detail"], error["detail"]
+    # Bounded: the model server's retries only (a hung call is not sent again); the agent adds none on top.
+    assert len(upstream.chats(marker)) == calls_per_rollout * len(rows)
+    # The fleet is unharmed: a rollout without a fault still completes.
+    [(_, result)] = [await future for future in RolloutCollectionHelper().run_examples(
+        examples=prepare_rows()[:1], head_server_config=head_of(rh))]
+    assert result["reward"] == 1.0
+    rh.poll()
+
+
+async def test_dead_upstream_ends_in_typed_failures(tmp_path):
+    with contextlib.ExitStack() as fleet_running:
+        with serve(scripted_app("D")) as url:
+            rh = fleet_running.enter_context(running_fleet([url], tmp_path, **FAULT_TOLERANT))
+        # The upstream has stopped (a vLLM rank died mid-training); the fleet runs on.
+        rows = fault_rows("dead")
+        failures = await collect_failures(rows, head_of(rh))
+        assert len(failures) == len(rows)
+        for failure in failures:
+            error = error_of(failure)
+            assert error["error_type"] == "connection_error", error
+            assert "cannot reach" in error["detail"] and url in error["detail"], error["detail"]
+        rh.poll()
+
+
 # ---------------------------------------------------------------------------------------------- config semantics
 
 
@@ -214,6 +330,19 @@ def test_dry_run_validates_everything_and_starts_nothing(tmp_path):
     rh.shutdown()
 
 
+def test_get_global_config_dict_is_the_started_config(tmp_path):
+    rh = RunHelper()
+    rh.start(nemo_rl_config(["http://10.0.0.1:1", "http://10.0.0.2:1"], tmp_path, dry_run=True))
+    resolved = get_global_config_dict()
+    assert isinstance(resolved, DictConfig)
+    assert resolved.policy_model.responses_api_models.vllm_model.base_url == ["http://10.0.0.1:1/v1",
+                                                                              "http://10.0.0.2:1/v1"]
+    kinds = ("responses_api_agents", "responses_api_models", "resources_servers")
+    spawned = {name for name, entry in resolved.items()
+               if isinstance(entry, DictConfig) and any(kind in entry for kind in kinds)}
+    assert spawned == set(rh.config.instances) == {"policy_model", "example_weather", AGENT}
+
+
 def test_dry_run_still_fails_on_a_bad_server_config(tmp_path):
     typo = {"example_weather": {"resources_servers": {"example_weather": {"domian": "agent"}}}}
     with pytest.raises(ConfigError, match=r"example_weather\.resources_servers\.example_weather\.domian"):
@@ -226,6 +355,39 @@ def test_ray_address_without_ray_is_logged_and_ignored(tmp_path, caplog):
         RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True,
                                          ray_head_node_address="10.0.0.1:6379"))
     assert "Ray is not installed" in caplog.text
+
+
+class RayStandIn(types.ModuleType):
+    """Stands in for the `ray` package (not installed here): records what RunHelper asks of it."""
+
+    def __init__(self, fail: Exception | None = None):
+        super().__init__("ray")
+        self.calls: list[tuple[tuple, dict]] = []
+        self.fail = fail
+
+    def init(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if self.fail is not None:
+            raise self.fail
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1:6379", None], ids=["attach", "no_address"])
+def test_ray_head_node_address_attaches_and_never_starts_a_cluster(tmp_path, monkeypatch, address):
+    ray = RayStandIn()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True, ray_head_node_address=address))
+    if address is None:
+        assert ray.calls == [], "no address: Ray is left alone (never a cluster of our own)"
+    else:
+        assert ray.calls == [((), {"address": address, "ignore_reinit_error": True})], "attach, tolerate a live one"
+
+
+def test_ray_address_that_cannot_be_attached_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", RayStandIn(fail=ConnectionError("could not find any running Ray")))
+    with pytest.raises(ConfigError, match=r"ray_head_node_address='10\.0\.0\.1:6379'.*could not find") as info:
+        RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True,
+                                         ray_head_node_address="10.0.0.1:6379"))
+    assert info.value.path == "ray_head_node_address"
 
 
 def test_aiohttp_limits_come_from_the_config_split_between_workers():

@@ -10,6 +10,10 @@ not a JSON object, and tools the row did not offer, become an error message for 
 
 The returned `response` holds every item of the episode (model outputs and tool outputs) and `usage` summed over
 model calls.
+
+A model call that fails ends the rollout: `/run` answers 502 whose `error_type` is the model server's own
+(`upstream_error`, `timeout`, `connection_error`, ...). Model calls are retried only when the model server cannot
+be reached; its 502s already come after its own bounded upstream retries, so they are not retried again here.
 """
 
 from __future__ import annotations
@@ -19,11 +23,16 @@ from typing import Any
 
 from gymfleet.agent import AgentServer, AgentServerConfig, RunRequest
 from gymfleet.convert import tool_call_arguments
-from gymfleet.http import RetryPolicy
+from gymfleet.errors import TransportError
+from gymfleet.http import HttpResponse, RetryPolicy
 from gymfleet.server import ServerRef
 
 TOOL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
 """Tool calls are retried on connection failures only: a tool's error answer is the model's to read."""
+MODEL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
+"""Model calls are retried on connection failures only. A model server already retries its upstream's 429s and
+5xx within its own bound (`vllm_model`'s `upstream_max_attempts`) and answers 502 when that is spent; retrying the
+502 here would multiply the bound (and a hung upstream's deadline) by this policy's attempts."""
 
 
 class SimpleAgentConfig(AgentServerConfig):
@@ -77,9 +86,9 @@ class SimpleAgent(AgentServer):
             step += 1
             answer = await self.client.post(
                 self.config.model_server, "/v1/responses", json={**params, "input": original + produced},
-                cookies=cookies, timeout_s=self.config.model_timeout_s,
+                cookies=cookies, timeout_s=self.config.model_timeout_s, retry=MODEL_RETRY,
             )
-            answer.raise_for_status()
+            _raise_for_model(answer)
             cookies = {**cookies, **answer.cookies}
             response = answer.json()
             outputs = response.get("output") or []
@@ -110,3 +119,23 @@ class SimpleAgent(AgentServer):
             timeout_s=self.config.tool_timeout_s, retry=TOOL_RETRY,
         )
         return result.text, {**cookies, **result.cookies}
+
+
+def _raise_for_model(answer: HttpResponse) -> None:
+    """Raise for a non-2xx model answer, keeping the model server's `error_type` (`upstream_error`, `timeout`,
+    `connection_error`, ...) as the failure class, so `/run`'s 502 says what failed upstream."""
+    if answer.ok:
+        return
+    try:
+        inner = answer.json()
+    except ValueError:
+        inner = None
+    inner_type = inner.get("error_type") if isinstance(inner, dict) else None
+    raise TransportError(
+        f"HTTP {answer.status} from {answer.url}: {answer.text[:500]}",
+        status=answer.status,
+        url=answer.url,
+        response_content=answer.body,
+        failure_class=inner_type if isinstance(inner_type, str) and inner_type else
+        "http_5xx" if answer.status >= 500 else "http_4xx",
+    )

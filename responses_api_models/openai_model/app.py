@@ -2,8 +2,10 @@
 
 ## What it does
 Serves a policy or judge model from a hosted API (OpenAI, an NVIDIA-hosted endpoint, a remote vLLM or SGLang)
-without `vllm_model`'s training extras (no token ids, no sticky data-parallel routing). The model name is replaced
-by the configured `model` on every upstream call (the request's own is kept when `model` is empty).
+without `vllm_model`'s training extras (no token ids, no sticky data-parallel routing): training token fields on
+`input` items (a transcript from a training rollout) are dropped before sending, as hosted APIs reject unknown item
+fields. The model name is replaced by the configured `model` on every upstream call (the request's own is kept
+when `model` is empty).
 
 - `is_responses_native: true` (default): `POST /v1/responses` posts the request to `{base_url}/responses` as sent,
   `extra_body` merged under it, and returns the upstream's Responses object once it validates as
@@ -34,6 +36,7 @@ usually set in env.yaml, e.g. `policy_api_key: ${oc.env:OPENAI_API_KEY}`.
 
 ## Version history
 - v1: initial: Responses-native and Chat-converted modes, chat pass-through, bounded retries, secret API key.
+- v2: training token fields on input items are not sent upstream.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from gymfleet import http
 from gymfleet.convert import chat_to_response, responses_to_chat
 from gymfleet.errors import BadRequestError, UpstreamError
 from gymfleet.model import ModelServer, ModelServerConfig
-from gymfleet.wire import Response, ResponseCreateParams
+from gymfleet.wire import TOKEN_FIELDS, Response, ResponseCreateParams
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +125,10 @@ class OpenAIModel(ModelServer):
         )
 
     async def responses(self, params: ResponseCreateParams, raw: dict[str, Any]) -> dict[str, Any]:
-        if self.config.drop_input_reasoning_items and isinstance(raw.get("input"), list):
-            raw = {**raw, "input": [item for item in raw["input"] if item.get("type") != "reasoning"]}
+        if isinstance(raw.get("input"), list):
+            drop_reasoning = self.config.drop_input_reasoning_items
+            raw = {**raw, "input": [_without_token_fields(item) for item in raw["input"]
+                                    if not (drop_reasoning and item.get("type") == "reasoning")]}
         if self.config.is_responses_native:
             body = self._with_model({**(self.config.extra_body or {}), **raw})
             answer = await self._post("/responses", body)
@@ -177,6 +182,14 @@ class OpenAIModel(ModelServer):
     def _redact(self, text: str) -> str:
         key = self.config.api_key.get_secret_value()
         return text.replace(key, "****") if key else text
+
+
+def _without_token_fields(item: dict[str, Any]) -> dict[str, Any]:
+    """`item` without training token fields: OpenAI-compatible APIs reject unknown item fields, and only
+    `vllm_model`'s upstream (a trainer's vLLM) reads them."""
+    if any(name in item for name in TOKEN_FIELDS):
+        return {key: value for key, value in item.items() if key not in TOKEN_FIELDS}
+    return item
 
 
 def _error_message(answer: http.HttpResponse) -> str:

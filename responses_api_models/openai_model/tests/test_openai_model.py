@@ -27,6 +27,7 @@ SCRIPT = {
         {"match": "weather in Paris", "text": "Let me check.",
          "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
         {"match": "2\\+2", "reasoning": "Two and two.", "text": "\\boxed{4}"},
+        {"match": "(?i)take your time", "delay_s": 30, "text": "Too late."},
     ],
     "default": {"text": "Hello."},
 }
@@ -198,6 +199,17 @@ def test_drop_input_reasoning_items(upstream, native, drop):
         assert assistant["content"] == ("" if drop else "<think>Two and two.</think>") + "\\boxed{4}"
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["responses-native", "responses-via-chat"])
+def test_training_token_fields_are_not_sent_upstream(upstream, native):
+    tokens = {"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-0.5]}
+    history = [*HISTORY[:2], {**HISTORY[2], **tokens}, HISTORY[3]]
+    with policy(upstream.url + "/v1", is_responses_native=native) as client:
+        answer = client.post("/v1/responses", json={"input": history})
+    assert answer.status_code == 200, answer.text
+    sent = json.dumps(upstream.last["body"])
+    assert "\\boxed{4}" in sent and not any(name in sent for name in tokens)
+
+
 # ---------------------------------------------------------------------------------------------- failures
 
 
@@ -250,6 +262,14 @@ def test_retryable_status_is_retried_then_502(upstream, status):
     assert answer.json()["upstream_status"] == status
     assert "overloaded" in answer.json()["detail"]
     assert len(upstream.requests) == 2
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["responses-native", "responses-via-chat"])
+def test_hung_upstream_is_a_typed_timeout_not_retried(upstream, native):
+    with policy(upstream.url + "/v1", is_responses_native=native, timeout_s=0.5) as client:
+        answer = client.post("/v1/responses", json={"input": "Take your time."})
+    assert answer.status_code == 502 and answer.json()["error_type"] == "timeout"
+    assert len(upstream.requests) == 1, "a generation that may still be running is not sent again"
 
 
 def test_retry_recovers_from_one_5xx(upstream):
@@ -311,6 +331,20 @@ def test_yaml_config_builds_the_server(tmp_path, monkeypatch):
     assert (server.base_url, server.config.model, server.config.is_responses_native) == (
         "https://api.example.com/v1", "m", True)
     assert server.config.api_key.get_secret_value() == KEY
+
+
+def test_api_key_from_env_yaml_and_an_environment_variable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GYMFLEET_TEST_OPENAI_KEY", KEY)
+    env_yaml = tmp_path / "env.yaml"
+    env_yaml.write_text("policy_base_url: https://api.example.com/v1\n"
+                        "policy_api_key: ${oc.env:GYMFLEET_TEST_OPENAI_KEY}\npolicy_model_name: m\n")
+    parser = GlobalConfigDictParserConfig(
+        dotenv_path=env_yaml, cli_args=["+config_paths=[responses_api_models/openai_model/configs/openai_model.yaml]"])
+    config = parse_global_config(parser, root=REPO)
+    server = build_server(config.instance("policy_model"), config)
+    assert server.config.api_key.get_secret_value() == KEY
+    assert KEY not in config.to_yaml(hide_secrets=True)
 
 
 def test_typo_in_config_names_the_field():

@@ -33,6 +33,7 @@ RULES = [
     {"match": "(?i)burst", "status": 429, "fail_times": 2, "retry_after_s": 0, "text": "Finally."},
     {"match": "(?i)flaky (\\d+)", "status": 503, "fail_times": 2, "text": "Recovered."},
     {"match": "(?i)broken", "status": 500},
+    {"match": "(?i)storm", "status": 429, "retry_after_s": 3600},
     {"match": "(?i)missing model", "status": 404, "error_message": "The model `x` does not exist."},
     {"match": "(?i)hang", "delay_s": 30, "text": "Too late."},
     {"match": "(?i)ponder", "reasoning": "Hmm.", "text": "Done pondering."},
@@ -478,6 +479,29 @@ def test_persistent_500_is_bounded_then_a_typed_502():
     assert answer.status_code == 502
     assert (answer.json()["error_type"], answer.json()["upstream_status"]) == ("upstream_error", 500)
     assert len(stack.tap.bodies("/v1/chat/completions")) == 3
+
+
+def test_429_burst_outlasting_the_retries_is_a_typed_502():
+    # Retry-After asks for an hour; upstream_max_backoff_s caps each wait, upstream_max_attempts the count.
+    with _stack(upstream_max_attempts=4, upstream_max_backoff_s=0.05) as stack:
+        answer = _respond(stack.url, "storm")
+    assert answer.status_code == 502
+    assert (answer.json()["error_type"], answer.json()["upstream_status"]) == ("upstream_error", 429)
+    assert len(stack.tap.bodies("/v1/chat/completions")) == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "vllm", "error_type", "calls"),
+    [("broken", {"upstream_max_attempts": 2}, "upstream_error", 2),
+     ("storm", {"upstream_max_attempts": 2, "upstream_max_backoff_s": 0.05}, "upstream_error", 2),
+     ("hang", {"timeout_s": 0.5}, "timeout", 1)],
+    ids=["500", "429_burst", "hung"],
+)
+def test_agent_run_fails_typed_without_retrying_the_model_servers_502(text, vllm, error_type, calls):
+    with _stack(agent=True, **vllm) as stack:
+        answer = httpx.post(f"{stack.agent_url}/run", json=_row(text), timeout=60)
+    assert answer.status_code == 502 and answer.json()["error_type"] == error_type, answer.text
+    assert len(stack.tap.bodies("/v1/chat/completions")) == calls, "the model server's bound, not multiplied"
 
 
 def test_other_upstream_4xx_is_passed_on_not_retried():
