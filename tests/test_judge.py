@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import doctest
-import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -150,11 +149,22 @@ async def test_unknown_judge_name_fails_early():
         client.url()
 
 
-async def test_concurrency_is_capped(judge_url):
-    client = JudgeClient("judge_model", http.ServerClient(_config("judge_model", judge_url)), max_concurrency=1)
-    try:
-        began = time.monotonic()
-        await asyncio.gather(*(client.ask("PAUSE") for _ in range(3)))
-        assert time.monotonic() - began >= 0.9
-    finally:
-        await http.close()
+@pytest.mark.parametrize("cap", [1, 3])
+async def test_concurrency_is_capped(cap):
+    model = ScriptedModel(SCRIPT)
+    with serve(model.create_app()) as url:
+        client = JudgeClient("judge_model", http.ServerClient(_config("judge_model", url)), max_concurrency=cap)
+        in_flight = []  # sampled from the judge server itself (it runs in this process), not timed
+
+        async def sample():
+            while True:
+                in_flight.append(model.metrics.registry.get_sample_value("gymfleet_requests_in_flight"))
+                await asyncio.sleep(0.005)
+
+        sampling = asyncio.ensure_future(sample())
+        try:
+            await asyncio.gather(*(client.ask("PAUSE") for _ in range(3)))
+        finally:
+            sampling.cancel()
+            await http.close()
+    assert max(in_flight) == cap  # each call is held 0.3 s by the judge: uncapped, all three overlap

@@ -54,6 +54,29 @@ def slow_initializer():
     time.sleep(1.5)  # as a heavy preload would
 
 
+def initializer_waiting_for_a_file():
+    """Start like a heavy preload that lasts until the test's event loop has run (it creates the file)."""
+    global _SAW_FILE_WHILE_STARTING
+    _SAW_FILE_WHILE_STARTING = wait_for_file(os.environ["PROCPOOL_TEST_FILE"])
+
+
+_SAW_FILE_WHILE_STARTING = None
+
+
+def saw_file_while_starting():
+    return _SAW_FILE_WHILE_STARTING
+
+
+def wait_for_file(path: str, limit_s: float = 30.0) -> bool:
+    """Block until `path` exists (True), or give up after `limit_s` (False: whoever should create it never ran)."""
+    end = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def broken_initializer():
     raise RuntimeError("cannot warm up")
 
@@ -66,7 +89,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-async def _wait_dead(pid: int, within_s: float = 5.0) -> bool:
+async def _wait_dead(pid: int, within_s: float = 30.0) -> bool:
+    """Whether `pid` is gone (polled; `within_s` only bounds a failing test)."""
     deadline = time.monotonic() + within_s
     while _alive(pid) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
@@ -97,10 +121,8 @@ async def test_timeout_kills_the_worker_and_the_pool_recovers():
     try:
         await pool.start()
         (pid,) = [worker.pid for worker in pool._workers]
-        began = time.monotonic()
-        with pytest.raises(ItemTimeout):
-            await pool.run(timeout_s=0.5)
-        assert time.monotonic() - began < 3
+        with pytest.raises(ItemTimeout):  # without the deadline the item would spin for a minute and return
+            await pool.run(60, timeout_s=0.5)
         assert await _wait_dead(pid)
         assert await pool.run(0.01, timeout_s=10) == "spun"
         assert pool.stats["timeouts"] == 1 and pool.stats["started"] == 2
@@ -128,28 +150,16 @@ async def test_a_blocked_item_is_killed_at_the_wall_clock_backstop():
     pool = ProcessPool(nap, size=1, wall_factor=3)
     try:
         await pool.start()
-        began = time.monotonic()
-        with pytest.raises(ItemTimeout):
+        with pytest.raises(ItemTimeout):  # it uses no CPU, so only the wall-clock backstop can stop it
             await pool.run(60, timeout_s=0.2)
-        assert 0.55 < time.monotonic() - began < 3
+        assert pool.stats["timeouts"] == 1
         assert await pool.run(0, timeout_s=5) == "rested"
     finally:
         pool.close()
 
 
-async def test_a_hung_item_does_not_fail_or_stall_others_and_the_loop_stays_free():
+async def test_a_hung_item_does_not_fail_or_stall_others():
     pool = ProcessPool(spin, size=2, slow_after_s=None, initializer=slow_initializer)
-    gaps = []
-
-    async def ticker():
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    ticking = asyncio.ensure_future(ticker())
     try:
         hung = asyncio.ensure_future(pool.run(timeout_s=4))
         quick = await asyncio.gather(*(pool.run(0.001, timeout_s=10) for _ in range(10)))
@@ -157,9 +167,34 @@ async def test_a_hung_item_does_not_fail_or_stall_others_and_the_loop_stays_free
         with pytest.raises(ItemTimeout):
             await hung
     finally:
-        ticking.cancel()
         pool.close()
-    assert max(gaps) < 0.75  # neither the fork server's slow start nor the waits block the event loop
+
+
+async def test_starting_the_fork_server_does_not_block_the_event_loop(tmp_path, monkeypatch):
+    # The fork server's initializer lasts until this coroutine creates the file: a start that blocked the event
+    # loop would keep it from ever doing so (the initializer then gives up and reports it).
+    signal_file = tmp_path / "the-loop-ran"
+    monkeypatch.setenv("PROCPOOL_TEST_FILE", str(signal_file))
+    pool = ProcessPool(saw_file_while_starting, size=1, initializer=initializer_waiting_for_a_file)
+    try:
+        item = asyncio.ensure_future(pool.run(timeout_s=10))
+        await asyncio.sleep(0.2)
+        signal_file.touch()
+        assert await item is True
+    finally:
+        pool.close()
+
+
+async def test_waiting_for_an_item_does_not_block_the_event_loop(tmp_path):
+    signal_file = tmp_path / "the-loop-ran"
+    pool = ProcessPool(wait_for_file, size=1)
+    try:
+        item = asyncio.ensure_future(pool.run(str(signal_file), timeout_s=60))
+        await asyncio.sleep(0.2)
+        signal_file.touch()  # the item ends only once this line has run while it waits
+        assert await item is True
+    finally:
+        pool.close()
 
 
 async def test_slow_items_are_demoted_so_a_one_worker_pool_keeps_serving():
@@ -167,7 +202,7 @@ async def test_slow_items_are_demoted_so_a_one_worker_pool_keeps_serving():
     try:
         await pool.start()
         hung = asyncio.ensure_future(pool.run(timeout_s=10))
-        for _ in range(100):  # demotion needs 0.2 s of CPU, which a busy machine may take a while to give
+        for _ in range(600):  # demotion needs 0.2 s of CPU, which a busy machine may take a while to give
             await asyncio.sleep(0.05)
             if pool.stats["demoted"]:
                 break

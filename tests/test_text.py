@@ -110,13 +110,13 @@ def test_detect_language_without_letters_is_none(value):
 
 def test_punkt_has_no_time_limit_on_a_long_dotted_text():
     # NLTK's own regex time limit (5 s for a whole scan) would make this pass or fail depending on machine load.
-    started = time.perf_counter()
+    started = time.thread_time()
     assert len(text.punkt_sentences("x. " * 60_000)) == 1  # "x." reads as an initial: no sentence ends
-    assert time.perf_counter() - started < 30
+    assert time.thread_time() - started < 30
 
 
 def test_rule_sentences_is_fast_on_a_megabyte():
     for value in ("x. " * 333_333, "<stop>" * 170_000, "a.b." * 250_000, "\n" * 1_000_000):
-        started = time.perf_counter()
+        started = time.thread_time()
         text.rule_sentences(value)
-        assert time.perf_counter() - started < 3, value[:8]
+        assert time.thread_time() - started < 3, value[:8]

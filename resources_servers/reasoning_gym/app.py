@@ -15,9 +15,9 @@ The task scorer's score of the extracted answer: usually 1.0 or 0.0, but task-de
 assistant message text, reasoning excluded). The answer is the last `<answer>...</answer>` pair, else the first
 `\\boxed{...}` without nested braces, else the whole text, stripped (see `scoring.py`). It is scored with
 `reasoning_gym.get_score_answer_fn(task)(answer=..., entry={question, answer, metadata})`; a scorer that raises
-gives 0.0. An empty answer, and one longer than the cap (below), score 0.0 without calling the scorer (NeMo-Gym
-scores "" too, and `countdown` grants it 0.01 format credit). The response adds `task_name`, `score` (= reward) and
-`extracted_answer`.
+gives 0.0. An empty answer is scored like any other, as NeMo-Gym does (most scorers give it 0.0; `countdown` grants
+it its 0.01 format credit, as it does any unreadable answer). An answer longer than the cap (below) scores 0.0
+without calling the scorer. The response adds `task_name`, `score` (= reward) and `extracted_answer`.
 
 ## Config
 - `max_answer_chars` (default 10000): answers longer than this, and longer than twice the gold answer, score 0.0
@@ -29,7 +29,7 @@ scores "" too, and `countdown` grants it 0.01 format credit). The response adds 
 None.
 
 ## Version history
-- v1: NeMo-Gym's extraction order and scoring through reasoning-gym's per-task scorers.
+- v1: NeMo-Gym's extraction order and scoring through reasoning-gym's per-task scorers (the empty answer included).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class ReasoningGymServer(ResourcesServer):
         answer = extract_answer(body.response.output_text)
         cap = max(self.config.max_answer_chars, 2 * len(body.answer or ""))
         reward = 0.0
-        if answer and len(answer) <= cap:
+        if len(answer) <= cap:
             entry = {"question": body.question, "answer": body.answer, "metadata": body.metadata}
             reward = await asyncio.to_thread(score, task, answer, entry)
         return ReasoningGymResponse.echo(body, reward=reward, task_name=task, score=reward, extracted_answer=answer)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
@@ -193,12 +192,11 @@ def test_echoing_the_prompt_does_not_follow(url, index):
     assert _verify(url, row, row["responses_create_params"]["input"][0]["content"])["reward"] == 0.0
 
 
-def test_every_instruction_on_a_megabyte_echo_finishes_fast(url):
+def test_every_instruction_on_a_megabyte_echo(url):
+    # How long each checker may take on a megabyte is pinned in test_instruction_following_linear.py.
     row = _row(list(KWARGS_BY_ID), list(KWARGS_BY_ID.values()), "fraction")
     prompt = OUR_ROWS[4]["responses_create_params"]["input"][0]["content"] + "\n\n"
-    started = time.perf_counter()
     result = _verify(url, row, (prompt * (1_000_000 // len(prompt) + 1))[:1_000_000])
-    assert time.perf_counter() - started < 60  # about 2 s on an idle machine
     assert len(result["follow_instruction_list"]) == 54 and 0.0 <= result["reward"] < 1.0
 
 

@@ -66,9 +66,9 @@ def test_extract_answer_matches_nemo_on_random_text():
     ],
 )
 def test_extract_answer_is_fast_on_huge_text(text):
-    start = time.perf_counter()
+    start = time.thread_time()
     extract_answer(text)
-    assert time.perf_counter() - start < 2
+    assert time.thread_time() - start < 2
 
 
 def _entry(row):
@@ -99,6 +99,6 @@ def test_scorer_that_raises_scores_zero():
 
 
 def test_first_plain_box_is_linear_on_empty_boxes():
-    start = time.perf_counter()
+    start = time.thread_time()
     assert first_plain_box("\\boxed{}" * 300_000) is None
-    assert time.perf_counter() - start < 2
+    assert time.thread_time() - start < 2

@@ -1,4 +1,4 @@
-"""reasoning_gym as a real server: gold 1.0, wrong 0.0, empty 0.0 with HTTP 200, malformed row 422, NeMo-Gym rows."""
+"""reasoning_gym as a real server: gold, wrong, empty and huge answers; malformed rows (422); NeMo-Gym rows."""
 
 from __future__ import annotations
 
@@ -50,18 +50,28 @@ def test_gold_scores_one_and_wrong_scores_below_one(url, row):
     assert wrong["reward"] < 0.1  # countdown grants 0.01-0.05 for a well-formed wrong expression
 
 
+# What each task's scorer gives an answer it cannot read (countdown grants 0.01 for any non-expression).
+UNREADABLE = {"knights_knaves": 0.0, "basic_arithmetic": 0.0, "word_sorting": 0.0, "family_relationships": 0.0,
+              "countdown": 0.01}
+
+
 @pytest.mark.parametrize(
     "text, response",
     [
         pytest.param("", {}, id="empty"),
         pytest.param(None, {"reasoning": "<answer>wife</answer>"}, id="answer-only-in-reasoning"),
         pytest.param("<answer>   </answer>", {}, id="empty-answer-tags"),
-        pytest.param("<answer>" + "9" * 50_000 + "</answer>", {}, id="huge-answer-not-scored"),
     ],
 )
-def test_non_answers_score_zero_with_http_200(url, text, response):
+def test_empty_answers_get_the_task_scorers_verdict_with_http_200(url, text, response):
     for row in OUR_ROWS:
-        assert _verify(url, row, text, **response)["reward"] == 0.0
+        result = _verify(url, row, text, **response)
+        assert (result["reward"], result["extracted_answer"]) == (UNREADABLE[_task(row)], "")
+
+
+def test_an_answer_over_the_cap_scores_zero_unscored(url):
+    for row in OUR_ROWS:
+        assert _verify(url, row, "<answer>" + "9" * 50_000 + "</answer>")["reward"] == 0.0
 
 
 def test_prompt_echo_scores_zero(url):

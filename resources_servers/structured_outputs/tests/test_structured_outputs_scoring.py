@@ -170,9 +170,9 @@ def test_xml_coercion_can_be_turned_off():
     ],
 )
 def test_schema_problems(schema_str, text, error_type):
-    start = time.perf_counter()
+    start = time.thread_time()
     assert grade_text(text, schema_str, "json").error_type == error_type
-    assert time.perf_counter() - start < 2
+    assert time.thread_time() - start < 2
 
 
 def test_local_refs_resolve():
@@ -202,9 +202,9 @@ def test_format_is_an_annotation():
     ],
 )
 def test_big_documents_are_bounded(text, schema_type):
-    start = time.perf_counter()
+    start = time.thread_time()
     grade = grade_text(text, json.dumps(BOOK), schema_type)
-    assert grade.reward == 0.0 and time.perf_counter() - start < 10
+    assert grade.reward == 0.0 and time.thread_time() - start < 10
 
 
 # ---------------------------------------------------------------------------------------------- tool-call mode

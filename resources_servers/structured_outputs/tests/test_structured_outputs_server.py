@@ -206,3 +206,9 @@ def test_nemo_gym_rows_grade(url, row):
 
 def test_nemo_gym_rows_mostly_get_a_gold_document():
     assert sum(_nemo_gold(row.values[0])[1] == 1.0 for row in NEMO_ROWS) >= 12
+
+
+def test_nemo_gym_config_name_declares_the_same_instances():
+    configs = ROOT / "resources_servers/structured_outputs/configs"
+    ours = yaml.safe_load((configs / "structured_outputs.yaml").read_text())
+    assert yaml.safe_load((configs / "structured_outputs_json.yaml").read_text()) == ours
