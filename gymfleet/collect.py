@@ -7,8 +7,9 @@
   `_ng_rollout_index` and `agent_ref` added;
 - `out_failures.jsonl`: failed rollouts. Results tagged `_ng_failure_class` by the environment (judge down, ...),
   and, unlike NeMo-Gym, which aborts the whole collection on the first HTTP error, every non-2xx answer or
-  transport failure too, as the input row plus `_ng_failure_class` (`http_5xx`, `http_4xx`, `connection_error`,
-  `timeout`), `_ng_failure_status`, `_ng_failure_detail` and `_ng_attempt_index`;
+  transport failure too, as the input row plus `_ng_failure_class` (the agent's `error_type`, which names the
+  hop that failed: `connection_error`, `timeout`, `upstream_error`, ...; else `http_5xx` / `http_4xx`),
+  `_ng_failure_status`, `_ng_failure_detail` and `_ng_attempt_index`;
 - `out_aggregate_metrics.json`: each agent's `/aggregate_metrics` over its successful results.
 
 Every line is flushed as it is written, so a crash or Ctrl-C loses no finished rollout. With `resume_from_cache`,
@@ -241,8 +242,7 @@ def _failure_row(row: dict[str, Any], failure_class: str, status: int | None, de
 def _result_of(row: dict[str, Any], response: HttpResponse) -> dict[str, Any]:
     """The record to write for one `/run` answer (a result, or a failure row)."""
     if not response.ok:
-        failure_class = "http_5xx" if response.status >= 500 else "http_4xx"
-        return _failure_row(row, failure_class, response.status, response.text)
+        return _failure_row(row, response.failure_class, response.status, response.text)
     try:
         result = response.json()
     except orjson.JSONDecodeError:

@@ -95,6 +95,20 @@ class HttpResponse:
             raise _http_error(self)
         return self
 
+    @property
+    def failure_class(self) -> str:
+        """What failed, for a non-2xx answer: the `error_type` a gymfleet server put in its JSON error body
+        (`timeout`, `connection_error`, `upstream_error`, ...; a hop passes on the class of the hop behind it), else
+        `http_5xx` / `http_4xx`."""
+        try:
+            inner = self.json()
+        except ValueError:
+            inner = None
+        error_type = inner.get("error_type") if isinstance(inner, dict) else None
+        if isinstance(error_type, str) and error_type:
+            return error_type
+        return "http_5xx" if self.status >= 500 else "http_4xx"
+
 
 def _http_error(response: HttpResponse) -> TransportError:
     return TransportError(
@@ -102,7 +116,7 @@ def _http_error(response: HttpResponse) -> TransportError:
         status=response.status,
         url=response.url,
         response_content=response.body,
-        failure_class="http_5xx" if response.status >= 500 else "http_4xx",
+        failure_class=response.failure_class,
     )
 
 

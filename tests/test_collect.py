@@ -173,7 +173,7 @@ def test_dead_servers_become_failure_rows_not_aborts_or_hangs():
         fleet.children["mcqa"].process.wait(10)
         assert collect("+limit=2", head=head_of(fleet), output="env_down.jsonl") == 1
         failures = lines("env_down_failures.jsonl")
-        assert [f["_ng_failure_class"] for f in failures] == ["http_5xx", "http_5xx"]
+        assert [f["_ng_failure_class"] for f in failures] == ["connection_error", "connection_error"]
         assert failures[0]["_ng_failure_status"] == 502 and "mcqa" in failures[0]["_ng_failure_detail"]
 
         fleet.children[AGENT].process.kill()

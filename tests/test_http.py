@@ -25,6 +25,10 @@ def _flaky_app() -> FastAPI:
             return Response(status_code=status, content=b'{"error": "busy"}', headers={"Retry-After": "0"})
         return {"attempt": count, "body": await request.json(), "cookie": request.headers.get("cookie")}
 
+    @app.get("/typed/{status}")
+    async def typed(status: int):
+        return Response(status_code=status, content=b'{"detail": "judge: timed out", "error_type": "timeout"}')
+
     @app.get("/slow")
     async def slow():
         await asyncio.sleep(5)
@@ -58,6 +62,15 @@ async def test_retries_are_bounded(url):
     with pytest.raises(TransportError) as info:
         response.raise_for_status()
     assert info.value.status == 503 and info.value.failure_class == "http_5xx"
+
+
+@pytest.mark.parametrize("status", [400, 502])
+async def test_a_servers_error_type_is_the_failure_class(url, status):
+    response = await http.request("GET", f"{url}/typed/{status}", retry=http.NO_RETRY)
+    assert response.failure_class == "timeout"
+    with pytest.raises(TransportError) as info:
+        response.raise_for_status()
+    assert info.value.status == status and info.value.failure_class == "timeout"
 
 
 async def test_client_errors_are_not_retried(url):

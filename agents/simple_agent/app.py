@@ -23,8 +23,7 @@ from typing import Any
 
 from gymfleet.agent import AgentServer, AgentServerConfig, RunRequest
 from gymfleet.convert import tool_call_arguments
-from gymfleet.errors import TransportError
-from gymfleet.http import HttpResponse, RetryPolicy
+from gymfleet.http import RetryPolicy
 from gymfleet.server import ServerRef
 
 TOOL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
@@ -88,7 +87,7 @@ class SimpleAgent(AgentServer):
                 self.config.model_server, "/v1/responses", json={**params, "input": original + produced},
                 cookies=cookies, timeout_s=self.config.model_timeout_s, retry=MODEL_RETRY,
             )
-            _raise_for_model(answer)
+            answer.raise_for_status()
             cookies = {**cookies, **answer.cookies}
             response = answer.json()
             outputs = response.get("output") or []
@@ -120,22 +119,3 @@ class SimpleAgent(AgentServer):
         )
         return result.text, {**cookies, **result.cookies}
 
-
-def _raise_for_model(answer: HttpResponse) -> None:
-    """Raise for a non-2xx model answer, keeping the model server's `error_type` (`upstream_error`, `timeout`,
-    `connection_error`, ...) as the failure class, so `/run`'s 502 says what failed upstream."""
-    if answer.ok:
-        return
-    try:
-        inner = answer.json()
-    except ValueError:
-        inner = None
-    inner_type = inner.get("error_type") if isinstance(inner, dict) else None
-    raise TransportError(
-        f"HTTP {answer.status} from {answer.url}: {answer.text[:500]}",
-        status=answer.status,
-        url=answer.url,
-        response_content=answer.body,
-        failure_class=inner_type if isinstance(inner_type, str) and inner_type else
-        "http_5xx" if answer.status >= 500 else "http_4xx",
-    )
