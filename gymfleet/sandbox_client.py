@@ -5,8 +5,9 @@
     result.status  # "ok" | "failed" | "timeout" | "oom" | "killed"
 
 `run_batch` runs one program on many inputs in one sandbox; `session()` opens a persistent sandbox whose Python
-state survives between `exec` calls. Calls go through `gymfleet.http`: an overloaded sandbox's 429 is retried,
-honouring `Retry-After`, a bounded number of times.
+state survives between `exec` calls. Any of them can start from a repository snapshot: `archive=tar_directory(path)`
+(or any tar archive's bytes) is unpacked into the workspace before `files` are written. Calls go through
+`gymfleet.http`: an overloaded sandbox's 429 is retried, honouring `Retry-After`, a bounded number of times.
 
 Failure boundary (ARCHITECTURE decision 4): whatever the *program* does is a `RunResult` (a crash, a timeout, a
 memory bomb are statuses). Whatever goes wrong with the *sandbox* - unreachable, no answer in time, a 5xx, still
@@ -16,13 +17,17 @@ into a `sandbox_failed` row instead of a reward of 0.
 
 from __future__ import annotations
 
+import base64
+import io
+import tarfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from gymfleet import http
 from gymfleet.errors import SandboxError, ServerRefError, TransportError
 
-__all__ = ["RunResult", "SandboxClient", "SandboxError", "SandboxSession", "SessionGoneError"]
+__all__ = ["RunResult", "SandboxClient", "SandboxError", "SandboxSession", "SessionGoneError", "tar_directory"]
 
 Status = Literal["ok", "failed", "timeout", "oom", "killed"]
 STATUSES = frozenset({"ok", "failed", "timeout", "oom", "killed"})
@@ -47,6 +52,7 @@ class RunResult:
         return_code: Exit status; minus the signal number if a signal ended it; None on timeout.
         duration_s: Time the program ran inside the sandbox.
         truncated: Whether stdout or stderr was cut at the output limit.
+        stdout_truncated: Whether stdout was (so what it shows is not all the program printed).
         message: Why, in words, when `status` is not `ok`.
     """
 
@@ -57,6 +63,7 @@ class RunResult:
     duration_s: float
     truncated: bool = False
     message: str | None = None
+    stdout_truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -112,18 +119,20 @@ class SandboxClient:
         stdin: str | None = None,
         args: list[str] | None = None,
         files: dict[str, str] | None = None,
+        archive: bytes | None = None,
         timeout_s: float = 10.0,
         memory_mb: int = 1024,
         max_output_bytes: int | None = None,
     ) -> RunResult:
-        """Run `code` once.
+        """Run `code` once (`archive`: a tar archive unpacked into the workspace first, see `tar_directory`).
 
         Raises:
             SandboxError: the sandbox failed (not the program).
         """
         body = {"language": language, "code": code, "stdin": stdin, "args": args or [], "files": files or {},
-                "timeout_s": timeout_s, "memory_mb": memory_mb, "max_output_bytes": max_output_bytes}
-        return _result(await self._post("/run", body, timeout_s + 30))
+                "archive": _b64(archive), "timeout_s": timeout_s, "memory_mb": memory_mb,
+                "max_output_bytes": max_output_bytes}
+        return _result(await self._post("/run", body, _wall_s(timeout_s) + 30))
 
     async def run_batch(
         self,
@@ -132,6 +141,7 @@ class SandboxClient:
         language: str = "python",
         *,
         files: dict[str, str] | None = None,
+        archive: bytes | None = None,
         prelude: str | None = None,
         stop_on_failure: bool = False,
         timeout_s: float = 10.0,
@@ -146,25 +156,32 @@ class SandboxClient:
         Raises:
             SandboxError: the sandbox failed (not the program).
         """
-        body = {"language": language, "code": code, "cases": cases, "files": files or {}, "prelude": prelude,
+        body = {"language": language, "code": code, "cases": cases, "files": files or {}, "archive": _b64(archive),
+                "prelude": prelude,
                 "stop_on_failure": stop_on_failure, "timeout_s": timeout_s, "memory_mb": memory_mb,
                 "max_output_bytes": max_output_bytes}
-        answer = await self._post("/run_batch", body, len(cases) * (timeout_s + 2) + 30)
+        answer = await self._post("/run_batch", body, len(cases) * (_wall_s(timeout_s) + 3) + 30)
         results = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(results, list) or not 0 < len(results) <= len(cases):
             raise SandboxError(f"malformed answer from the sandbox at {self.url}/run_batch: {str(answer)[:300]}")
         return [_result(item) for item in results]
 
     async def session(
-        self, *, files: dict[str, str] | None = None, timeout_s: float = 10.0, memory_mb: int = 1024
+        self,
+        *,
+        files: dict[str, str] | None = None,
+        archive: bytes | None = None,
+        timeout_s: float = 10.0,
+        memory_mb: int = 1024,
     ) -> SandboxSession:
-        """Open a persistent session (use it as `async with await client.session() as session:`).
+        """Open a persistent session (use it as `async with await client.session() as session:`), its workspace
+        seeded with `files` and/or a repository snapshot (`archive`, see `tar_directory`).
 
         Raises:
-            SandboxError: the sandbox failed.
+            SandboxError: the sandbox failed, or refused the seed (a bad archive).
         """
-        answer = await self._post("/sessions", {"files": files or {}, "timeout_s": timeout_s, "memory_mb": memory_mb},
-                                  60)
+        body = {"files": files or {}, "archive": _b64(archive), "timeout_s": timeout_s, "memory_mb": memory_mb}
+        answer = await self._post("/sessions", body, 60)
         if not isinstance(answer, dict) or not isinstance(answer.get("session_id"), str):
             raise SandboxError(f"malformed answer from the sandbox at {self.url}/sessions: {str(answer)[:300]}")
         return SandboxSession(self, answer["session_id"], timeout_s)
@@ -205,7 +222,7 @@ class SandboxSession:
         """
         limit = timeout_s or self.timeout_s
         body = {"code": code, "language": language, "stdin": stdin, "timeout_s": limit}
-        return _result(await self.client._post(f"/sessions/{self.id}/exec", body, limit + 30))
+        return _result(await self.client._post(f"/sessions/{self.id}/exec", body, _wall_s(limit) + 30))
 
     async def close(self) -> None:
         """Delete the session (a session that is already gone is fine)."""
@@ -221,6 +238,45 @@ class SandboxSession:
         await self.close()
 
 
+def tar_directory(path: str | Path, *, exclude: tuple[str, ...] = (".git",)) -> bytes:
+    """A gzipped tar of the folder at `path` (its contents at the archive's root), for `archive=`: a repository
+    snapshot. Entries whose name is in `exclude` are left out at any depth; ownership is not kept.
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     _ = (Path(folder) / "a.py").write_text("x = 1")
+        ...     (Path(folder) / ".git").mkdir()
+        ...     names = tarfile.open(fileobj=io.BytesIO(tar_directory(folder))).getnames()
+        >>> names
+        ['a.py']
+    """
+    root = Path(path)
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        if exclude and set(Path(info.name).parts) & set(exclude):
+            return None
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for child in sorted(root.iterdir()):
+            tar.add(child, arcname=child.name, filter=keep)
+    return buffer.getvalue()
+
+
+def _wall_s(timeout_s: float) -> float:
+    """The wall-clock time a run may take: `timeout_s` is CPU time, and a sandbox allows `wall_time_factor` (2 by
+    default) times that in wall-clock time; this client allows up to 4 times."""
+    return 4 * timeout_s
+
+
+def _b64(archive: bytes | None) -> str | None:
+    return base64.b64encode(archive).decode() if archive else None
+
+
 def _result(answer: Any) -> RunResult:
     try:
         status = answer["status"]
@@ -234,6 +290,7 @@ def _result(answer: Any) -> RunResult:
             duration_s=float(answer["duration_s"]),
             truncated=bool(answer.get("truncated", False)),
             message=answer.get("message"),
+            stdout_truncated=bool(answer.get("stdout_truncated", False)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise SandboxError(f"malformed run result from the sandbox: {exc}: {str(answer)[:300]}") from exc

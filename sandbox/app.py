@@ -2,13 +2,15 @@
 
 Routes (JSON in and out; shapes in `sandbox.models`):
 
-- `POST /run`: one program (`language` python|bash, `code`, `stdin`, `args`, `files`, `timeout_s`, `memory_mb`,
-  `max_output_bytes`) -> `{status, stdout, stderr, return_code, duration_s, truncated, message}` with status
-  `ok|failed|timeout|oom|killed`. `timeout_s` is CPU time per process; the wall-clock limit is `wall_time_factor`
-  times it, so runs slowed down by their neighbours are not timed out for it.
+- `POST /run`: one program (`language` python|bash, `code`, `stdin`, `args`, `files`, `archive`, `timeout_s`,
+  `memory_mb`, `max_output_bytes`) -> `{status, stdout, stderr, return_code, duration_s, truncated,
+  stdout_truncated, message}` with status `ok|failed|timeout|oom|killed`. `timeout_s` is CPU time per process; the
+  wall-clock limit is `wall_time_factor` times it, so runs slowed down by their neighbours are not timed out for it.
+  `memory_mb` bounds each process's address space and all of the run's processes together (`sandbox.memory`).
+  `archive` is a base64 tar (a repository snapshot) unpacked into the workspace before `files` are written.
 - `POST /run_batch`: one program, many `cases` (`stdin`, `args`), optional `stop_on_failure` and Python `prelude`
   -> `{results: [...]}`; all cases share one sandbox, each runs in a fresh process.
-- `POST /sessions` (optional `files`, limits) -> `{session_id, idle_timeout_s}`; `POST /sessions/{id}/exec`
+- `POST /sessions` (optional `files`, `archive`, limits) -> `{session_id, idle_timeout_s}`; `POST /sessions/{id}/exec`
   (`code`, `language`, `stdin`, `timeout_s`) -> a run result, with Python state kept between execs;
   `DELETE /sessions/{id}`.
 - `GET /info`: isolation mode and limits. Plus the base server's `GET /` and `GET /metrics`.
@@ -53,6 +55,7 @@ class SandboxConfig(ServerConfig):
     site_packages: bool = False
     """Let programs import the interpreter's site-packages (costs a few ms per run: no `-S`)."""
     bwrap: str = "bwrap"
+    """The bubblewrap binary: a name on PATH or a path."""
     sandbox_uid: int = 65534
     """Uid sandboxes run as when the service runs as root (the kernel exempts root from process limits)."""
     max_concurrent_runs: int | None = None
@@ -95,7 +98,7 @@ class SandboxServer(Server):
         self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
         self.runner: Runner | None = None
         self.sessions: Sessions | None = None
-        self._sweeper: asyncio.Task | None = None
+        self._background: list[asyncio.Task] = []
 
     async def startup(self) -> None:
         config = self.config
@@ -110,7 +113,8 @@ class SandboxServer(Server):
         except BaseException:
             prepared.close()
             raise
-        self._sweeper = asyncio.create_task(self.sessions.expire_forever())
+        self._background = [asyncio.create_task(self.sessions.expire_forever()),
+                            asyncio.create_task(self.runner.memory.run_forever())]
         log.info("sandbox ready: isolation %s, %d concurrent runs, queue %d", prepared.mode,
                  self.admission.max_running, self.admission.max_queued)
 
@@ -124,8 +128,8 @@ class SandboxServer(Server):
             raise ConfigError(f"the sandbox's self-test failed: {result.model_dump()}", hint=isolation.INSTALL_HINT)
 
     async def shutdown(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in self._background:
+            task.cancel()
         if self.sessions is not None:
             await self.sessions.close_all()
         if self.runner is not None:

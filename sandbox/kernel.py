@@ -62,6 +62,7 @@ def _exec_python(chunk, namespace, count, limits, proto_out, launcher):
     sys.stdin = open(0, closefd=False)  # a fresh reader: fd 0 is this exec's stdin now
     start, cpu_start = time.monotonic(), time.process_time()
     kind, code = launcher.EXITED, 0
+    kernel_pid = posix.getpid()
     capture.start()
     try:
         _signal.setitimer(_signal.ITIMER_REAL, chunk["wall_timeout_s"])
@@ -75,6 +76,8 @@ def _exec_python(chunk, namespace, count, limits, proto_out, launcher):
         code = 1
     finally:
         _signal.setitimer(_signal.ITIMER_REAL, 0)
+    if posix.getpid() != kernel_pid:  # a copy the chunk forked (os.fork) ended: it must not answer for the kernel
+        posix._exit(launcher.finalize(code))
     out, err, flags = capture.stop()
     launcher.kill_all(limits, posix.getpid())  # background processes the chunk started end with it
     duration_us, cpu_us = int((time.monotonic() - start) * 1e6), int((time.process_time() - cpu_start) * 1e6)

@@ -8,8 +8,8 @@ modules compiled into the interpreter (`posix`, `marshal`, `select`, ...) plus `
 Protocol (the service is trusted; the program under test is not):
 
 - service -> launcher, on stdin: frames of `<10 ASCII digits: length><marshal blob>`: this code object, then the
-  request (`mode` "run" or "session", `language`, `code`, `files`, `cases`, limits); in session mode each further
-  frame is one `exec`.
+  request (`mode` "run" or "session", `language`, `code`, `archive`, `files`, `cases`, limits); in session mode
+  each further frame is one `exec`.
 - launcher -> service, on stdout: `@@GF-READY` once it is up (before any model code runs, so anything odd after it
   is the program's doing, never the infrastructure's), then one result per case or exec:
   `@@GF-RESULT <kind> <code> <duration_us> <cpu_us> <stdout_len> <stderr_len> <flags>\\n<stdout><stderr>`; kind
@@ -64,6 +64,8 @@ def main():
         return
     try:
         posix.chdir(request["workdir"])
+        if request.get("archive"):
+            extract_archive(request["workdir"], request["archive"])
         for name, content in request.get("files", {}).items():
             write_file(request["workdir"], name, content)
         program = Program(request)
@@ -104,7 +106,7 @@ class Program:
             exec(compile(request["prelude"], "<prelude>", "exec", dont_inherit=True), self.namespace)
         try:
             self.code = compile(request.get("code") or "", self.path, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError) as exc:
+        except Exception as exc:  # SyntaxError, and RecursionError or MemoryError from a pathological program
             self.error = exc
 
 
@@ -117,7 +119,10 @@ def run_direct(request, program, case, proto_out):
         posix.close(fd)
     set_limits(request)
     start = time.monotonic()
+    launcher_pid = posix.getpid()
     code = run_python(program, case)
+    if posix.getpid() != launcher_pid:  # a copy the program forked (os.fork) ended: only the original reports
+        posix._exit(code)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     duration_us = int((time.monotonic() - start) * 1e6)
     for fd in (1, 2):
@@ -331,6 +336,32 @@ def write_file(workdir, name, content):
         _write_all(fd, content if isinstance(content, bytes) else content.encode())
     finally:
         posix.close(fd)
+
+
+def extract_archive(workdir, archive):
+    """Unpack a tar archive (gzip, bz2 or xz too) into `workdir`: regular files, folders and symlinks whose target
+    stays inside; anything that would land outside (absolute or `..` paths, links out) is refused."""
+    import io
+    import os
+    import tarfile
+
+    root = os.path.realpath(workdir)
+
+    def inside(path):
+        return path == root or path.startswith(root + "/")
+
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tar:
+        for member in tar:
+            target = os.path.join(root, member.name)
+            if member.name.startswith("/") or not inside(os.path.realpath(target)):
+                raise ValueError(f"archive member {member.name!r} would land outside the workspace")
+            if member.issym() and not inside(os.path.realpath(os.path.join(os.path.dirname(target), member.linkname))):
+                raise ValueError(f"archive symlink {member.name!r} -> {member.linkname!r} leaves the workspace")
+            if not (member.isfile() or member.isdir() or member.issym()):
+                continue  # devices, fifos, hard links: nothing a repository needs
+            member.mode = (member.mode & 0o755) | (0o700 if member.isdir() else 0o600)
+            member.uid, member.gid, member.uname, member.gname = posix.getuid(), posix.getgid(), "", ""
+            tar.extract(member, root, set_attrs=not member.issym())
 
 
 def send_result(fd, kind, code, duration_us, cpu_us, out, err, flags):

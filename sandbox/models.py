@@ -2,12 +2,14 @@
 
 Statuses: `ok` (exit 0 in time), `failed` (non-zero exit, an uncaught exception, a crash signal such as SIGSEGV,
 or files/prelude that could not be set up), `timeout` (wall-clock or CPU limit), `oom` (the memory limit: Python's
-`MemoryError`, C++'s `bad_alloc`, an allocation error message), `killed` (ended by SIGKILL or the file-size limit
-without a timeout, or the program broke the sandbox's own supervisor).
+`MemoryError`, C++'s `bad_alloc`, an allocation error message, or the memory watch killed its processes), `killed`
+(ended by SIGKILL or the file-size limit without a timeout, or the program broke the sandbox's own supervisor).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import signal
 from typing import Annotated, Any, Literal
 
@@ -32,6 +34,18 @@ def _relative_names(files: dict[str, str]) -> dict[str, str]:
 Files = Annotated[dict[str, str], AfterValidator(_relative_names)]
 
 
+def _base64(text: str) -> str:
+    try:
+        base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not base64: {exc}") from exc
+    return text
+
+
+Archive = Annotated[str, AfterValidator(_base64)]
+"""A tar archive (plain, gzip, bz2 or xz), base64-encoded: a repository snapshot unpacked into the workspace."""
+
+
 class _Limits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -39,7 +53,8 @@ class _Limits(BaseModel):
     """CPU time limit of each process (whole seconds, rounded up); the wall-clock limit is this times the server's
     `wall_time_factor`. Default: the server's."""
     memory_mb: int | None = Field(None, ge=16, examples=[1024])
-    """Address-space limit per process, in MiB. Default: the server's."""
+    """Memory limit in MiB: the address space of each process, and the memory of all of the run's processes
+    together (`sandbox.memory`). Default: the server's."""
     max_output_bytes: int | None = Field(None, ge=0)
     """Keep at most this much of stdout and of stderr (the rest is drained and dropped; `truncated` says so)."""
 
@@ -49,6 +64,8 @@ class _Program(_Limits):
     code: str = Field(examples=['print("hello")'])
     files: Files = {}
     """Extra files written into the workspace before the program starts (relative paths, text)."""
+    archive: Archive | None = None
+    """A repository snapshot (base64 tar) unpacked into the workspace before `files` are written."""
 
 
 class RunRequest(_Program):
@@ -87,6 +104,8 @@ class RunResult(BaseModel):
     duration_s: float
     truncated: bool = False
     """Stdout or stderr was cut at `max_output_bytes`."""
+    stdout_truncated: bool = False
+    """Stdout was (`truncated` with this false: only stderr was)."""
     message: str | None = None
     """Why, in words, when the status is not `ok`."""
 
@@ -98,9 +117,11 @@ class BatchResult(BaseModel):
 
 
 class SessionRequest(_Limits):
-    """`POST /sessions`: a persistent sandbox (limits apply to each exec; memory to the whole session)."""
+    """`POST /sessions`: a persistent sandbox (limits apply to each exec; memory to the whole session), seeded with
+    `files` and/or a repository snapshot (`archive`)."""
 
     files: Files = {}
+    archive: Archive | None = None
 
 
 class SessionCreated(BaseModel):
@@ -152,7 +173,7 @@ def to_result(frame: Frame, limits: Any) -> RunResult:
         note = f"output truncated to {max_output} bytes"
         message = f"{message}; {note}" if message else note
     return RunResult(status=status, stdout=stdout, stderr=stderr, return_code=code, duration_s=frame.duration_s,
-                     truncated=truncated, message=message)
+                     truncated=truncated, stdout_truncated=bool(frame.flags & 1), message=message)
 
 
 def broken(message: str, status: Status = "killed", duration_s: float = 0.0) -> RunResult:

@@ -64,12 +64,22 @@ def encode(payload: Any) -> bytes:
 class SandboxProcess:
     """A started sandbox whose launcher said it is ready."""
 
-    def __init__(self, popen: subprocess.Popen, readers: list[PipeReader], stdin: PipeWriter, host_dir: str | None):
+    def __init__(
+        self,
+        popen: subprocess.Popen,
+        readers: list[PipeReader],
+        stdin: PipeWriter,
+        host_dir: str | None,
+        pidns: bool = True,
+    ):
         self.popen = popen
         self._stdout, self._stderr, *self._output = readers
         self._stdin = stdin
         self._host_dir = host_dir
+        self.pidns = pidns
         self.max_frame_bytes = 0
+        self.memory_exceeded_bytes = 0
+        """Set (to what they held) when the memory watch killed the program's processes (`sandbox.memory`)."""
 
     @classmethod
     async def start(
@@ -110,7 +120,7 @@ class SandboxProcess:
             PipeReader(loop, pipes[2][0], max_buffer=STDERR_KEEP_BYTES, keep_head=True),
             *(PipeReader(loop, read_end, max_buffer=max_output, keep_head=True) for read_end, _ in pipes[3:]),
         ]
-        process = cls(popen, readers, PipeWriter(loop, pipes[0][1]), host_dir)
+        process = cls(popen, readers, PipeWriter(loop, pipes[0][1]), host_dir, isolation.pidns)
         process.max_frame_bytes = 2 * max_output
         process.send(isolation.launcher_code)
         process.send(request)

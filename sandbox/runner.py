@@ -8,6 +8,7 @@ period to be reported, so a launcher the program froze or killed costs at most t
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 from gymfleet.errors import BadRequestError
 from sandbox.admission import Admission
 from sandbox.isolation import Isolation
+from sandbox.memory import MemoryWatch
 from sandbox.metrics import SandboxMetrics
 from sandbox.models import SETUP_FAILED, TIMED_OUT, BatchRequest, Case, RunRequest, RunResult, broken, to_result
 from sandbox.process import Frame, ProtocolError, SandboxProcess
@@ -39,6 +41,11 @@ class Limits:
     wall_timeout_s: float
 
 
+def decode_archive(archive: str | None) -> bytes | None:
+    """The archive's bytes for the launcher (the request model checked that it is base64)."""
+    return base64.b64decode(archive) if archive else None
+
+
 class Runner:
     """Starts sandboxes for requests and turns their frames into results."""
 
@@ -47,6 +54,7 @@ class Runner:
         self.isolation = isolation
         self.admission = admission
         self.metrics = metrics
+        self.memory = MemoryWatch()
         self._cleanups: set[asyncio.Task] = set()
 
     def limits(self, timeout_s: float | None, memory_mb: int | None, max_output: int | None) -> Limits:
@@ -99,7 +107,16 @@ class Runner:
             frame = Frame(TIMED_OUT, 0, time.monotonic() - started, 0.0, b"", b"", 0)
         except ProtocolError:
             frame = None  # the program wrote to its launcher's channel; its exit status still counts
-        return to_result(await process.direct_result(frame, time.monotonic() - started), limits)
+        result = to_result(await process.direct_result(frame, time.monotonic() - started), limits)
+        return self.memory_verdict(process, result, limits)
+
+    def memory_verdict(self, process: SandboxProcess, result: RunResult, limits: Limits) -> RunResult:
+        """`result`, or `oom` when the memory watch killed the program's processes meanwhile (`sandbox.memory`)."""
+        held, process.memory_exceeded_bytes = process.memory_exceeded_bytes, 0
+        if not held:
+            return result
+        message = f"ran out of memory: its processes together held {held >> 20} MiB (limit {limits.memory_mb} MiB)"
+        return result.model_copy(update={"status": "oom", "message": message})
 
     async def run(self, request: RunRequest) -> RunResult:
         case = Case(stdin=request.stdin, args=request.args)
@@ -117,6 +134,7 @@ class Runner:
             limits,
             code=request.code,
             files=request.files,
+            archive=decode_archive(request.archive),
             prelude=request.prelude,
             stop_on_failure=request.stop_on_failure,
             cases=[{"stdin": (case.stdin or "").encode(), "args": case.args} for case in request.cases],
@@ -129,6 +147,7 @@ class Runner:
             release()
             raise
         results: list[RunResult] = []
+        self.memory.watch(process, limits.memory_mb << 20, direct=direct)
         try:
             if direct:
                 results.append(await self.direct_result(process, limits))
@@ -148,6 +167,7 @@ class Runner:
 
     async def _finish(self, process: SandboxProcess, release: Callable[[], None], *, clean: bool) -> None:
         """A launcher that reported every case exits by itself at once; anything else is killed now."""
+        self.memory.unwatch(process)
         try:
             await process.close(grace_s=EXIT_GRACE_S if clean else 0.0)
         except Exception:
@@ -188,6 +208,5 @@ class Runner:
         except ProtocolError as exc:
             return broken(f"the program tampered with the sandbox's supervisor ({exc})"), None
         if frame is None:
-            return broken("the program killed the sandbox's supervisor"), None
-        result = to_result(frame, limits)
-        return result, frame
+            return self.memory_verdict(process, broken("the program killed the sandbox's supervisor"), limits), None
+        return self.memory_verdict(process, to_result(frame, limits), limits), frame

@@ -19,7 +19,7 @@ from gymfleet.errors import BadRequestError
 from sandbox.admission import Overloaded
 from sandbox.models import ExecRequest, RunResult, SessionRequest
 from sandbox.process import SandboxProcess
-from sandbox.runner import Limits, Runner
+from sandbox.runner import Limits, Runner, decode_archive
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ class Sessions:
             raise Overloaded(message, 5, reason="max_sessions")
         limits = self.runner.limits(request.timeout_s, request.memory_mb, request.max_output_bytes)
         payload = self.runner.payload(
-            "session", "python", limits, files=request.files, kernel=self.runner.isolation.kernel_code,
-            session_cpu_s=self.config.session_cpu_s,
+            "session", "python", limits, files=request.files, archive=decode_archive(request.archive),
+            kernel=self.runner.isolation.kernel_code, session_cpu_s=self.config.session_cpu_s,
         )  # fmt: skip
         process = await self.runner.start(payload)
         result, frame = await self.runner.next_result(process, limits)
@@ -81,7 +81,11 @@ class Sessions:
                     "wall_timeout_s": limits.wall_timeout_s,
                     "stdin": (request.stdin or "").encode(),
                 })  # fmt: skip
-                result, frame = await self.runner.next_result(session.process, limits)
+                self.runner.memory.watch(session.process, limits.memory_mb << 20, direct=False)
+                try:
+                    result, frame = await self.runner.next_result(session.process, limits)
+                finally:
+                    self.runner.memory.unwatch(session.process)
             session.last_used = time.monotonic()
         if frame is None:
             await self.delete(session_id)

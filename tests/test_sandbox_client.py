@@ -4,7 +4,6 @@ every way the sandbox itself can fail becoming `SandboxError`."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from fastapi import FastAPI
@@ -12,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from gymfleet import http
 from gymfleet.errors import SandboxError
-from gymfleet.sandbox_client import RunResult, SandboxClient
+from gymfleet.sandbox_client import RunResult, SandboxClient, tar_directory
 from gymfleet.testing import free_port, serve
 from sandbox.app import SandboxServer
 
@@ -42,20 +41,45 @@ async def test_overload_is_retried_honouring_retry_after():
     server = SandboxServer({"name": "sandbox", "max_concurrent_runs": 1, "queue_length": 0})
     with serve(server.create_app()) as url:
         client = SandboxClient(url=url)
-        started = time.monotonic()
-        slow, fast = await asyncio.gather(client.run("import time; time.sleep(0.5)"), client.run("print('queued')"))
-        assert (slow.status, fast.stdout) == ("ok", "queued\n")
-        assert time.monotonic() - started >= 1.0  # the refused call waited Retry-After (1 s) before retrying
+        busy = asyncio.create_task(client.run("import time; time.sleep(1)"))
+        await _until(url, 'gymfleet_sandbox_running 1.0')
+        queued = await client.run("print('queued')")  # refused while the slot is taken, retried until it is free
+        assert (await busy).status == "ok" and queued.stdout == "queued\n"
+        assert 'gymfleet_sandbox_rejected_total{reason="queue_full"}' in await _metrics(url)
+        await _until(url, 'gymfleet_sandbox_running 0.0')  # the teardown that held the slot is over
         impatient = SandboxClient(url=url, retry=http.RetryPolicy(max_attempts=2, max_backoff_s=0.1))
-        await asyncio.sleep(0.5)  # the last sandbox's teardown, which holds the only slot, is over
-        busy, refused = await asyncio.gather(client.run("import time; time.sleep(2)"),
-                                             _after(0.3, impatient.run("print(1)")), return_exceptions=True)
-        assert busy.status == "ok" and isinstance(refused, SandboxError) and "HTTP 429" in str(refused)
+        busy = asyncio.create_task(client.run("import time; time.sleep(3)"))
+        await _until(url, 'gymfleet_sandbox_running 1.0')
+        with pytest.raises(SandboxError, match="HTTP 429"):
+            await impatient.run("print(1)")
+        assert (await busy).status == "ok"
 
 
-async def _after(delay_s: float, call):
-    await asyncio.sleep(delay_s)
-    return await call
+async def _metrics(url: str) -> str:
+    return (await http.request("GET", f"{url}/metrics", timeout_s=10)).text
+
+
+async def _until(url: str, line: str) -> None:
+    """Wait until the sandbox's metrics show `line` (its state, not a duration, says when to go on)."""
+    while line not in (await _metrics(url)).splitlines():
+        await asyncio.sleep(0.02)
+
+
+async def test_runs_and_sessions_start_from_a_repository_snapshot(sandbox_url, tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("def answer():\n    return 42\n")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    snapshot = tar_directory(tmp_path)
+    client = SandboxClient(url=sandbox_url)
+    result = await client.run("import pkg, os\nprint(pkg.answer(), sorted(os.listdir('.')))", archive=snapshot)
+    assert result.stdout == "42 ['main.py', 'pkg']\n", result
+    async with await client.session(archive=snapshot, files={"extra.txt": "x"}) as session:
+        assert (await session.exec("ls", "bash")).stdout.split() == ["extra.txt", "pkg"]
+        assert (await session.exec("import pkg\npkg.answer()")).stdout == "42\n"
+    results = await client.run_batch("import pkg\nprint(pkg.answer() + int(input()))", [{"stdin": "1"}],
+                                     archive=snapshot)
+    assert results[0].stdout == "43\n"
 
 
 async def test_an_unreachable_sandbox_is_a_sandbox_error():

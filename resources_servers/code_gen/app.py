@@ -10,13 +10,17 @@
 
 ## Reward
 1.0 iff every test passes, else 0.0. The answer is the response's `output_text`; the code is the lines between its
-last two fence lines (```). Tests run in order in the sandbox (`sandbox/`), each in a fresh process with
-`unit_test_timeout_secs` of CPU time (the sandbox allows twice that in wall-clock time) and `memory_mb`, after a
-grader header that pre-imports the usual contest modules (`math`, `collections`, `heapq`, ...; recursion limit
-50000); the first failing test decides (the first test runs alone, the rest only if it passes). Comparison, stdin
-tests: line by line after stripping the output and each line, a line matching exactly or token by token as decimals
-(`1.0` = `1`); call tests: equal JSON values, or floats within 1e-5 relative. A `<think>`/`</think>` tag in the
-answer (or more than one of either in the reasoning summary) scores `reasoning_format_penalty` without running.
+last two fence lines (```); an empty answer or no code scores 0.0 without running. Tests run in order in the
+sandbox (`sandbox/`), each in a fresh process with `unit_test_timeout_secs` of CPU time (the sandbox allows
+`wall_time_factor` times that, 2 by default, in wall-clock time) and `memory_mb` (per process and for all of a
+test's processes together), after a grader header that pre-imports the usual contest modules (`math`,
+`collections`, `heapq`, ...; recursion limit 50000); the first failing test decides (the first test runs alone,
+the rest only if it passes). Stdin tests run the code as the main program and compare its stdout line by line
+after stripping the output and each line, a line matching exactly or token by token as decimals (`1.0` = `1`).
+Call tests import the code as a module (not `__main__`), call the function (or the `Solution` method) with the
+JSON arguments and compare its return value: equal JSON values (tuples as lists), or floats within 1e-5 relative;
+what the code prints is ignored. Expected outputs never enter the sandbox. A `<think>`/`</think>` tag in the answer
+(or more than one of either in the reasoning summary) scores `reasoning_format_penalty` without running.
 Response fields: `verdict` (`passed`, `empty`, `no_code`, `think_tag_leak`, `wrong_answer`, `timeout`,
 `runtime_error`, `memory_limit`), `failed_test` (index) and `metadata` (what failed: expected vs got, stderr,
 status), `tests_passed`, `tests_total`, plus NeMo-Gym's `extracted_model_output`, `extracted_model_code`, `result`
@@ -168,8 +172,8 @@ class CodeGenServer(ResourcesServer):
         call_based = tests.fn_name is not None
         program = call_program(code, tests.fn_name) if call_based else code
         cases = [{"stdin": text} for text in tests.inputs]
-        longest = max(map(len, tests.outputs))
-        options = {"prelude": prelude_for(program), "stop_on_failure": True, "memory_mb": self.config.memory_mb,
+        longest = max(len(output.encode()) for output in tests.outputs)
+        options = {"prelude": prelude_for(code), "stop_on_failure": True, "memory_mb": self.config.memory_mb,
                    "timeout_s": self.config.unit_test_timeout_secs,
                    "max_output_bytes": max(1 << 16, 2 * longest + 4096)}
         async with self._slots:

@@ -1,7 +1,8 @@
 """code_gen's pure parts: code extraction, the programs sent to the sandbox, output comparison, verdicts.
 
-Nothing here runs model code; `app.py` sends what `programs()` builds to the sandbox and grades the results with
-`grade()`.
+Nothing here runs model code; `app.py` sends the solution (wrapped by `call_program()` for call-based tests, after
+the `prelude_for()` header) to the sandbox and grades the results with `grade()`. Expected outputs never enter the
+sandbox, so nothing a program does in there can make a wrong answer pass.
 """
 
 from __future__ import annotations
@@ -75,21 +76,22 @@ def _exports(module_name: str) -> frozenset[str]:
 
 
 def call_program(code: str, fn_name: str) -> str:
-    """The solution followed by a driver: read JSON arguments (one per stdin line), call `fn_name` (a method of
-    `Solution()` when the code defines that class), print the JSON result after a marker line."""
-    driver = f"""
-
-def _gymfleet_call(name={fn_name!r}):
-    import json as _json, sys as _sys
-    args = [_json.loads(line) for line in _sys.stdin.read().split("\\n") if line.strip()]
-    solution = globals().get("Solution")
-    target = getattr(solution(), name) if isinstance(solution, type) else globals()[name]
-    result = target(*args)
-    _sys.stdout.write({RESULT_MARKER!r} + _json.dumps(result, default=repr) + "\\n")
-
-_gymfleet_call()
+    """A driver around the solution for call-based tests. It runs the solution as a module, not as `__main__` (so
+    example usage under `if __name__ == "__main__":` stays out, as LiveCodeBench imports it), with the solution's
+    own prints sent to stderr; reads the JSON arguments (one per stdin line); calls `fn_name` (a method of
+    `Solution()` when the code defines that class and it has one, else the top-level function); and prints the JSON
+    result after a marker line."""
+    return f"""import json as _gf_json, sys as _gf_sys
+_gf_answer, _gf_sys.stdout = _gf_sys.stdout, _gf_sys.stderr
+_gf_module = dict(globals(), __name__="solution")
+exec(compile({code!r}, "solution.py", "exec"), _gf_module)
+_gf_args = [_gf_json.loads(line) for line in _gf_sys.stdin.read().split("\\n") if line.strip()]
+_gf_class = _gf_module.get("Solution")
+_gf_method = getattr(_gf_class(), {fn_name!r}, None) if isinstance(_gf_class, type) else None
+_gf_result = (_gf_method or _gf_module[{fn_name!r}])(*_gf_args)
+_gf_answer.write({RESULT_MARKER!r} + _gf_json.dumps(_gf_result, default=repr) + "\\n")
+_gf_answer.flush()
 """
-    return code + driver
 
 
 def stdout_matches(got: str, expected: str) -> bool:
@@ -117,9 +119,9 @@ def _decimals(line: str) -> list[Decimal] | None:
 def call_result_matches(got_stdout: str, expected: str) -> bool:
     """The value after the driver's last marker equals the expected JSON: `==`, or as floats within 1e-5 relative
     (1e-8 absolute)."""
-    if RESULT_MARKER.strip() not in got_stdout:
+    raw = call_value_text(got_stdout)
+    if raw is None:
         return False
-    raw = got_stdout.rsplit(RESULT_MARKER.strip(), 1)[1].strip()
     try:
         got = json.loads(raw)
     except ValueError:
@@ -132,6 +134,13 @@ def call_result_matches(got_stdout: str, expected: str) -> bool:
     except (TypeError, ValueError):
         return False
     return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= 1e-8 + 1e-5 * abs(b)
+
+
+def call_value_text(stdout: str) -> str | None:
+    """The JSON text the call driver printed after its (last) marker, or None when it printed none."""
+    if RESULT_MARKER.strip() not in stdout:
+        return None
+    return stdout.rsplit(RESULT_MARKER.strip(), 1)[1].strip()
 
 
 def _json_or_text(text: str) -> Any:
@@ -163,8 +172,10 @@ def grade(results: list[RunResult], expected: list[str], call_based: bool, total
             codes.append(True)
             continue
         codes.append(NEMO_CODES[verdict])
+        got = call_value_text(result.stdout) if call_based else result.stdout
         detail = {"test": index, "status": result.status, "message": result.message, "expected": _excerpt(want),
-                  "got": _excerpt(result.stdout), "stderr": _excerpt(result.stderr, tail=True)}
+                  "got": _excerpt(got if got is not None else result.stdout),
+                  "stderr": _excerpt(result.stderr, tail=True)}
         return Grade(0.0, verdict, codes, index, detail, time_s)
     if len(codes) < total:  # the sandbox reported fewer cases than asked for: the program broke the run
         return Grade(0.0, "runtime_error", codes, len(codes), {"message": "the run ended early"}, time_s)
@@ -178,7 +189,7 @@ def _verdict(result: RunResult, expected: str, call_based: bool) -> str:
         return "memory_limit"
     if result.status != "ok":
         return "runtime_error"
-    if result.truncated:
+    if result.stdout_truncated:  # what was cut is unknown; a cut stderr (debug output) does not matter
         return "wrong_answer"
     matches = call_result_matches if call_based else stdout_matches
     return "passed" if matches(result.stdout, expected) else "wrong_answer"

@@ -135,7 +135,6 @@ def test_fork_bombs_are_capped_and_cleaned_up(client, code, language):
         stop.set()
         watcher.join()
     assert result["status"] in ("timeout", "failed", "ok"), result
-    assert result["duration_s"] < 2 * 2 + 1  # the wall-clock limit is twice the CPU limit
     assert peak <= 64 + 8, f"{peak} tasks at once: the process limit did not hold"
 
 
@@ -144,6 +143,22 @@ def test_memory_bomb_in_many_processes(client):
             "hog = []\nwhile True: hog.append(bytearray(1 << 24))")
     result = run(client, code, timeout_s=5, memory_mb=128)
     assert result["status"] == "oom", result
+
+
+# Eight processes of 200 MiB each: every one within the 512 MiB address-space limit, 1.6 GiB together. Each then
+# sleeps past the deadline, so only the memory watch can end it as `oom` (without it: a timeout, 1.6 GiB held).
+SPREAD_BOMB = ("import os, time\nfor _ in range(7):\n    if os.fork() == 0:\n        break\n"
+               "hog = bytearray(200 << 20)\ntime.sleep(60)")
+
+
+def test_memory_spread_over_processes_is_held_to_the_limit(client):
+    single = run(client, SPREAD_BOMB, timeout_s=5, memory_mb=512)
+    assert single["status"] == "oom" and "processes together held" in single["message"], single
+    body = {"code": "import sys\nif input() == 'bomb':\n    exec(sys.argv[1])\nprint('next case')",
+            "cases": [{"stdin": "bomb", "args": [SPREAD_BOMB]}, {"stdin": "x", "args": [""]}],
+            "timeout_s": 5, "memory_mb": 512}
+    batch = client.post("/run_batch", json=body).json()["results"]  # the supervisor is spared: the batch goes on
+    assert [r["status"] for r in batch] == ["oom", "ok"] and batch[1]["stdout"] == "next case\n", batch
 
 
 def test_huge_output_is_truncated(client):
@@ -186,9 +201,8 @@ def test_sleeping_past_the_deadline_with_children(client):
             "        time.sleep(600)\n"
             "    os._exit(0)\n"
             "time.sleep(600)")
-    started = time.monotonic()
     result = run(client, code, timeout_s=1)
-    assert result["status"] == "timeout" and time.monotonic() - started < 10
+    assert result["status"] == "timeout" and "limit" in result["message"], result
 
 
 def test_other_processes_are_invisible_in_proc(client):
@@ -207,6 +221,17 @@ def test_no_privileges_inside(client):
             "id -u")
     result = run(client, code, language="bash")
     assert result["stdout"] == "no-unshare\nno-mount\n65534\n", result
+
+
+def test_overwriting_the_program_or_harness_between_cases_changes_nothing(client):
+    # The launcher is a code object in memory, never a file; each Python case runs the program as compiled before
+    # the first case, so what one case writes over main.py does not change what the next one runs.
+    code = ("import sys\n"
+            "if sys.argv[1] == 'attack':\n"
+            "    open('/workspace/main.py', 'w').write('print(\"PWNED\")')\n"
+            "print('original', sys.argv[1])")
+    results = client.post("/run_batch", json={"code": code, "cases": [{"args": ["attack"]}, {"args": ["2"]}]}).json()
+    assert [r["stdout"] for r in results["results"]] == ["original attack\n", "original 2\n"], results
 
 
 def test_forging_the_result_channel_gains_nothing(client):

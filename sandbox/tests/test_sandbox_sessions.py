@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
+import tarfile
 import time
 
 import httpx
@@ -95,3 +98,57 @@ async def test_the_client_session_api(sandbox_url):
     with pytest.raises(SessionGoneError):
         await session.exec("1")
     await asyncio.sleep(0)
+
+
+def test_a_session_starts_from_a_repository_snapshot(client):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in {"repo/pkg/__init__.py": "def answer():\n    return 42\n", "repo/README": "hi"}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    archive = base64.b64encode(buffer.getvalue()).decode()
+    created = client.post("/sessions", json={"archive": archive, "files": {"repo/notes.txt": "mine"}})
+    session = created.json()["session_id"]
+    try:
+        listing = _exec(client, session, "cd repo && ls && cat notes.txt", language="bash")
+        assert listing["stdout"] == "README\nnotes.txt\npkg\nmine", listing
+        imported = _exec(client, session, "import sys\nsys.path.insert(0, 'repo')\nimport pkg\npkg.answer()")
+        assert imported["stdout"] == "42\n", imported
+    finally:
+        client.delete(f"/sessions/{session}")
+
+
+def test_a_snapshot_that_reaches_outside_is_a_400(client):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("../../etc/evil")
+        tar.addfile(info, io.BytesIO(b""))
+    refused = client.post("/sessions", json={"archive": base64.b64encode(buffer.getvalue()).decode()})
+    assert refused.status_code == 400 and "outside the workspace" in refused.text, refused.text
+    assert client.post("/sessions", json={"archive": "%%%"}).status_code == 422
+    assert_no_leftovers()
+
+
+def test_a_forked_copy_of_the_kernel_does_not_answer_for_it(client, session_id):
+    code = ("import os\npid = os.fork()\nif pid == 0:\n    print('child')\n"
+            "else:\n    os.waitpid(pid, 0)\n    print('main')")
+    assert _exec(client, session_id, "x = 'kept'")["status"] == "ok"
+    assert _exec(client, session_id, code)["stdout"] == "child\nmain\n"
+    assert _exec(client, session_id, "x")["stdout"] == "'kept'\n"  # the next answer is the kernel's, in order
+
+
+def test_the_memory_of_an_execs_processes_together_is_limited(client):
+    session = client.post("/sessions", json={"memory_mb": 512, "timeout_s": 5}).json()["session_id"]
+    hogs = ("import subprocess, sys\n"
+            "hog = 'b = bytearray(200 << 20); import time; time.sleep(60)'\n"
+            "procs = [subprocess.Popen([sys.executable, '-c', hog]) for _ in range(6)]\n"
+            "print([p.wait() for p in procs])")
+    try:
+        _exec(client, session, "kept = 'yes'")
+        result = _exec(client, session, hogs)
+        assert result["status"] == "oom" and "processes together held" in result["message"], result
+        assert result["stdout"] == "[-9, -9, -9, -9, -9, -9]\n"  # the children were killed; the kernel was spared
+        assert _exec(client, session, "kept")["stdout"] == "'yes'\n"
+    finally:
+        client.delete(f"/sessions/{session}")

@@ -83,8 +83,9 @@ def test_the_header_imports_only_what_the_code_can_name():
     assert "import re" not in prelude_for("print(int(input()) + 1)")
 
 
-def _run(status="ok", stdout="", duration_s=0.01) -> RunResult:
-    return RunResult(status, stdout, "", 0 if status == "ok" else 1, duration_s)
+def _run(status="ok", stdout="", duration_s=0.01, cut: str = "") -> RunResult:
+    return RunResult(status, stdout, "", 0 if status == "ok" else 1, duration_s, truncated=bool(cut),
+                     stdout_truncated=cut == "stdout")
 
 
 @pytest.mark.parametrize(("results", "reward", "verdict", "codes"), [
@@ -94,7 +95,9 @@ def _run(status="ok", stdout="", duration_s=0.01) -> RunResult:
     ([_run("failed")], 0.0, "runtime_error", [-4]),
     ([_run("oom")], 0.0, "memory_limit", [-4]),
     ([_run(stdout="1")], 0.0, "runtime_error", [True]),
-], ids=["all-pass", "wrong-second", "timeout", "crash", "oom", "cut-short"])
+    ([_run(stdout="1"), _run(stdout="2", cut="stdout")], 0.0, "wrong_answer", [True, -2]),
+    ([_run(stdout="1"), _run(stdout="2", cut="stderr")], 1.0, "passed", [True, True]),
+], ids=["all-pass", "wrong-second", "timeout", "crash", "oom", "cut-short", "stdout-cut", "only-stderr-cut"])
 def test_grade(results, reward, verdict, codes):
     graded = grade(results, ["1", "2"], call_based=False, total=2)
     assert (graded.reward, graded.verdict, graded.results) == (reward, verdict, codes)

@@ -64,6 +64,42 @@ def test_failures_are_explained(code_gen_url, code, verdict, failed_test, code_r
         assert result["metadata"]["expected"] == OUR_ROWS[0]["verifier_metadata"]["unit_tests"]["outputs"][failed_test]
 
 
+CALL_CASES = {
+    "prints-and-main-block": ("class Solution:\n    def maxSubarraySum(self, nums):\n        print('debug', nums)\n"
+                              "        best = cur = nums[0]\n        for x in nums[1:]:\n"
+                              "            cur = max(x, cur + x)\n            best = max(best, cur)\n"
+                              "        return best\n\nif __name__ == '__main__':\n"
+                              "    assert Solution().maxSubarraySum([1]) == 'example usage that would crash'",
+                              1.0, "passed", None),
+    "huge-debug-output": ("class Solution:\n    def maxSubarraySum(self, nums):\n        print('x' * 10**6)\n"
+                          "        return max(sum(nums[i:j]) for i in range(len(nums))"
+                          " for j in range(i + 1, len(nums) + 1))", 1.0, "passed", None),
+    "wrong-value": ("class Solution:\n    def maxSubarraySum(self, nums):\n        return sum(nums)", 0.0,
+                    "wrong_answer", 0),
+    "raises": ("class Solution:\n    def maxSubarraySum(self, nums):\n        return nums[99]", 0.0,
+               "runtime_error", 0),
+    "no-such-method": ("def something_else(nums):\n    return 6", 0.0, "runtime_error", 0),
+    "top-level-function": ("def maxSubarraySum(nums):\n    best = cur = nums[0]\n    for x in nums[1:]:\n"
+                           "        cur = max(x, cur + x)\n        best = max(best, cur)\n    return best",
+                           1.0, "passed", None),
+}
+
+
+@pytest.mark.parametrize("name", CALL_CASES)
+def test_call_based_tests(code_gen_url, name):
+    code, reward, verdict, failed_test = CALL_CASES[name]
+    result = verify(code_gen_url, OUR_ROWS[3], fenced(code))
+    assert (result["reward"], result["verdict"], result["failed_test"]) == (reward, verdict, failed_test), result
+    if name == "wrong-value":
+        assert (result["metadata"]["expected"], result["metadata"]["got"]) == ("6", "1"), result["metadata"]
+
+
+def test_long_non_ascii_output_is_not_cut(code_gen_url):
+    row = {**OUR_ROWS[0], "verifier_metadata": {"unit_tests": {"inputs": [""], "outputs": ["€" * 40_000]}}}
+    result = verify(code_gen_url, row, fenced("print('€' * 40_000)"))  # 120 kB of UTF-8 for 40k characters
+    assert (result["reward"], result["verdict"]) == (1.0, "passed"), result["metadata"]
+
+
 @pytest.mark.parametrize(("text", "verdict"), [
     ("", "empty"), ("I would loop over the pairs.", "no_code"), ("```python\n```", "no_code"),
 ], ids=["empty", "prose", "empty-block"])
@@ -111,8 +147,9 @@ TAMPERING = {
     "patch-the-checker": "import glob\n"
                          "for path in glob.glob('/**/checker.py', recursive=True) + glob.glob('/work/**/*.py'):\n"
                          "    open(path, 'w').write('def stdout_matches(*a): return True')\nprint(0)",
-    "forge-result-marker": "print('@@gymfleet-call-result@@6')\nimport atexit\n"
-                           "atexit.register(lambda: print('@@gymfleet-call-result@@6'))",
+    "forge-result-marker": "import atexit, sys\nclass Solution:\n    def maxSubarraySum(self, nums): return None\n"
+                           "atexit.register(lambda: print('\\n@@gymfleet-call-result@@6'))\n"
+                           "sys.__stdout__.write('\\n@@gymfleet-call-result@@6\\n')",
     "patch-json": "import json\njson.dumps = lambda *a, **k: '6'\njson.loads = lambda *a, **k: 6\n"
                   "class Solution:\n    def maxSubarraySum(self, nums): return None",
     "forge-supervisor": "import os\nfor fd in os.listdir(f'/proc/{os.getppid()}/fd'):\n    try:\n"
