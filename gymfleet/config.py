@@ -75,12 +75,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SERVER_TYPES = ("responses_api_models", "resources_servers", "responses_api_agents")
-# Where each server type's implementations live; our agents sit in agents/ (responses_api_agents/ also works).
+SERVER_TYPES = ("responses_api_models", "resources_servers", "responses_api_agents", "sandbox_servers")
+# Where each server type's implementations live; our agents sit in agents/ (responses_api_agents/ also works), and
+# the code sandbox (gymfleet's own server type, `{sandbox_servers: {sandbox: ...}}`) is the top-level sandbox/.
 SERVER_FOLDERS = {
     "responses_api_models": "responses_api_models",
     "resources_servers": "resources_servers",
     "responses_api_agents": "agents",
+    "sandbox_servers": "",
 }
 HEAD_SERVER_KEY_NAME = "head_server"
 RESERVED_KEYS = frozenset(

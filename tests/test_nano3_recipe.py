@@ -1,4 +1,4 @@
-"""configs/nano3_rlvr.yaml as `ng_run` starts it: one fleet, six environments, one rollout through each agent.
+"""configs/nano3_rlvr.yaml as `ng_run` starts it: one fleet, seven environments, one rollout through each agent.
 
 The policy is the scripted model (a real vLLM-compatible server), reached through the recipe's own `policy_model`
 (`vllm_model_for_training`, token capture on), exactly as NeMo-RL would point it at vLLM.
@@ -18,7 +18,8 @@ from gymfleet.testing import running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs/nano3_rlvr.yaml"
-ENVS = ("math_with_judge", "instruction_following", "structured_outputs", "reasoning_gym", "calendar", "mcqa")
+ENVS = ("math_with_judge", "code_gen", "instruction_following", "structured_outputs", "reasoning_gym", "calendar",
+        "mcqa")
 
 # One reply per environment, for the first row of its data/example.jsonl (matched on the last user message), each a
 # right answer; so every rollout must score 1.0 and any other reward points at the wiring.
@@ -26,6 +27,10 @@ SCRIPT = [
     {"match": "sum of the first 20 positive odd integers",
      "reasoning": "The first n odd numbers add up to n squared.",
      "text": "1 + 3 + ... + 39 = 20^2, so the sum is $\\boxed{400}$."},
+    {"match": "largest value of a_j - a_i",
+     "text": "Track the smallest value so far.\n\n```python\nn = int(input())\nbest, low = 0, None\n"
+             "for x in map(int, input().split()):\n    if low is not None:\n        best = max(best, x - low)\n"
+             "    low = x if low is None else min(low, x)\nprint(best)\n```"},
     {"match": "new neighbour inviting them to a weekend barbecue",
      "text": "<<Welcome to the Street>>\nHi [neighbour name], come over for a barbecue on Saturday at [time]. "
              "We will handle the grill; just bring your appetite."},
@@ -66,13 +71,14 @@ def published():
         yield yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", timeout=30).json())
 
 
-def test_recipe_lists_the_six_environments_and_the_training_policy():
+def test_recipe_lists_the_seven_environments_and_the_training_policy():
     recipe = yaml.safe_load(RECIPE.read_text())
     assert recipe["config_paths"][0] == "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
     for path in recipe["config_paths"]:
         assert (ROOT / path).is_file(), path
-    envs = {Path(path).parts[1] for path in recipe["config_paths"][1:]}
+    envs = {Path(path).parts[1] for path in recipe["config_paths"][1:] if path.startswith("resources_servers/")}
     assert envs == set(ENVS)
+    assert "sandbox/configs/sandbox.yaml" in recipe["config_paths"], "code_gen needs the sandbox in the fleet"
 
 
 def test_fleet_serves_every_environment_behind_its_agent(published):
