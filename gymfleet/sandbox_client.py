@@ -20,9 +20,10 @@ from __future__ import annotations
 import base64
 import io
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gymfleet import http
 from gymfleet.errors import SandboxError, ServerRefError, TransportError
@@ -30,7 +31,6 @@ from gymfleet.errors import SandboxError, ServerRefError, TransportError
 __all__ = ["RunResult", "SandboxClient", "SandboxError", "SandboxSession", "SessionGoneError", "tar_directory"]
 
 Status = Literal["ok", "failed", "timeout", "oom", "killed"]
-STATUSES = frozenset({"ok", "failed", "timeout", "oom", "killed"})
 SANDBOX_RETRY = http.RetryPolicy(max_attempts=6, backoff_s=0.2, max_backoff_s=30.0)
 """Overload (429) and gateway errors are retried 5 times, waiting what `Retry-After` says (at most 30 s each);
 connection failures too, with jittered exponential backoff from 0.2 s (a restarting sandbox is waited for a few
@@ -41,29 +41,27 @@ class SessionGoneError(SandboxError):
     """The session no longer exists (deleted, expired after idling, or ended by its program)."""
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """What one program run did.
+class RunResult(BaseModel):
+    """What one program run (one case) did: the sandbox service's answer, and what this client returns."""
 
-    Attributes:
-        status: `ok` (exit 0), `failed` (non-zero exit, exception, crash), `timeout`, `oom` or `killed`.
-        stdout: Standard output (decoded as UTF-8, invalid bytes replaced), possibly truncated.
-        stderr: Standard error, likewise.
-        return_code: Exit status; minus the signal number if a signal ended it; None on timeout.
-        duration_s: Time the program ran inside the sandbox.
-        truncated: Whether stdout or stderr was cut at the output limit.
-        stdout_truncated: Whether stdout was (so what it shows is not all the program printed).
-        message: Why, in words, when `status` is not `ok`.
-    """
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     status: Status
+    """`ok` (exit 0), `failed` (non-zero exit, exception, crash), `timeout`, `oom` or `killed`."""
     stdout: str
+    """Standard output (decoded as UTF-8, invalid bytes replaced), possibly truncated."""
     stderr: str
+    """Standard error, likewise."""
     return_code: int | None
+    """Exit status; minus the signal number when a signal ended it; null on timeout."""
     duration_s: float
+    """Time the program ran inside the sandbox."""
     truncated: bool = False
-    message: str | None = None
+    """Stdout or stderr was cut at the output limit."""
     stdout_truncated: bool = False
+    """Stdout was (`truncated` with this false: only stderr was), so what it shows is not all the program printed."""
+    message: str | None = None
+    """Why, in words, when the status is not `ok`."""
 
     @property
     def ok(self) -> bool:
@@ -279,18 +277,6 @@ def _b64(archive: bytes | None) -> str | None:
 
 def _result(answer: Any) -> RunResult:
     try:
-        status = answer["status"]
-        if status not in STATUSES:
-            raise ValueError(f"unknown status {status!r}")
-        return RunResult(
-            status=status,
-            stdout=str(answer["stdout"]),
-            stderr=str(answer["stderr"]),
-            return_code=answer["return_code"],
-            duration_s=float(answer["duration_s"]),
-            truncated=bool(answer.get("truncated", False)),
-            message=answer.get("message"),
-            stdout_truncated=bool(answer.get("stdout_truncated", False)),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
+        return RunResult.model_validate(answer)
+    except ValidationError as exc:
         raise SandboxError(f"malformed run result from the sandbox: {exc}: {str(answer)[:300]}") from exc

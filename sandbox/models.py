@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from gymfleet.sandbox_client import RunResult, Status
 from sandbox.process import Frame
 
 Language = Literal["python", "bash"]
-Status = Literal["ok", "failed", "timeout", "oom", "killed"]
 EXITED, SIGNALED, TIMED_OUT, SETUP_FAILED = 0, 1, 2, 3
 OOM_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 KILL_SIGNALS = frozenset({signal.SIGKILL, signal.SIGXFSZ})
@@ -91,23 +91,6 @@ class BatchRequest(_Program):
     """Stop after the first case whose status is not `ok`."""
     prelude: str | None = None
     """Python run once before the cases; each case starts from the state it leaves (e.g. shared imports)."""
-
-
-class RunResult(BaseModel):
-    """The outcome of one program run (one case)."""
-
-    status: Status
-    stdout: str
-    stderr: str
-    return_code: int | None
-    """Exit status; minus the signal number when a signal ended it; null on timeout."""
-    duration_s: float
-    truncated: bool = False
-    """Stdout or stderr was cut at `max_output_bytes`."""
-    stdout_truncated: bool = False
-    """Stdout was (`truncated` with this false: only stderr was)."""
-    message: str | None = None
-    """Why, in words, when the status is not `ok`."""
 
 
 class BatchResult(BaseModel):

@@ -89,7 +89,7 @@ class Sessions:
             session.last_used = time.monotonic()
         if frame is None:
             await self.delete(session_id)
-            result.message = f"{result.message}; the session has ended"
+            result = result.model_copy(update={"message": f"{result.message}; the session has ended"})
         self.runner.metrics.observe(request.language, result.status, result.duration_s)
         return result
 

@@ -24,7 +24,7 @@ def _fleet_config(url: str) -> dict:
 async def test_run_by_instance_name(sandbox_url):
     client = SandboxClient("sandbox", config=http.ServerClient(_fleet_config(sandbox_url)))
     result = await client.run("print(input()[::-1])", "python", stdin="abc", timeout_s=5, memory_mb=256)
-    assert result == RunResult("ok", "cba\n", "", 0, result.duration_s, False, None)
+    assert result == RunResult(status="ok", stdout="cba\n", stderr="", return_code=0, duration_s=result.duration_s)
     failed = await client.run("exit 3", "bash", timeout_s=5, memory_mb=256)
     assert (failed.status, failed.return_code, failed.ok) == ("failed", 3, False)
 

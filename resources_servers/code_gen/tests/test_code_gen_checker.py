@@ -84,7 +84,8 @@ def test_the_header_imports_only_what_the_code_can_name():
 
 
 def _run(status="ok", stdout="", duration_s=0.01, cut: str = "") -> RunResult:
-    return RunResult(status, stdout, "", 0 if status == "ok" else 1, duration_s, truncated=bool(cut),
+    return RunResult(status=status, stdout=stdout, stderr="", return_code=0 if status == "ok" else 1,
+                     duration_s=duration_s, truncated=bool(cut),
                      stdout_truncated=cut == "stdout")
 
 
