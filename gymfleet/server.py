@@ -5,7 +5,9 @@ A `Server` owns a validated pydantic config, the global config dict (to reach ot
 signed session cookies (`gymfleet.sessions`), and error mapping:
 
 - a malformed request body is a 422 naming the offending field (FastAPI's shape) and is logged;
-- a `TransportError` from an inner call is a 502 naming the server that failed;
+- a `TransportError` from an inner call is a 502 naming the server that failed, with its `error_type`; an inner
+  4xx that rejects what the caller sent (400, 404, 422, ...) is passed on as that 4xx instead, except 401/403
+  (the fleet's own credentials: `auth_failed`) and 429, which are the fleet's problem;
 - any other exception is a logged traceback and a 500 JSON body `{"detail": ..., "error_type": ...}`,
   never `repr(e)` as a bare string.
 """
@@ -30,6 +32,9 @@ from gymfleet.errors import BadRequestError, TransportError
 from gymfleet.metrics import MetricsMiddleware, ServerMetrics
 from gymfleet.sessions import SessionCookieMiddleware, cookie_name
 
+NOT_THE_CALLERS_FAULT = frozenset({401, 403, 429})
+"""Inner 4xx answers that are the fleet's problem, not the caller's: credentials the fleet holds (a wrong
+`api_key` for the upstream model or judge; tagged `auth_failed`) and overload. They become a 502."""
 log = logging.getLogger(__name__)
 
 
@@ -149,14 +154,14 @@ class Server:
         return JSONResponse({"detail": str(exc), "error_type": "bad_request"}, status_code=400)
 
     async def _on_transport_error(self, request: Request, exc: TransportError) -> Response:
-        if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+        if exc.status is not None and 400 <= exc.status < 500 and exc.status not in NOT_THE_CALLERS_FAULT:
             # The inner server rejected what we forwarded from the caller (e.g. a row missing the fields the
             # environment needs): the caller's fault, so pass the 4xx on instead of blaming the fleet with a 5xx.
             log.warning("%s %s: inner server rejected the request: %s", request.method, request.url.path, exc)
             return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "inner_request_rejected",
                                  "upstream_status": exc.status}, status_code=exc.status)
         log.error("%s %s: inner call failed: %s", request.method, request.url.path, exc)
-        failure_class = exc.failure_class
+        failure_class = "auth_failed" if exc.status in (401, 403) else exc.failure_class
         self.metrics.failures.labels(failure_class).inc()
         return JSONResponse(
             {

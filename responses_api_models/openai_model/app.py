@@ -16,7 +16,8 @@ when `model` is empty).
 
 Failures: connection errors and 429/5xx answers are retried with exponential backoff, `max_attempts` tries in all;
 what is left is a 502 naming the upstream (`error_type` `upstream_error`, `connection_error` or `timeout`). Any
-other 4xx is the caller's fault: it comes back with the same status and the upstream's error message.
+401/403 (the configured key refused) is a 502 `error_type: auth_failed`, not the caller's fault; any other 4xx
+is: it comes back with the same status and the upstream's error message.
 
 The API key is a pydantic `SecretStr`. It is only ever sent in the `Authorization: Bearer` header (none is sent when
 it is empty): the config's `repr` shows `**********`, nothing is logged with it, and an upstream error message that

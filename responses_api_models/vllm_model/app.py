@@ -23,6 +23,7 @@ fields on input items travel upstream on the matching assistant message, so the 
 - 429/500/502/503/504 and refused connections → retried (`upstream_max_attempts`, exponential backoff with
   jitter, `Retry-After` honoured), then HTTP 502 `error_type: upstream_error` (or `connection_error`).
 - No answer within `timeout_s` → HTTP 502 `error_type: timeout` (not retried: the engine may still be generating).
+- Upstream 401/403 (the configured `api_key` refused) → HTTP 502 `error_type: auth_failed`, not retried.
 - Other upstream 4xx → passed on with their status; bad `metadata` JSON, `n > 1`, unsupported input → 400.
 
 ## Config

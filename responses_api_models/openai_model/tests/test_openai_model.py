@@ -246,7 +246,7 @@ def test_upstream_echoing_the_key_is_redacted(upstream, caplog):
     upstream.faults.append((401, {"error": {"message": f"Incorrect API key provided: {KEY}.", "code": "bad_key"}}))
     with policy(upstream.url + "/v1") as client:
         answer = client.post("/v1/responses", json={"input": "Hi"})
-    assert answer.status_code == 401
+    assert answer.status_code == 502 and answer.json()["error_type"] == "auth_failed"
     assert "Incorrect API key provided: ****." in answer.json()["detail"]
     assert "Incorrect API key provided" in caplog.text
     assert KEY not in answer.text and KEY not in caplog.text

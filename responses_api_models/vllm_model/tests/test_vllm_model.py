@@ -35,6 +35,7 @@ RULES = [
     {"match": "(?i)broken", "status": 500},
     {"match": "(?i)storm", "status": 429, "retry_after_s": 3600},
     {"match": "(?i)missing model", "status": 404, "error_message": "The model `x` does not exist."},
+    {"match": "(?i)wrong key", "status": 401, "error_message": "Incorrect API key provided."},
     {"match": "(?i)hang", "delay_s": 30, "text": "Too late."},
     {"match": "(?i)ponder", "reasoning": "Hmm.", "text": "Done pondering."},
 ]
@@ -509,6 +510,16 @@ def test_other_upstream_4xx_is_passed_on_not_retried():
         answer = _respond(stack.url, "missing model")
     assert answer.status_code == 404 and "does not exist" in answer.json()["detail"]
     assert len(stack.tap.bodies("/v1/chat/completions")) == 1
+
+
+def test_upstream_rejecting_the_fleets_key_is_a_typed_502_not_the_callers_4xx():
+    with _stack(agent=True) as stack:
+        direct = _respond(stack.url, "wrong key")
+        run = httpx.post(f"{stack.agent_url}/run", json=_row("wrong key"), timeout=60)
+    for answer in (direct, run):
+        assert answer.status_code == 502 and answer.json()["error_type"] == "auth_failed", answer.text
+    assert "Incorrect API key" in direct.json()["detail"]
+    assert len(stack.tap.bodies("/v1/chat/completions")) == 2, "not retried"
 
 
 def test_hung_upstream_is_a_typed_timeout():
