@@ -10,11 +10,10 @@ import pytest
 from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.config import repository_root
 from gymfleet.prepare_data import dataset_metrics, metric_differences
+from gymfleet.testing import nemo_gym_examples
 
 ROOT = repository_root()
-NEMO_GYM_ROWS = ROOT.parent / "shared/data/nemo_gym_examples/mcqa"
-if not NEMO_GYM_ROWS.is_dir():
-    NEMO_GYM_ROWS = Path("/work/shared/data/nemo_gym_examples/mcqa")
+NEMO_GYM_ROWS = nemo_gym_examples("mcqa")
 INVALID = Path(__file__).parent / "fixtures/data/mcqa_invalid_rows.jsonl"
 AGENT_REF = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.testing import make_response, serve
+from gymfleet.testing import make_response, nemo_gym_examples, serve
 from resources_servers.calendar.app import CalendarServer
 from resources_servers.calendar.schedule import Constraint, parse_time
 
 ROOT = Path(__file__).resolve().parents[3]
 OURS = ROOT / "resources_servers/calendar/data/example.jsonl"
-NEMO = ROOT.parent / "shared/data/nemo_gym_examples/calendar/example.jsonl"
+NEMO = nemo_gym_examples("calendar") / "example.jsonl"
 OUR_ROWS = [json.loads(line) for line in OURS.read_text().splitlines()]
 NEMO_ROWS = [json.loads(line) for line in NEMO.read_text().splitlines()]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.testing import free_port, serve
+from gymfleet.testing import free_port, nemo_gym_examples, serve
 from resources_servers.code_gen.app import CodeGenServer
 from resources_servers.code_gen.tests.conftest import fenced, verify
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 OUR_ROWS = [json.loads(line) for line in
             (ROOT / "resources_servers/code_gen/data/example.jsonl").read_text().splitlines()]
 NEMO_ROWS = [json.loads(line) for line in
-             (ROOT.parent / "shared/data/nemo_gym_examples/code_gen/example.jsonl").read_text().splitlines()]
+             (nemo_gym_examples("code_gen") / "example.jsonl").read_text().splitlines()]
 
 GOLD = [
     "n = int(input())\na = list(map(int, input().split()))\nbest, low = 0, a[0]\nfor x in a[1:]:\n"

@@ -8,15 +8,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.testing import make_response, serve
+from gymfleet.testing import make_response, nemo_gym_examples, serve
 from resources_servers.instruction_following.app import InstructionFollowingServer
 from resources_servers.instruction_following.tests.test_instruction_following_checkers import KWARGS_BY_ID
 
 ROOT = Path(__file__).resolve().parents[3]
 OUR_ROWS = [json.loads(line) for line in (ROOT / "resources_servers/instruction_following/data/example.jsonl")
             .read_text().splitlines()]
-NEMO_ROWS = [json.loads(line) for line in (ROOT.parent / "shared/data/nemo_gym_examples/instruction_following"
-                                           / "example.jsonl").read_text().splitlines()]
+NEMO_ROWS = [json.loads(line) for line in
+             (nemo_gym_examples("instruction_following") / "example.jsonl").read_text().splitlines()]
 # A response that follows every instruction of the matching row of data/example.jsonl.
 FOLLOWING = [
     "<<Welcome to the Street>>\nHi [neighbour name], we would love to have you over for a barbecue this Saturday "

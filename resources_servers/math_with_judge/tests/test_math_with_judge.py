@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gymfleet.errors import ServerRefError
-from gymfleet.testing import free_port, make_response, serve
+from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from resources_servers.math_with_judge.app import MathWithJudgeServer
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 OUR_ROWS = [json.loads(line) for line in
             (ROOT / "resources_servers/math_with_judge/data/example.jsonl").read_text().splitlines()]
 NEMO_ROWS = [json.loads(line) for line in
-             (ROOT.parent / "shared/data/nemo_gym_examples/math_with_judge/example.jsonl").read_text().splitlines()]
+             (nemo_gym_examples("math_with_judge") / "example.jsonl").read_text().splitlines()]
 REASONING = "Let me work through this carefully. " * 40
 BASE = {"name": "math_with_judge", "domain": "math", "library_verifier_timeout_seconds": 2}
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.testing import make_response, serve
+from gymfleet.testing import make_response, nemo_gym_examples, serve
 from resources_servers.mcqa.app import MCQAServer
 
 ROOT = Path(__file__).resolve().parents[3]
 OUR_ROWS = [json.loads(line) for line in (ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()]
-NEMO_GYM = ROOT.parent / "shared/data/nemo_gym_examples/mcqa"
+NEMO_GYM = nemo_gym_examples("mcqa")
 NEMO_ROWS = [json.loads(line) for line in (NEMO_GYM / "example.jsonl").read_text().splitlines()]
 TEMPLATE_ROWS = [json.loads(line) for line in
                  (NEMO_GYM / "example_with_template_metadata.jsonl").read_text().splitlines()]

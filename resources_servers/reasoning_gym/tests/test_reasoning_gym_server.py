@@ -8,12 +8,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.testing import make_response, serve
+from gymfleet.testing import make_response, nemo_gym_examples, serve
 from resources_servers.reasoning_gym.app import ReasoningGymServer
 
 ROOT = Path(__file__).resolve().parents[3]
 OURS = ROOT / "resources_servers/reasoning_gym/data/example.jsonl"
-NEMO = ROOT.parent / "shared/data/nemo_gym_examples/reasoning_gym/example.jsonl"
+NEMO = nemo_gym_examples("reasoning_gym") / "example.jsonl"
 OUR_ROWS = [json.loads(line) for line in OURS.read_text().splitlines()]
 NEMO_ROWS = [json.loads(line) for line in NEMO.read_text().splitlines()]
 WRONG = {

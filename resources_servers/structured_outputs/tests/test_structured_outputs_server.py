@@ -14,14 +14,14 @@ import jsonschema
 import pytest
 import yaml
 
-from gymfleet.testing import make_response, serve
+from gymfleet.testing import make_response, nemo_gym_examples, serve
 from resources_servers.structured_outputs.app import StructuredOutputsServer
 from resources_servers.structured_outputs.documents import strictify
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "resources_servers/structured_outputs/data/example.jsonl"
 OUR_ROWS = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
-NEMO_DIR = ROOT.parent / "shared/data/nemo_gym_examples/structured_outputs"
+NEMO_DIR = nemo_gym_examples("structured_outputs")
 NEMO_ROWS = [
     pytest.param(json.loads(line), id=f"{path.stem}-{index}")
     for path in sorted(NEMO_DIR.glob("*.jsonl"))
