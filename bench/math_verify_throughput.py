@@ -23,9 +23,7 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.testing import make_response  # noqa: E402
+from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
 
 ROW = json.loads((ROOT / "resources_servers/math_with_judge/data/example.jsonl").read_text().splitlines()[0])
 REASONING = ("We set up the problem carefully. Let $a_n$ denote the $n$-th term, so $a_n = a_{n-1} + d$ and "
@@ -79,27 +77,6 @@ def serve(port: int, timeout_s: float) -> None:
                                   "library_verifier_timeout_seconds": timeout_s})
     uvicorn.run(server.create_app(), host="127.0.0.1", port=port, log_level="error", access_log=False,
                 backlog=8192)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start(timeout_s: float) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(port), "--timeout-s",
-                                str(timeout_s)])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return process, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("math_with_judge server did not start")
 
 
 async def _verify(url: str, gold: str, text: str) -> tuple[float, dict]:
@@ -173,7 +150,9 @@ def main() -> None:
         serve(args.port, args.timeout_s)
         return
 
-    process, url = _start(args.timeout_s)
+    port = free_port()
+    process, url = spawn_server([sys.executable, __file__, "--serve", "--port", str(port), "--timeout-s",
+                                 str(args.timeout_s)], port)
     try:
         results = asyncio.run(_run(url, process.pid, args.concurrency, args.rounds))
     finally:

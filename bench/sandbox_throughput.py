@@ -20,14 +20,13 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.testing import free_port  # noqa: E402
+from gymfleet.testing import free_port, spawn_server  # noqa: E402
 
 
 async def _sandbox_once(url: str, code: str) -> None:
@@ -72,18 +71,6 @@ async def measure(run_once, concurrency: int, seconds: float, cell: Cell) -> Non
     cell.elapsed += time.perf_counter() - started
 
 
-def _wait_ready(url: str, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/", timeout=1):
-                return
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the sandbox server did not start") from None
-            time.sleep(0.1)
-
-
 async def main_async(args: argparse.Namespace, url: str, python: str) -> list[str]:
     """Alternate short slices of the two modes, so load from elsewhere on the machine hits both alike."""
     sandbox_once = lambda: _sandbox_once(url, args.code)  # noqa: E731
@@ -115,11 +102,9 @@ def main() -> None:
     parser.add_argument("--python", default="/usr/bin/python3", help="interpreter of the bare runs (the sandbox's)")
     args = parser.parse_args()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "sandbox", "--port", str(port)], cwd=ROOT,
-                              stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    server, url = spawn_server([sys.executable, "-m", "sandbox", "--port", str(port)], port, cwd=ROOT,
+                               stderr=subprocess.DEVNULL)
     try:
-        _wait_ready(url, server)
         rows = asyncio.run(main_async(args, url, args.python))
     finally:
         server.terminate()

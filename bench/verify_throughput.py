@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.testing import make_response  # noqa: E402
+from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
 
 ROW = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
 ANSWER = "Mercury has the shortest year, about 88 days. " * 20 + "\n\n\\boxed{B}"
@@ -60,27 +58,6 @@ def serve(kind: str, port: int) -> None:
     logging.basicConfig(level=logging.ERROR)
     app = _bare_app() if kind == "bare" else _mcqa_app()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False, backlog=8192)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start(kind: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--port", str(port)])
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return process, url
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"{kind} server did not start")
 
 
 async def _load(url: str, concurrency: int, seconds: float, body: dict) -> dict:
@@ -134,7 +111,8 @@ def main() -> None:
     print(f"body {len(json.dumps(body))} bytes; {args.seconds:g}s per cell; {os.cpu_count()} cores")
     results: dict[tuple[str, int], dict] = {}
     for kind in ("bare", "mcqa"):
-        process, url = _start(kind)
+        port = free_port()
+        process, url = spawn_server([sys.executable, __file__, "--serve", kind, "--port", str(port)], port)
         proc = psutil.Process(process.pid)
         try:
             asyncio.run(_load(url, 16, 1.0, body))  # warm-up

@@ -157,6 +157,37 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def spawn_server(argv: list[str], port: int, *, timeout_s: float = 60, **popen: Any) -> tuple[Any, str]:
+    """Start a server process (`argv`, listening on 127.0.0.1:`port`) and wait until it answers HTTP.
+
+    Any HTTP answer to `GET /` counts, a 404 included. `popen` goes to `subprocess.Popen` (`cwd`, `stderr`, ...).
+
+    Returns:
+        The `Popen` (the caller terminates it) and the base URL.
+
+    Raises:
+        RuntimeError: the process exited, or did not answer within `timeout_s` (it is killed).
+    """
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    process = subprocess.Popen(argv, **popen)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/", timeout=1):
+                return process, url
+        except urllib.error.HTTPError:
+            return process, url
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"{' '.join(argv)} did not start serving {url}") from None
+            time.sleep(0.1)
+
+
 @contextmanager
 def running_fleet(config_paths: list[str], extra: dict[str, Any] | None = None) -> Iterator[Any]:
     """Start a real fleet (`ng_run`'s supervisor, real subprocesses) from config files; yields the `Fleet`.
