@@ -13,6 +13,7 @@ Contents:
     - `match_option_text`: the option letter whose text a payload spells out.
     - `unwrap_latex_text`: drop `\text{...}`-style wrappers.
     - `last_tagged`: content of the last `<answer>...</answer>`-style tag pair.
+    - `last_fenced_block`: the lines of the last ```-fenced block (a program to run).
     - `last_number`, `normalize`, `normalize_letter`, `tail`: small building blocks.
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "answer_values",
     "choice_letter",
     "last_boxed",
+    "last_fenced_block",
     "last_number",
     "last_tagged",
     "match_option_text",
@@ -252,6 +254,34 @@ def strip_think(text: str) -> str:
         pos = close_at + len(THINK_CLOSE)
         open_at, close_at = text.find(THINK_OPEN, pos), text.find(THINK_CLOSE, pos)
     return "".join(kept).strip()
+
+
+# ---------------------------------------------------------------------------------------------- fenced blocks
+
+
+def last_fenced_block(text: str) -> str | None:
+    """Return the lines strictly between the last two lines that contain a code fence (```).
+
+    A fence line is any line holding ```: "```python", "```" and "text ``` inline" all count, as LiveCodeBench-style
+    graders split on them. The language tag and anything else on the fence lines is dropped.
+
+    Args:
+        text: A model output.
+
+    Returns:
+        The block's lines joined by newlines (`""` for an empty block), or None with fewer than two fence lines.
+
+    Examples:
+        >>> last_fenced_block("Here:\\n```python\\nprint(1)\\n```\\nDone.")
+        'print(1)'
+        >>> last_fenced_block("one fence only ```python\\nprint(1)") is None
+        True
+    """
+    lines = text.split("\n")
+    fences = [index for index, line in enumerate(lines) if "```" in line]
+    if len(fences) < 2:
+        return None
+    return "\n".join(lines[fences[-2] + 1 : fences[-1]])
 
 
 # ---------------------------------------------------------------------------------------------- tag pairs

@@ -1,3 +1,4 @@
+import doctest
 import time
 
 import pytest
@@ -8,6 +9,11 @@ ABCD = "ABCD"
 ONE_MB = 1_000_000
 JUNK = "Let me reconsider the kinetics {k_1} and \\frac{1}{2} once more, 12 34. "
 HUGE_JUNK = JUNK * (ONE_MB // len(JUNK))
+
+
+def test_every_docstring_example_holds():
+    outcome = doctest.testmod(answers)
+    assert outcome.attempted > 20 and outcome.failed == 0
 
 
 def _fast(fn, *args, budget_s=2.0):
@@ -307,6 +313,21 @@ def test_normalize_letter(ch, expected):
 def test_unwrap_latex_text():
     assert answers.unwrap_latex_text(r"\mathrm{  C }") == "C"
     assert answers.unwrap_latex_text(r"\texttt{B}") == r"\texttt{B}"
+
+
+# ---------------------------------------------------------------------------------------------- last_fenced_block
+
+
+@pytest.mark.parametrize(("text", "code"), [
+    ("```python\nprint(1)\n```", "print(1)"),
+    ("Idea first.\n```\na = 1\n```\nThen:\n```python\nb = 2\nprint(b)\n```\nDone.", "b = 2\nprint(b)"),
+    ("One fence only ```python\nprint(1)", None),
+    ("No code at all.", None),
+    ("```python\n```", ""),
+    ("text ``` inline\nx = 1\n``` end", "x = 1"),
+], ids=["plain", "last-block-wins", "unclosed", "none", "empty-block", "fence-inside-lines"])
+def test_last_fenced_block(text, code):
+    assert answers.last_fenced_block(text) == code
 
 
 # ---------------------------------------------------------------------------------------------- last_tagged

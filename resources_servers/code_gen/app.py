@@ -51,12 +51,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gymfleet import answers
 from gymfleet.errors import ConfigError, SandboxError, ServerRefError
 from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.sandbox_client import RunResult, SandboxClient
 from gymfleet.server import ServerRef
 from gymfleet.wire import Response
-from resources_servers.code_gen.checker import Grade, call_program, extract_code, grade, leaks_think_tags, prelude_for
+from resources_servers.code_gen.checker import Grade, call_program, grade, leaks_think_tags, prelude_for
 
 
 class CodeGenConfig(ResourcesServerConfig):
@@ -153,7 +154,7 @@ class CodeGenServer(ResourcesServer):
         tests = body.verifier_metadata.unit_tests
         fields: dict[str, Any] = {"extracted_model_output": text, "tests_total": len(tests.inputs),
                                   "difficulty": body.verifier_metadata.difficulty}
-        code = extract_code(text) if text.strip() else None
+        code = answers.last_fenced_block(text) if text.strip() else None
         if leaks_think_tags(text, _reasoning_text(body.response)):
             penalty = self.config.reasoning_format_penalty
             return CodeGenResponse.echo(body, reward=penalty, verdict="think_tag_leak", extracted_model_code=code,

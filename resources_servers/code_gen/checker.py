@@ -24,29 +24,11 @@ HEADER_MODULES = (
     "string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random", "statistics",
     "itertools", "functools", "operator", "io", "sys", "json", "typing",
 )  # fmt: skip
-# A fence line: "```python", "```", "  ``` " all match; a line merely mentioning ``` inside text matches too.
-FENCE = re.compile(r"```")
 # Identifiers the program could look up: "deque" in "q = deque()" matches; "3rd" does not start one.
 IDENTIFIER = re.compile(r"[^\W\d]\w*")
 RESULT_MARKER = "\n@@gymfleet-call-result@@"
 NEMO_CODES = {"wrong_answer": -2, "timeout": -3, "runtime_error": -4, "memory_limit": -4}
 EXCERPT_CHARS = 300
-
-
-def extract_code(text: str) -> str | None:
-    """The lines strictly between the last two lines that contain a fence (```), or None with fewer than two.
-
-    Examples:
-        >>> extract_code("Here:\\n```python\\nprint(1)\\n```\\nDone.")
-        'print(1)'
-        >>> extract_code("no code") is None
-        True
-    """
-    lines = text.split("\n")
-    fences = [index for index, line in enumerate(lines) if FENCE.search(line)]
-    if len(fences) < 2:
-        return None
-    return "\n".join(lines[fences[-2] + 1 : fences[-1]])
 
 
 def leaks_think_tags(output_text: str, reasoning_text: str) -> bool:

@@ -1,4 +1,4 @@
-"""Table tests of code_gen's pure parts: extraction, comparison, think-tag leaks, the header, grading."""
+"""Table tests of code_gen's pure parts: comparison, think-tag leaks, the header, grading."""
 
 from __future__ import annotations
 
@@ -8,24 +8,11 @@ from gymfleet.sandbox_client import RunResult
 from resources_servers.code_gen.checker import (
     RESULT_MARKER,
     call_result_matches,
-    extract_code,
     grade,
     leaks_think_tags,
     prelude_for,
     stdout_matches,
 )
-
-
-@pytest.mark.parametrize(("text", "code"), [
-    ("```python\nprint(1)\n```", "print(1)"),
-    ("Idea first.\n```\na = 1\n```\nThen:\n```python\nb = 2\nprint(b)\n```\nDone.", "b = 2\nprint(b)"),
-    ("One fence only ```python\nprint(1)", None),
-    ("No code at all.", None),
-    ("```python\n```", ""),
-    ("text ``` inline\nx = 1\n``` end", "x = 1"),
-], ids=["plain", "last-block-wins", "unclosed", "none", "empty-block", "fence-inside-lines"])
-def test_extract_code(text, code):
-    assert extract_code(text) == code
 
 
 @pytest.mark.parametrize(("got", "expected", "same"), [
