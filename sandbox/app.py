@@ -15,10 +15,19 @@ Routes (JSON in and out; shapes in `sandbox.models`):
   `DELETE /sessions/{id}`.
 - `GET /info`: isolation mode and limits. Plus the base server's `GET /` and `GET /metrics`.
 
+Admission (`sandbox.admission`): a request runs when a run slot (`max_concurrent_runs`) and its `memory_mb` fit:
+the `memory_mb` of everything admitted at once stays within `memory_budget_mb` (default: a share of the machine's
+available memory); the rest wait in one first-come-first-served queue. A run or batch holds its `memory_mb` (once:
+a batch's cases run one at a time in its sandbox) and a slot while it runs. A session holds its `memory_mb` from
+creation until it is deleted, expires or ends, since its kernel keeps its memory between execs; its execs then need
+only a slot (they may pass a request waiting for memory, so an idle session's next exec is never stuck behind it).
+`GET /metrics` shows the budget, the memory admitted and the requests waiting for memory.
+
 Overload is a 429 with `Retry-After` (never a hang); an unknown session is a 404; limits above the configured
-maxima are a 400; a sandbox that cannot start is a 503 (infrastructure). The program's own failures are 200s with
-their status. Isolation is checked when the server starts: if bubblewrap cannot run, start-up fails saying how to
-fix it. Run it with `python -m sandbox` or as a fleet instance (`sandbox/configs/sandbox.yaml`).
+maxima, or a `memory_mb` above the whole memory budget (it could never be admitted), are a 400; a sandbox that
+cannot start is a 503 (infrastructure). The program's own failures are 200s with their status. Isolation is checked
+when the server starts: if bubblewrap cannot run, start-up fails saying how to fix it. Run it with
+`python -m sandbox` or as a fleet instance (`sandbox/configs/sandbox.yaml`).
 """
 
 from __future__ import annotations
@@ -29,13 +38,14 @@ import os
 from typing import Literal
 
 from fastapi import FastAPI, Request
+from pydantic import Field
 from starlette.responses import Response
 
 from gymfleet.bodies import read_json, validate
 from gymfleet.errors import ConfigError
 from gymfleet.server import JSONResponse, Server, ServerConfig, add_route, dump
 from sandbox import isolation
-from sandbox.admission import Admission, Overloaded
+from sandbox.admission import Admission, Overloaded, machine_memory_budget_mb
 from sandbox.metrics import SandboxMetrics
 from sandbox.models import BatchRequest, BatchResult, ExecRequest, RunRequest, SessionCreated, SessionRequest
 from sandbox.process import SandboxStartError
@@ -61,8 +71,12 @@ class SandboxConfig(ServerConfig):
     max_concurrent_runs: int | None = None
     """Sandboxes running at once; default CPU cores x `runs_per_core`."""
     runs_per_core: int = 2
+    memory_budget_mb: int | None = Field(None, ge=16)
+    """Memory (MiB) that the runs and sessions admitted at once may ask for, as the sum of their `memory_mb`; the
+    rest wait in the queue. Default (null): 75% of the memory available when the server starts (psutil, or the
+    container's cgroup limit if less)."""
     queue_length: int = 4096
-    """Requests that may wait for a slot; beyond that the answer is 429 with Retry-After."""
+    """Requests that may wait for a slot or memory; beyond that the answer is 429 with Retry-After."""
     startup_timeout_s: float = 30.0
     wall_time_factor: float = 2.0
     """Wall-clock limit = `timeout_s` x this (the CPU time limit is `timeout_s`): a program slowed down by other runs
@@ -94,11 +108,26 @@ class SandboxServer(Server):
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)
         slots = self.config.max_concurrent_runs or (os.cpu_count() or 1) * self.config.runs_per_core
-        self.admission = Admission(slots, self.config.queue_length)
+        self.admission = Admission(slots, self.config.queue_length, self._memory_budget_mb())
         self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
         self.runner: Runner | None = None
         self.sessions: Sessions | None = None
         self._background: list[asyncio.Task] = []
+
+    def _memory_budget_mb(self) -> int:
+        """The configured `memory_budget_mb`, or a share of the machine's; it must hold one default run.
+
+        Raises:
+            ConfigError: the budget is below `default_memory_mb` (every run that does not say otherwise would be
+                refused).
+        """
+        config = self.config
+        budget = config.memory_budget_mb or machine_memory_budget_mb()
+        if budget < config.default_memory_mb:
+            where = "memory_budget_mb" if config.memory_budget_mb else f"the automatic memory budget ({budget} MiB)"
+            raise ConfigError(f"{where} is below default_memory_mb ({config.default_memory_mb} MiB): no run could "
+                              "use the default", hint="raise memory_budget_mb or lower default_memory_mb")
+        return budget
 
     async def startup(self) -> None:
         config = self.config
@@ -115,8 +144,8 @@ class SandboxServer(Server):
             raise
         self._background = [asyncio.create_task(self.sessions.expire_forever()),
                             asyncio.create_task(self.runner.memory.run_forever())]
-        log.info("sandbox ready: isolation %s, %d concurrent runs, queue %d", prepared.mode,
-                 self.admission.max_running, self.admission.max_queued)
+        log.info("sandbox ready: isolation %s, %d concurrent runs, memory budget %d MiB, queue %d", prepared.mode,
+                 self.admission.max_running, self.admission.memory_budget_mb, self.admission.max_queued)
 
     async def _check_isolation(self) -> None:
         try:
@@ -177,6 +206,7 @@ class SandboxServer(Server):
         return JSONResponse({
             "isolation": self.runner.isolation.mode, "python": self.runner.isolation.python,
             "max_concurrent_runs": self.admission.max_running, "queue_length": self.admission.max_queued,
+            "memory_budget_mb": self.admission.memory_budget_mb,
             **{name: getattr(self.config, name) for name in fields},
         })  # fmt: skip
 

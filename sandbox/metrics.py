@@ -10,7 +10,8 @@ RUN_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 
 
 class SandboxMetrics:
-    """Runs by status, queue depth, runs in progress, run durations, refusals, open sessions."""
+    """Runs by status, queue depth, runs in progress, memory budget and admitted, run durations, refusals, open
+    sessions."""
 
     def __init__(self, registry: CollectorRegistry, admission: Admission):
         self.runs = Counter(
@@ -21,10 +22,27 @@ class SandboxMetrics:
             "gymfleet_sandbox_run_seconds", "Program run time inside the sandbox", ["language"],
             buckets=RUN_BUCKETS_S, registry=registry,
         )  # fmt: skip
-        self.queue_depth = Gauge("gymfleet_sandbox_queue_depth", "Requests waiting for a run slot", registry=registry)
+        self.queue_depth = Gauge(
+            "gymfleet_sandbox_queue_depth", "Requests waiting for a run slot or memory", registry=registry
+        )
         self.queue_depth.set_function(lambda: admission.waiting)
         self.running = Gauge("gymfleet_sandbox_running", "Sandboxes running a request", registry=registry)
         self.running.set_function(lambda: admission.running)
+        self.memory_budget = Gauge(
+            "gymfleet_sandbox_memory_budget_bytes", "Memory that the runs and sessions admitted at once may ask for",
+            registry=registry,
+        )  # fmt: skip
+        self.memory_budget.set_function(lambda: admission.memory_budget_mb << 20)
+        self.memory_admitted = Gauge(
+            "gymfleet_sandbox_memory_admitted_bytes", "Memory (memory_mb) of the runs and sessions admitted now",
+            registry=registry,
+        )  # fmt: skip
+        self.memory_admitted.set_function(lambda: admission.admitted_mb << 20)
+        self.waiting_for_memory = Gauge(
+            "gymfleet_sandbox_waiting_for_memory", "Requests in the queue held back by the memory budget",
+            registry=registry,
+        )  # fmt: skip
+        self.waiting_for_memory.set_function(lambda: admission.waiting_for_memory)
         self.rejected = Counter(
             "gymfleet_sandbox_rejected", "Requests refused with 429", ["reason"], registry=registry
         )

@@ -1,4 +1,5 @@
-"""Running programs: limits checked against the server's maxima, a slot from admission, one sandbox per request.
+"""Running programs: limits checked against the server's maxima, a slot and memory from admission, one sandbox per
+request.
 
 A `/run` is a batch of one case. A batch runs all its cases in one sandbox (one interpreter start), each case in a
 fresh forked process; the service reads one result per case and gives every case its time limit plus a grace
@@ -58,7 +59,7 @@ class Runner:
         self._cleanups: set[asyncio.Task] = set()
 
     def limits(self, timeout_s: float | None, memory_mb: int | None, max_output: int | None) -> Limits:
-        """Fill defaults and refuse values above the server's maxima (a 400 naming the maximum)."""
+        """Fill defaults and refuse values above the server's maxima or memory budget (a 400 naming the limit)."""
         config = self.config
         limits = Limits(
             timeout_s if timeout_s is not None else config.default_timeout_s,
@@ -73,6 +74,7 @@ class Runner:
         ):
             if value > maximum:
                 raise BadRequestError(f"{name}={value:g} is above this sandbox's maximum of {maximum:g}")
+        self.admission.check_memory(limits.memory_mb)
         return limits
 
     def payload(self, mode: str, language: str, limits: Limits, **fields: Any) -> dict[str, Any]:
@@ -140,7 +142,7 @@ class Runner:
             cases=[{"stdin": (case.stdin or "").encode(), "args": case.args} for case in request.cases],
         )
         direct = len(request.cases) == 1 and request.language == "python" and self.isolation.pidns
-        release = await self.admission.acquire()
+        release = await self.admission.acquire(limits.memory_mb)  # once: the cases run one at a time
         try:
             process = await self.start(payload, direct=direct)
         except BaseException:

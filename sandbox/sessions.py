@@ -1,7 +1,9 @@
 """Sessions: one long-lived sandbox per session, running the kernel (`sandbox.kernel`) until deleted or idle.
 
 A session is created with optional files and limits (its memory limit covers the whole session; its timeout is the
-default per exec). Execs of one session run one at a time, each holding a run slot like any run. An exec that
+default per exec). It holds its `memory_mb` of the admission memory budget from creation (waiting in the queue for
+it like a run) until it is deleted, expires or ends: its kernel keeps its memory between execs. Execs of one
+session run one at a time, each holding a run slot like any run, but no more memory. An exec that
 outlives its time limit and cannot be interrupted, or that kills the kernel, ends the session (the result says
 so; the next exec is a 404). Sessions idle longer than `session_idle_timeout_s` are deleted; at most
 `max_sessions` are open at once (beyond that, 429).
@@ -13,6 +15,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gymfleet.errors import BadRequestError
@@ -33,6 +36,7 @@ class Session:
     id: str
     process: SandboxProcess
     limits: Limits
+    release_memory: Callable[[], None]
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
@@ -45,12 +49,13 @@ class Sessions:
         self.runner = runner
         self.config = runner.config
         self._open: dict[str, Session] = {}
+        self._starting = 0
 
     def __len__(self) -> int:
         return len(self._open)
 
     async def create(self, request: SessionRequest) -> Session:
-        if len(self._open) >= self.config.max_sessions:
+        if len(self._open) + self._starting >= self.config.max_sessions:
             message = f"{len(self._open)} sessions open (max_sessions {self.config.max_sessions}); retry later"
             raise Overloaded(message, 5, reason="max_sessions")
         limits = self.runner.limits(request.timeout_s, request.memory_mb, request.max_output_bytes)
@@ -58,15 +63,37 @@ class Sessions:
             "session", "python", limits, files=request.files, archive=decode_archive(request.archive),
             kernel=self.runner.isolation.kernel_code, session_cpu_s=self.config.session_cpu_s,
         )  # fmt: skip
-        process = await self.runner.start(payload)
-        result, frame = await self.runner.next_result(process, limits)
-        if frame is None or result.status != "ok":
-            await process.close()
-            raise BadRequestError(f"could not set up the session: {result.message or result.stderr}")
-        session = Session(secrets.token_hex(16), process, limits)
+        self._starting += 1
+        try:
+            release_memory = await self.runner.admission.acquire(limits.memory_mb, slot=False)
+            try:
+                process = await self._start(payload, limits)
+            except BaseException:
+                release_memory()
+                raise
+        finally:
+            self._starting -= 1
+        session = Session(secrets.token_hex(16), process, limits, release_memory)
         self._open[session.id] = session
         self.runner.metrics.sessions.set(len(self._open))
         return session
+
+    async def _start(self, payload: dict, limits: Limits) -> SandboxProcess:
+        """A session sandbox whose kernel is ready.
+
+        Raises:
+            BadRequestError: the files or archive could not be set up.
+        """
+        process = await self.runner.start(payload)
+        try:
+            result, frame = await self.runner.next_result(process, limits)
+        except BaseException:
+            await process.close()
+            raise
+        if frame is None or result.status != "ok":
+            await process.close()
+            raise BadRequestError(f"could not set up the session: {result.message or result.stderr}")
+        return process
 
     async def exec(self, session_id: str, request: ExecRequest) -> RunResult:
         session = self._get(session_id)
@@ -75,7 +102,7 @@ class Sessions:
         async with session.lock:
             if session.closed:
                 raise SessionNotFound(session_id)
-            async with self.runner.admission.slot():
+            async with self.runner.admission.slot():  # no memory: the session holds its own
                 session.process.send({
                     "language": request.language, "code": request.code, "timeout_s": limits.timeout_s,
                     "wall_timeout_s": limits.wall_timeout_s,
@@ -99,7 +126,10 @@ class Sessions:
             return False
         session.closed = True
         self.runner.metrics.sessions.set(len(self._open))
-        await session.process.close()
+        try:
+            await session.process.close()
+        finally:
+            session.release_memory()
         return True
 
     def _get(self, session_id: str) -> Session:
