@@ -46,9 +46,9 @@ SCRIPTED = "scripted_llm.responses_api_models.scripted_model"
 
 def fleet_config(head_port: int) -> dict:
     conditions = sorted({condition for condition, _ in FORECASTS.values()})
-    rules = [{"match": rf'"condition":\s*"{c}"', "on": "last_message", "text": f"The forecast says {c}."}
+    rules = [{"match": rf'"condition":\s*"{c}"', "match_in": "last_message", "text": f"The forecast says {c}."}
              for c in conditions]
-    rules += [{"match": rf"(?i)\b{city}\b", "on": "transcript", "text": "Let me look that up.",
+    rules += [{"match": rf"(?i)\b{city}\b", "match_in": "transcript", "text": "Let me look that up.",
                "tool_calls": [{"name": "get_weather", "arguments": {"city": city.title()}}]} for city in FORECASTS]
     return {
         "config_paths": ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",

@@ -28,6 +28,7 @@ import random
 import re
 import socket
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ from gymfleet.http import ClientLimits
 
 __all__ = [
     "DOMAINS",
+    "GLOBAL_KEYS",
     "BaseServerConfig",
     "HEAD_SERVER_KEY_NAME",
     "RESERVED_KEYS",
@@ -96,6 +98,15 @@ RESERVED_KEYS = frozenset(
         "skip_verification", "skip_verification_reward", "error_on_almost_servers",
     }
 )  # fmt: skip
+# Global keys gymfleet reads besides RESERVED_KEYS (NeMo-Gym's): the policy endpoint every recipe interpolates,
+# the HTTP pool limits, the access log switch and the restart budget.
+GLOBAL_KEYS = frozenset(
+    {
+        "policy_base_url", "policy_api_key", "policy_model_name", "global_aiohttp_connector_limit",
+        "global_aiohttp_connector_limit_per_host", "uvicorn_logging_show_200_ok", "restart_crashed_servers",
+    }
+)  # fmt: skip
+CLI_SOURCE = "the command line"
 DOMAINS = (
     "math", "coding", "agent", "knowledge", "instruction_following", "long_context", "safety", "games",
     "translation", "e2e", "rlhf", "other",
@@ -183,6 +194,21 @@ class GlobalConfig:
     data: dict
     instances: dict[str, ServerInstance]
     hide_secrets: bool = False
+    origins: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    """Top-level key -> the sources that set it (config file paths, "env.yaml", "the command line", ...)."""
+    referenced: frozenset[str] = frozenset()
+    """Top-level keys that some `${...}` interpolation names (e.g. `policy_base_url`)."""
+
+    def unknown_cli_keys(self, known: Iterable[str]) -> list[str]:
+        """Top-level keys set only on the command line that nothing reads: not in `known` (the command's own
+        keys), not a global key (`RESERVED_KEYS`, `GLOBAL_KEYS`), not a server instance, not set by any other
+        source, not named by any interpolation. These are typos (`+num_repeat=3`) and must not pass silently."""
+        allowed = set(known) | RESERVED_KEYS | GLOBAL_KEYS | set(self.instances) | self.referenced
+        return [
+            key
+            for key, labels in self.origins.items()
+            if labels == [CLI_SOURCE] and key not in allowed and not key.startswith("_")
+        ]
 
     def instance(self, name: str) -> ServerInstance:
         if name not in self.instances:
@@ -253,9 +279,10 @@ def parse_global_config(
     env = {} if pc.skip_load_from_dotenv else load_env_yaml(pc.dotenv_path, roots)
     top = merge(env, initial, cli, what="env.yaml, initial_global_config_dict and CLI overrides")
     files = load_config_files(resolved_config_paths(top), roots)
-    raw = merge(*(data for _, data in files), env, initial, cli, what="config files")
-    sources = [*((str(path), data) for path, data in files), ("env.yaml", env)]
-    sources += [("initial_global_config_dict", initial), ("the command line", cli)]
+    check_definitions(files)
+    raw = merge(*(data for _, data, _ in files), env, initial, cli, what="config files")
+    sources = [*((str(path), data) for path, data, _ in files), ("env.yaml", env)]
+    sources += [("initial_global_config_dict", initial), (CLI_SOURCE, cli)]
     origins = {key: [label for label, data in sources if key in data] for key in raw}
     try:
         data, instances = _build(raw, assign_ports, root)
@@ -264,7 +291,92 @@ def parse_global_config(
         if located is e:
             raise
         raise located from None
-    return GlobalConfig(data=data, instances=instances, hide_secrets=pc.hide_secrets)
+    return GlobalConfig(data=data, instances=instances, hide_secrets=pc.hide_secrets, origins=origins,
+                        referenced=_referenced_keys(raw))
+
+
+_INTERPOLATED_KEY = re.compile(r"\$\{\s*([A-Za-z_][\w-]*)\s*(?=[.\[}])")
+
+
+def _referenced_keys(raw: Any) -> frozenset[str]:
+    """Top-level keys named by `${key...}` interpolations anywhere in `raw` (resolvers like `${oc.env:X}` aside)."""
+    found: set[str] = set()
+    stack = [raw]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str) and "${" in node:
+            found.update(_INTERPOLATED_KEY.findall(node))
+    return frozenset(found)
+
+
+def _definition(block: Any) -> tuple[str, str] | None:
+    """(server type, impl) when `block` is a full instance definition (`{type: {impl: {entrypoint: ...}}}`)."""
+    if not isinstance(block, dict) or len(block) != 1:
+        return None
+    server_type, impls = next(iter(block.items()))
+    if server_type not in SERVER_TYPES or not isinstance(impls, dict) or len(impls) != 1:
+        return None
+    impl, fields = next(iter(impls.items()))
+    return (server_type, impl) if isinstance(fields, dict) and "entrypoint" in fields else None
+
+
+def _leaves(node: Any, at: str) -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        return {path: v for key, value in node.items() for path, v in _leaves(value, join_path(at, key)).items()}
+    return {at: node}
+
+
+def check_definitions(files: list[tuple[Path, dict, frozenset[Path]]]) -> None:
+    """Config files may define the same server instance only identically; a changed value is never silent.
+
+    An environment's config brings what it needs (code_gen.yaml includes sandbox.yaml), so a recipe that lists
+    both files holds two definitions of `sandbox`: identical ones merge. Two *different* definitions of one instance
+    are an error naming both files, unless one file includes the other (an including file overrides what it
+    includes on purpose, like a recipe tuning an environment). A file that changes a value another file set,
+    without including it, is logged as a warning naming both.
+
+    Raises:
+        ConfigError: an instance defined differently in two files, naming the first differing field and both files.
+    """
+    definitions: dict[str, tuple[Path, dict]] = {}
+    values: dict[str, tuple[Path, Any]] = {}
+    for path, data, _ in files:
+        for name, block in data.items():
+            earlier = definitions.get(name)
+            if _definition(block) is not None and earlier is not None and earlier[1] != block:
+                if path not in _includers(files, earlier[0]):
+                    _raise_conflict(name, earlier, (path, block))
+            if _definition(block) is not None and earlier is None:
+                definitions[name] = (path, block)
+            for leaf, value in _leaves(block, name).items():
+                before = values.get(leaf)
+                if before is not None and before[1] != value and path not in _includers(files, before[0]):
+                    logger.warning("%s: %r from %s replaces %r from %s", leaf, value, path, before[1], before[0])
+                values[leaf] = (path, value)
+
+
+def _includers(files: list[tuple[Path, dict, frozenset[Path]]], path: Path) -> frozenset[Path]:
+    return next((found for file, _, found in files if file == path), frozenset())
+
+
+def _raise_conflict(name: str, first: tuple[Path, dict], second: tuple[Path, dict]) -> None:
+    (path1, block1), (path2, block2) = first, second
+    leaves1, leaves2 = _leaves(block1, name), _leaves(block2, name)
+    differing = [leaf for leaf in dict.fromkeys([*leaves1, *leaves2]) if leaves1.get(leaf) != leaves2.get(leaf)]
+    leaf = differing[0]
+    raise ConfigError(
+        f"server instance {name!r} is defined differently in {path1} and {path2}: {leaf} is "
+        f"{leaves1.get(leaf, '(absent)')!r} in the first, {leaves2.get(leaf, '(absent)')!r} in the second"
+        + (f" ({len(differing) - 1} more differences)." if len(differing) > 1 else "."),
+        path=leaf,
+        hint=f"Keep one definition of {name!r} (list one of the files), rename one instance, or change single "
+        f"fields with ++{leaf}=<value> on the command line, in env.yaml, or in a file whose config_paths "
+        "lists the other.",
+    )
 
 
 def _build(raw: dict, assign_ports: bool, root: Path) -> tuple[dict, dict[str, ServerInstance]]:

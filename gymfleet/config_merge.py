@@ -140,14 +140,57 @@ def merge(*configs: dict, what: str = "config") -> dict:
 
 
 def load_yaml(path: Path) -> dict:
-    """Load one YAML file as a plain dict (an empty file is `{}`)."""
+    """Load one YAML file as a plain dict (an empty file is `{}`).
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, holds a list at top level, or has a key that YAML reads
+            as something other than a string (see `check_yaml_keys`).
+    """
     try:
-        loaded = OmegaConf.load(path)
+        text = Path(path).read_text()
+        check_yaml_keys(text, path)
+        loaded = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
     except (OSError, UnicodeDecodeError, yaml.YAMLError, OmegaConfBaseException) as e:
         raise ConfigError(f"cannot read config file {path}: {e}") from None
     if isinstance(loaded, ListConfig):
         raise ConfigError(f"config file {path} must hold a mapping at top level, not a list.")
     return OmegaConf.to_container(loaded, resolve=False)
+
+
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def check_yaml_keys(text: str, path: Path | str) -> None:
+    """Refuse mapping keys that YAML does not read as strings, naming the file, line and the fix.
+
+    YAML 1.1 (PyYAML, and so OmegaConf and Hydra) reads unquoted `on`, `off`, `yes`, `no`, `y`, `n`, `true`,
+    `false` and `null` as booleans or null, and `1`, `1.5` as numbers: a key written `on:` arrives as `True`, and
+    becomes `"true"` on the way to a server. No gymfleet or NeMo-Gym config uses such keys, so each is an error.
+
+    Raises:
+        ConfigError: `<file>:<line>:<column>: key 'on' is read by YAML 1.1 as the boolean True ...`.
+    """
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"cannot parse config file {path}: {e}") from None
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag not in (_STR_TAG, _MERGE_TAG):
+                    kind = key.tag.rsplit(":", 1)[-1]
+                    mark = key.start_mark
+                    raise ConfigError(
+                        f"{path}:{mark.line + 1}:{mark.column + 1}: key {key.value!r} is read by YAML 1.1 as a "
+                        f"{kind} ({yaml.safe_load(key.value)!r}), not the string {key.value!r}.",
+                        hint=f"Quote it ('{key.value}': ...) or use another key name.",
+                    )
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def _path_list(value: Any, where: str) -> list[str]:
@@ -198,29 +241,51 @@ def find_config_file(value: str, roots: list[Path], listed_in: str, included_fro
     )
 
 
-def load_config_files(paths: Any, roots: list[Path]) -> list[tuple[Path, dict]]:
+def load_config_files(paths: Any, roots: list[Path]) -> list[tuple[Path, dict, frozenset[Path]]]:
     """Load the files named by `config_paths` and their includes, flattened post-order.
 
     An including file comes after (so overrides) what it includes, later siblings come after earlier ones, and a
-    file reached twice is loaded once, at its first position. Each file's own `config_paths` key is removed.
+    file reached twice is loaded once, at its first position (an environment's config may include the servers it
+    needs, e.g. code_gen.yaml includes sandbox.yaml, and a recipe may list both). Each file's own `config_paths`
+    key is removed. Each entry is `(path, data, includers)`: `includers` are the files that include it, directly
+    or not, whatever the route (they may override it; see `gymfleet.config.check_definitions`).
     """
-    loaded: list[tuple[Path, dict]] = []
-    seen: set[Path] = set()
+    loaded: dict[Path, dict] = {}  # insertion order is the post-order
+    parents: dict[Path, set[Path]] = {}
+    started: set[Path] = set()
 
-    def visit(value: str, listed_in: str, included_from: Path | None) -> None:
+    def visit(value: str, listed_in: str, included_from: Path | None, chain: tuple[Path, ...]) -> None:
         path = find_config_file(value, roots, listed_in, included_from)
-        if path in seen:
-            logger.warning("config file %s is listed more than once; loading it once", path)
+        if path in chain:
+            raise ConfigError(
+                f"config file {path} includes itself: {' -> '.join(map(str, (*chain, path)))}.",
+                path="config_paths",
+                hint="Remove the entry that closes the loop from one of those files' config_paths.",
+            )
+        parents.setdefault(path, set()).update(chain[-1:])
+        if path in started:
+            logger.debug("config file %s is listed more than once; loading it once", path)
             return
-        seen.add(path)
+        started.add(path)
         data = load_yaml(path)
         for include in _path_list(data.pop("config_paths", None), f"config_paths in {path}"):
-            visit(include, str(path), path)
-        loaded.append((path, data))
+            visit(include, str(path), path, (*chain, path))
+        loaded[path] = data
 
     for value in _path_list(paths, "config_paths"):
-        visit(value, "config_paths", None)
-    return loaded
+        visit(value, "config_paths", None, ())
+
+    def ancestors(path: Path) -> frozenset[Path]:
+        found: set[Path] = set()
+        todo = list(parents.get(path, ()))
+        while todo:
+            parent = todo.pop()
+            if parent not in found:
+                found.add(parent)
+                todo.extend(parents.get(parent, ()))
+        return frozenset(found)
+
+    return [(path, data, ancestors(path)) for path, data in loaded.items()]
 
 
 def load_env_yaml(dotenv_path: Path | None, roots: list[Path]) -> dict:

@@ -47,9 +47,9 @@ TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_prob
 def scripted_app(tag: str, faults: list[dict] | None = None):
     """A scripted upstream: look the weather up, then report the condition; every text is tagged `[tag]`.
     `faults` are rules checked first."""
-    answers = [{"match": rf'"condition":\s*"{condition}"', "on": "last_message",
+    answers = [{"match": rf'"condition":\s*"{condition}"', "match_in": "last_message",
                 "text": f"The forecast says {condition}. [{tag}]"} for condition in {c for c, _ in FORECASTS.values()}]
-    calls = [{"match": rf"(?i)\b{city}\b", "on": "transcript", "text": f"Let me look that up. [{tag}]",
+    calls = [{"match": rf"(?i)\b{city}\b", "match_in": "transcript", "text": f"Let me look that up. [{tag}]",
               "tool_calls": [{"name": "get_weather", "arguments": {"city": city.title()}}]} for city in FORECASTS]
     model = ScriptedModel({"name": f"upstream_{tag}", "rules": [*(faults or []), *answers, *calls]})
     return Recorder(model.create_app())

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from gymfleet.errors import GymfleetError
+from gymfleet.config import GlobalConfig
+from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
 
 T = TypeVar("T")
 
@@ -37,3 +38,24 @@ def run_cli(body: Callable[[list[str]], T], argv: list[str] | None = None) -> T:
     except GymfleetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def reject_unknown_keys(config: GlobalConfig, command: str, known: Iterable[str]) -> None:
+    """Refuse `+key=value` arguments that nothing reads, with a did-you-mean: a typo must not pass silently.
+
+    Raises:
+        ConfigError: e.g. `unknown key 'num_repeat' for ng_collect_rollouts (+num_repeat=...). Did you mean
+            'num_repeats'?`, listing the command's keys.
+    """
+    known = sorted(set(known))
+    unknown = config.unknown_cli_keys(known)
+    if not unknown:
+        return
+    candidates = [*known, *config.instances]
+    lines = [f"{key!r} (+{key}=...).{did_you_mean(key, candidates)}" for key in unknown]
+    raise ConfigError(
+        f"unknown key{'s' if len(unknown) > 1 else ''} for {command}: " + " ".join(lines),
+        path=unknown[0],
+        hint=f"{command} reads: {', '.join(known) or '(no keys of its own)'}; global keys and server instances "
+        f"from the config are accepted too. See `{command} --help`.",
+    )

@@ -20,7 +20,7 @@ import asyncio
 import sys
 
 from gymfleet import http
-from gymfleet.cli import run_cli, wants_help
+from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.collect import CollectionSummary, RolloutCollectionConfig, collect, load_rows
 from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
 from gymfleet.errors import ConfigError, TransportError
@@ -67,6 +67,7 @@ def _run(argv: list[str]) -> int:
         print(__doc__)
         return 0
     global_config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
+    reject_unknown_keys(global_config, "ng_collect_rollouts", RolloutCollectionConfig.model_fields)
     config = validate_fields(RolloutCollectionConfig, global_config.data, "")
     try:
         summary = asyncio.run(_collect(config, global_config.head_host, global_config.head_port))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from gymfleet.cli import run_cli, wants_help
+from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
 
 
@@ -13,6 +13,7 @@ def _dump(argv: list[str]) -> int:
         print(__doc__)
         return 0
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
+    reject_unknown_keys(config, "ng_dump_config", ())
     print(config.to_yaml(hide_secrets=True), end="")
     return 0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from gymfleet.cli import run_cli, wants_help
+from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.config import validate_fields
 from gymfleet.prepare_data import TrainDataProcessorConfig, parse_prepare_config, prepare
 
@@ -24,6 +24,7 @@ def _run(argv: list[str]) -> int:
         print(__doc__)
         return 0
     global_config = parse_prepare_config(argv)
+    reject_unknown_keys(global_config, "ng_prepare_data", TrainDataProcessorConfig.model_fields)
     config = validate_fields(TrainDataProcessorConfig, global_config.data, "")
     print(f"##### Preparing data ({config.mode})", flush=True)
     prepare(global_config, config, say=lambda line: print(line, flush=True))

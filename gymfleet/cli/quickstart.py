@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from gymfleet import http
-from gymfleet.cli import run_cli, wants_help
+from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.cli.collect import report
 from gymfleet.collect import RolloutCollectionConfig, collect, load_rows
 from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, repository_root
@@ -50,6 +50,7 @@ def _quickstart(argv: list[str]) -> int:
                "nemo_gym_log_dir": str(output_dir / "logs")}
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv, initial_global_config_dict=initial,
                                                               skip_load_from_dotenv=True))
+    reject_unknown_keys(config, "ng_quickstart", [*DEFAULTS, "num_repeats"])
     input_path = Path(config.data["input_jsonl_fpath"])
     collection = RolloutCollectionConfig(
         input_jsonl_fpath=str(input_path if input_path.exists() else root / input_path),

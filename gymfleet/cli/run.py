@@ -2,6 +2,9 @@
 
 Ctrl-C or SIGTERM stops everything within seconds. A server that dies is reported with its last output lines and
 the whole fleet is shut down (exit code 1), unless `+restart_crashed_servers=N` allows N restarts per server.
+
+`+dry_run=true` resolves and validates the config (every server's fields against its config class, every server
+reference), prints the plan (each instance, where it would listen, what it talks to) and starts nothing.
 """
 
 from __future__ import annotations
@@ -9,9 +12,11 @@ from __future__ import annotations
 import signal
 import sys
 
-from gymfleet.cli import run_cli, wants_help
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.config import SERVER_TYPES, GlobalConfig, GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.errors import ConfigError
 from gymfleet.fleet import Fleet, ServerCrashedError
+from gymfleet.launch import build_server
 
 
 def _run(argv: list[str]) -> int:
@@ -19,6 +24,10 @@ def _run(argv: list[str]) -> int:
         print(__doc__)
         return 0
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv))
+    reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers"))
+    if config.data.get("dry_run"):
+        print(dry_run(config), flush=True)
+        return 0
     fleet = Fleet(config)
 
     def stop(signum, frame):
@@ -40,6 +49,38 @@ def _run(argv: list[str]) -> int:
     finally:
         fleet.shutdown()
     return 0
+
+
+def dry_run(config: GlobalConfig) -> str:
+    """Validate every instance as its server would (its config class, its references) and describe the plan.
+
+    Raises:
+        ConfigError: no instances, or the first invalid instance, named by its YAML path.
+    """
+    if not config.instances:
+        raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
+    for instance in config.instances.values():
+        build_server(instance, config)
+    rows = [("INSTANCE", "TYPE", "IMPL", "LISTENS ON", "WORKERS", "USES")]
+    for inst in config.instances.values():
+        uses = ", ".join(sorted(set(_references(inst.fields)))) or "-"
+        rows.append((inst.name, inst.server_type, inst.impl, inst.url, str(inst.num_workers), uses))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.append(f"head server: http://{config.head_host}:{config.head_port}")
+    lines.append(f"Dry run: {len(config.instances)} server instances validated; nothing started.")
+    return "\n".join(lines)
+
+
+def _references(node: object) -> list[str]:
+    """Instance names that `{type, name}` references under `node` point to."""
+    if isinstance(node, dict):
+        if set(node) == {"type", "name"} and node["type"] in SERVER_TYPES:
+            return [node["name"]]
+        return [name for value in node.values() for name in _references(value)]
+    if isinstance(node, list):
+        return [name for value in node for name in _references(value)]
+    return []
 
 
 def main(argv: list[str] | None = None) -> None:

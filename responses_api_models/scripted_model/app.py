@@ -11,19 +11,20 @@ token ids and logprobs, with the prefix contiguity across turns that RL training
 - `model` ("scripted"): the model name reported in every answer.
 - `max_model_len` (32768): a prompt that leaves no room for one generated token is an HTTP 400 whose message names
   the "maximum context length", as vLLM's is; generations are also cut to fit.
-- `rules` (list): `{match, on, turn, text, reasoning, tool_calls, finish_reason}` plus fault fields; first match
-  wins. `match` is a Python regex searched (DOTALL) in the `on` text: `last_user` (default), `last_message` (any
+- `rules` (list): `{match, match_in, turn, text, reasoning, tool_calls, finish_reason}` plus fault fields; first match
+  wins. `match` is a Python regex searched (DOTALL) in the `match_in` text: `last_user` (default), `last_message` (any
   role, e.g. a tool output) or `transcript` (every message's content). `turn: N` restricts a rule to the request
   whose conversation already holds N assistant messages (0 = the first call of a rollout), for multi-step scripts.
   `tool_calls` are `{name, arguments}` (an object or a JSON string). `finish_reason` defaults to "tool_calls" with
   tool calls, else "stop"; "length" ends the generation without `<|im_end|>`. A bad regex fails at startup naming
-  the rule (`rules.<index>.match`). An unquoted `on:` key (YAML 1.1 reads it as `true`) is accepted.
+  the rule (`rules.<index>.match`). (The field was once `on`; YAML 1.1 reads an unquoted `on:` as `true`, so
+  config files refuse such keys with their line: see `gymfleet.config_merge.check_yaml_keys`.)
 - Fault injection (per rule, to test clients' retries and deadlines): `status` (400-599) answers that HTTP status
   with vLLM's error body `{"error": {message, type, param, code}}`; `fail_times: N` fails only the first N
   matching requests and then gives the rule's reply (unset: fail every time); `retry_after_s` adds a `Retry-After`
   header; `error_message` sets the message (e.g. "maximum context length" to mimic an overflow); `delay_s` sleeps
   before answering, failing or not. Fault fields without `status` are a config error. Counts are per server process.
-- `default` ({text: "I am not sure."}): the reply when no rule matches (same fields, without `match`/`on`).
+- `default` ({text: "I am not sure."}): the reply when no rule matches (same fields, without `match`/`match_in`).
 - `reasoning_parser` (true): reasoning comes back as `reasoning_content` (vLLM `--reasoning-parser`); off, it stays
   in `content` as `<think>...</think>` text.
 - `return_token_id_information` (false): on `/v1/responses`, put `prompt_token_ids`, `generation_token_ids` and

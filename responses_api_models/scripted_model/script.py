@@ -60,11 +60,11 @@ class Reply(BaseModel):
 
 
 class Rule(Reply):
-    """A reply given when `match` is found in the conversation text chosen by `on` (and at `turn`, if set)."""
+    """A reply given when `match` is found in the conversation text chosen by `match_in` (and at `turn`, if set)."""
 
     match: str
-    """Python regex, searched (`re.search`, DOTALL) in the `on` text."""
-    on: Literal["last_user", "last_message", "transcript"] = "last_user"
+    """Python regex, searched (`re.search`, DOTALL) in the `match_in` text."""
+    match_in: Literal["last_user", "last_message", "transcript"] = "last_user"
     """Which text to search: the last user message, the last message of any role (e.g. a tool output), or every
     message's content joined with newlines."""
     turn: int | None = Field(default=None, ge=0)
@@ -82,14 +82,6 @@ class Rule(Reply):
     """Sleep this long before answering (failing or not), to test clients' deadlines."""
 
     _pattern: re.Pattern[str] = PrivateAttr()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _yaml_on_key(cls, data: Any) -> Any:
-        # YAML 1.1 (PyYAML, OmegaConf) reads an unquoted `on:` key as the boolean True.
-        if isinstance(data, dict) and True in data and "on" not in data:
-            data = {("on" if key is True else key): value for key, value in data.items()}
-        return data
 
     @field_validator("match")
     @classmethod
@@ -114,14 +106,14 @@ class Rule(Reply):
     def matches(self, messages: list[dict[str, Any]]) -> bool:
         if self.turn is not None and sum(message.get("role") == "assistant" for message in messages) != self.turn:
             return False
-        return self._pattern.search(conversation_text(messages, self.on)) is not None
+        return self._pattern.search(conversation_text(messages, self.match_in)) is not None
 
 
-def conversation_text(messages: list[dict[str, Any]], on: str) -> str:
-    """The text a rule searches (see `Rule.on`)."""
-    if on == "transcript":
+def conversation_text(messages: list[dict[str, Any]], match_in: str) -> str:
+    """The text a rule searches (see `Rule.match_in`)."""
+    if match_in == "transcript":
         return "\n".join(message_text(message.get("content")) for message in messages)
-    if on == "last_user":
+    if match_in == "last_user":
         messages = [message for message in messages if message.get("role") == "user"]
     return message_text(messages[-1].get("content")) if messages else ""
 

@@ -16,10 +16,10 @@ from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
 
 RULES = [
-    {"match": "(?i)forever", "on": "transcript",
+    {"match": "(?i)forever", "match_in": "transcript",
      "tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}}]},
-    {"match": "(?i)temperature", "on": "last_message", "text": "It is 21 degrees and sunny in Paris."},
-    {"match": "(?i)error", "on": "last_message", "text": "The tool failed."},
+    {"match": "(?i)temperature", "match_in": "last_message", "text": "It is 21 degrees and sunny in Paris."},
+    {"match": "(?i)error", "match_in": "last_message", "text": "The tool failed."},
     {"match": "(?i)weather", "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]},
     {"match": "(?i)broken arguments", "tool_calls": [{"name": "get_weather", "arguments": "{city: Paris"}]},
     {"match": "(?i)secret tool", "tool_calls": [{"name": "verify", "arguments": {}}]},

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from pydantic import ValidationError
 
 from gymfleet import http
+from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.testing import serve
 from gymfleet.wire import Response
 from responses_api_models.scripted_model.app import ScriptedModel, ScriptedModelConfig
@@ -29,13 +29,13 @@ SCRIPT = {
     "model": "scripted-test",
     "max_model_len": 4096,
     "rules": [
-        {"match": r"^Result:", "on": "last_message", "text": "It is sunny."},
+        {"match": r"^Result:", "match_in": "last_message", "text": "It is sunny."},
         {"match": r"weather in \w+", "text": "Let me check.",
          "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}},
                         {"name": "get_time", "arguments": '{"tz": "CET"}'}]},
         {"match": "cystic fibrosis", "reasoning": "It is genetic.", "text": "Let me think. \\boxed{B}"},
         {"match": "cystic", "text": "never given: the rule above matches first"},
-        {"match": "SECRET-CODE", "on": "transcript", "text": "I remember the code."},
+        {"match": "SECRET-CODE", "match_in": "transcript", "text": "I remember the code."},
         {"match": "(?i)ramble", "text": "and so on " * 5, "finish_reason": "length"},
     ],
     "default": {"text": "I am not sure."},
@@ -326,7 +326,7 @@ def test_bad_regex_names_the_rule():
     "rule",
     [
         {"match": "x", "finish_reason": "length", "tool_calls": [{"name": "f"}]},
-        {"match": "x", "on": "first_user"},
+        {"match": "x", "match_in": "first_user"},
         {"match": "x", "txt": "typo"},
     ],
     ids=["length_with_tool_calls", "unknown_on", "unknown_key"],
@@ -337,8 +337,11 @@ def test_bad_rule_is_a_config_error(rule):
 
 
 def test_shipped_config_validates_and_answers():
+    """Loaded the way ng_run loads it (OmegaConf, YAML 1.1), not with a friendlier loader."""
     path = Path(__file__).parents[1] / "configs" / "scripted_model.yaml"
-    fields = yaml.safe_load(path.read_text())["scripted_llm"]["responses_api_models"]["scripted_model"]
+    config = parse_global_config(GlobalConfigDictParserConfig(cli_args=[f"+config_paths=[{path}]"],
+                                                              skip_load_from_dotenv=True))
+    fields = json.loads(json.dumps(config.instance("scripted_llm").fields))  # as the child process receives it
     with serve(ScriptedModel(fields).create_app()) as url, httpx.Client(base_url=url) as shipped:
         weather = chat(shipped, "What's the weather in Paris?")["choices"][0]["message"]
         assert weather["tool_calls"][0]["function"]["name"] == "get_weather"

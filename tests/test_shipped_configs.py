@@ -1,0 +1,106 @@
+"""Every shipped YAML starts the way a user starts it: `ng_run "+config_paths=[<file>]"`, nothing added by hand.
+
+A config read with a friendlier loader than `ng_run`'s (PyYAML's `safe_load`, a hand-built server) can pass its
+tests and still fail for every user: YAML 1.1 reads an unquoted `on:` key as `true`, and a recipe listing only an
+environment's config must bring what that environment needs. So each file goes through the real CLI, as a
+subprocess: `+dry_run=true` validates every server's fields against its config class, then a real start must
+report every server ready, `ng_status +json=true` must find them live, and Ctrl-C must stop the fleet cleanly.
+
+An environment's config is listed beside `vllm_model.yaml` (as NeMo-RL's recipes list it beside
+`vllm_model_for_training.yaml`); the policy endpoint is a scripted model this test serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gymfleet.cli.run import main as run_main
+from gymfleet.config_merge import load_config_files
+from gymfleet.testing import free_port, serve
+from responses_api_models.scripted_model.app import ScriptedModel
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted(
+    str(path.relative_to(ROOT))
+    for pattern in ("configs/*.yaml", "*/configs/*.yaml", "*/*/configs/*.yaml")
+    for path in ROOT.glob(pattern)
+)
+POLICY = "responses_api_models/vllm_model/configs/vllm_model.yaml"
+READY_TIMEOUT_S = 180
+
+
+def test_every_config_folder_is_covered():
+    """The glob finds the configs of every server folder (a new folder's configs join automatically)."""
+    folders = {str(p.relative_to(ROOT).parent) for p in ROOT.glob("*/*/configs")} | {"sandbox"}
+    covered = {str(Path(path).parent.parent) for path in SHIPPED}
+    assert folders <= covered, folders - covered
+    assert "configs/quickstart.yaml" in SHIPPED and "configs/nano3_rlvr.yaml" in SHIPPED
+
+
+@pytest.fixture(scope="module")
+def policy_url():
+    """The LLM behind every policy server: the scripted model, answering everything with one sentence."""
+    with serve(ScriptedModel({"default": {"text": "I am not sure."}}).create_app()) as url:
+        yield url + "/v1"
+
+
+def command_line(config_file: str, policy_url: str, head_port: int) -> list[str]:
+    """What a user types: the file (beside a policy server when it has none), the endpoint, a free head port."""
+    files = load_config_files([config_file], [ROOT])
+    defines_policy = any("policy_model" in data for _, data, _ in files)
+    paths = [config_file] if defines_policy or config_file.endswith("scripted_model.yaml") else [POLICY, config_file]
+    return [
+        f"+config_paths=[{','.join(paths)}]",
+        f"+policy_base_url={policy_url}",
+        "+policy_api_key=not-a-real-key",
+        "+policy_model_name=scripted",
+        f"+head_server.port={head_port}",
+    ]
+
+
+def cli(name: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"gymfleet.cli.{name}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, **kwargs)
+
+
+@pytest.mark.parametrize("config_file", SHIPPED)
+def test_dry_run_validates_every_server(config_file, policy_url, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_:
+        run_main([*command_line(config_file, policy_url, free_port()), "+dry_run=true"])
+    out = capsys.readouterr()
+    assert exit_.value.code == 0, out.err
+    assert "nothing started" in out.out and "ready" not in out.out
+
+
+@pytest.mark.parametrize("config_file", SHIPPED)
+def test_ng_run_starts_it(config_file, policy_url, tmp_path):
+    head_port = free_port()
+    log = tmp_path / "ng_run.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "gymfleet.cli.run",
+                                    *command_line(config_file, policy_url, head_port)],
+                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while "servers ready!" not in log.read_text():
+            assert process.poll() is None, f"ng_run exited {process.returncode}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"not ready after {READY_TIMEOUT_S}s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)
+        status = cli("status", f"+head_server.port={head_port}", "+json=true")
+        report = json.loads(status.stdout)
+        assert status.returncode == 0 and report["live"] == report["total"] > 0, status.stdout + status.stderr
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
