@@ -385,3 +385,120 @@ def test_validate_fields_names_path_and_suggests_field():
 def test_did_you_mean():
     assert did_you_mean("grading_mod", ["grading_mode", "domain"]) == " Did you mean 'grading_mode'?"
     assert did_you_mean("zzz", ["grading_mode"]) == ""
+
+
+# ---------------------------------------------------------------------------------------------- YAML 1.1 keys
+
+
+@pytest.mark.parametrize("key", ["on", "off", "yes", "no", "true", "null", "1"])
+def test_a_key_yaml_reads_as_a_non_string_names_file_line_and_fix(tmp_path, key):
+    write(tmp_path / "model.yaml", f"""\
+        scripted_llm:
+          responses_api_models:
+            scripted_model:
+              entrypoint: app.py
+              rules:
+                - match: x
+                  {key}: last_message
+        """)
+    with pytest.raises(ConfigError) as error:
+        parse(tmp_path, cli=["+config_paths=[model.yaml]"])
+    message = str(error.value)
+    assert f"model.yaml:7:11: key '{key}' is read by YAML 1.1 as a" in message
+    assert f"Quote it ('{key}': ...)" in message
+
+
+def test_quoted_yaml_keys_and_merge_keys_are_strings(tmp_path):
+    write(tmp_path / "a.yaml", """\
+        base: &base {x: 1}
+        thing:
+          <<: *base
+          'on': quoted
+          "yes": also quoted
+        """)
+    data = parse(tmp_path, cli=["+config_paths=[a.yaml]"]).data
+    assert data["thing"] == {"x": 1, "on": "quoted", "yes": "also quoted"}
+
+
+def test_env_yaml_keys_are_checked_too(tmp_path):
+    with pytest.raises(ConfigError, match=r"env\.yaml:1:1: key 'no'"):
+        parse(tmp_path, env="no: 1\n")
+
+
+# ---------------------------------------------------------------------------------------------- definitions
+
+
+def sandbox_yaml(runs_per_core=2):
+    return f"sandbox:\n  sandbox_servers:\n    sandbox: {{entrypoint: app.py, runs_per_core: {runs_per_core}}}\n"
+
+
+def test_an_environment_config_brings_what_it_needs(tmp_path):
+    """Listed alone (as NeMo-RL's recipes list it), an environment's config still has its sandbox."""
+    write(tmp_path / "sandbox.yaml", sandbox_yaml())
+    write(tmp_path / "env.yaml", "")
+    sandbox_ref = {"type": "sandbox_servers", "name": "sandbox"}
+    env_config = {"config_paths": ["sandbox.yaml"], **resources("code", "code_gen", sandbox=sandbox_ref)}
+    write(tmp_path / "code.yaml", yaml.safe_dump(env_config))
+    alone = parse(tmp_path, cli=["+config_paths=[code.yaml]"])
+    assert set(alone.instances) == {"code", "sandbox"}
+    both = parse(tmp_path, cli=["+config_paths=[code.yaml,sandbox.yaml]"])
+    assert both.instance("sandbox").fields["runs_per_core"] == alone.instance("sandbox").fields["runs_per_core"] == 2
+
+
+def test_identical_definitions_in_two_files_merge(tmp_path, caplog):
+    write(tmp_path / "a.yaml", sandbox_yaml())
+    write(tmp_path / "b.yaml", sandbox_yaml())
+    config = parse(tmp_path, cli=["+config_paths=[a.yaml,b.yaml]"])
+    assert config.instance("sandbox").fields["runs_per_core"] == 2
+    assert "replaces" not in caplog.text
+
+
+def test_conflicting_definitions_name_both_files(tmp_path):
+    write(tmp_path / "a.yaml", sandbox_yaml(2))
+    write(tmp_path / "b.yaml", sandbox_yaml(4))
+    with pytest.raises(ConfigError) as error:
+        parse(tmp_path, cli=["+config_paths=[a.yaml,b.yaml]"])
+    message = str(error.value)
+    assert "'sandbox' is defined differently in" in message
+    assert str(tmp_path / "a.yaml") in message and str(tmp_path / "b.yaml") in message
+    assert "sandbox.sandbox_servers.sandbox.runs_per_core is 2 in the first, 4 in the second" in message
+    assert "++sandbox.sandbox_servers.sandbox.runs_per_core=<value>" in message
+
+
+def test_a_file_that_includes_another_may_override_it(tmp_path, caplog):
+    write(tmp_path / "a.yaml", sandbox_yaml(2))
+    write(tmp_path / "recipe.yaml", "config_paths: [a.yaml]\n" + sandbox_yaml(4))
+    assert parse(tmp_path, cli=["+config_paths=[recipe.yaml]"]).instance("sandbox").fields["runs_per_core"] == 4
+    assert "replaces" not in caplog.text
+
+
+def test_a_sibling_that_changes_a_value_is_named_in_a_warning(tmp_path, caplog):
+    write(tmp_path / "a.yaml", sandbox_yaml(2))
+    write(tmp_path / "tweak.yaml", "sandbox: {sandbox_servers: {sandbox: {runs_per_core: 8}}}\n")
+    config = parse(tmp_path, cli=["+config_paths=[a.yaml,tweak.yaml]"])
+    assert config.instance("sandbox").fields["runs_per_core"] == 8
+    assert "sandbox.sandbox_servers.sandbox.runs_per_core: 8 from" in caplog.text
+    assert "tweak.yaml replaces 2 from" in caplog.text
+
+
+def test_an_include_cycle_is_an_error(tmp_path):
+    write(tmp_path / "a.yaml", "config_paths: [b.yaml]\n")
+    write(tmp_path / "b.yaml", "config_paths: [a.yaml]\n")
+    with pytest.raises(ConfigError, match=r"includes itself: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        parse(tmp_path, cli=["+config_paths=[a.yaml]"])
+
+
+# ---------------------------------------------------------------------------------------------- unknown CLI keys
+
+
+def test_cli_keys_nothing_reads_are_reported(tmp_path):
+    write(tmp_path / "a.yaml", "x: ${policy_model_name}\nlisted: 1\n" + yaml.safe_dump(resources()))
+    config = parse(tmp_path, cli=["+config_paths=[a.yaml]", "+num_repeat=3", "+listed=2", "+policy_model_name=m",
+                                  "+mcqa.resources_servers.mcqa.domain=math", "+dry_run=true", "+mine=1",
+                                  "+_private=1"])
+    assert config.unknown_cli_keys(["mine"]) == ["num_repeat"]
+
+
+def test_keys_from_env_yaml_are_not_checked(tmp_path):
+    config = parse(tmp_path, env="my_team_setting: 1\n", cli=["+my_team_setting=2"])
+    assert config.unknown_cli_keys([]) == []
