@@ -1,10 +1,18 @@
 """The one HTTP client every server-to-server call goes through.
 
 One pooled `aiohttp.ClientSession` per process and event loop (aiohttp: ~115-160 µs of client CPU per request where
-httpx spends 1.2-6 ms; see ARCHITECTURE decision 5). Every call has a deadline; connection failures and 429/5xx
-answers are retried a bounded number of times with exponential backoff and full jitter (honouring `Retry-After`);
-other 4xx answers are returned to the caller untouched. No cookie jar: cookies are passed and returned explicitly,
-as NeMo-Gym's agents expect.
+httpx spends 1.2-6 ms; see ARCHITECTURE decision 5). Every call has a deadline; failures are retried a bounded
+number of times with exponential backoff and full jitter (honouring `Retry-After`) when retrying cannot run the call
+twice (`RetryPolicy` says which); other 4xx answers are returned to the caller untouched. No cookie jar: cookies are
+passed and returned explicitly, as NeMo-Gym's agents expect.
+
+Which failures are retried:
+- the connection could not be made (refused, DNS, connect deadline): always: the request never left;
+- a 429/502/503/504 answer (`retry_statuses`): always: the server answered, refusing the work;
+- the connection dropped, or the answer was cut, after the request may have been sent: only for idempotent calls
+  (GET/HEAD/OPTIONS/PUT/DELETE, or a policy with `idempotent=True`). A POST such as `/run`, a sandbox run or a judge
+  call may have run: it ends as a `TransportError` (`connection_error`) saying it was not retried;
+- the deadline passed with no answer: only for idempotent calls whose policy also sets `retry_timeouts`.
 
 `ServerClient` resolves instance names from the global config to URLs, so callers say
 `await client.post("mcqa", "/verify", json=row, cookies=cookies)`.
@@ -30,6 +38,8 @@ from gymfleet.errors import ServerRefError, TransportError, did_you_mean
 log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+"""Methods HTTP defines as idempotent (RFC 9110 9.2.2): sending one twice does what sending it once does."""
 DEFAULT_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 20.0
 """Connecting is retried (safe: nothing was sent); the bound covers a SYN backlog overflowing in a 4k-rollout burst."""
@@ -37,7 +47,8 @@ CONNECT_TIMEOUT_S = 20.0
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How a call is retried. Only failures where retrying is safe and useful are retried."""
+    """How a call is retried. Only failures where retrying is safe and useful are retried (see the module docstring).
+    """
 
     max_attempts: int = 4
     """Total attempts, the first included."""
@@ -45,8 +56,14 @@ class RetryPolicy:
     """First backoff; doubles each attempt (full jitter)."""
     max_backoff_s: float = 8.0
     retry_statuses: frozenset[int] = RETRY_STATUSES
+    idempotent: bool = False
+    """Running the call twice does no harm (a pure function of its body, or a receiver that de-duplicates), so a
+    failure after the request may have reached the server (a dropped connection, a cut answer) is retried. Off by
+    default for POST: `/run`, sandbox runs and judge calls must not run twice. GET/HEAD/OPTIONS/PUT/DELETE calls are
+    idempotent whatever this says."""
     retry_timeouts: bool = False
-    """Retry after a deadline passed. Off by default: the request may have been processed."""
+    """Also retry an idempotent call after its deadline passed with no answer. Off by default: the server may still
+    be working on it, and each retry waits a whole deadline again. Ignored for calls that are not idempotent."""
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
         if retry_after:
@@ -55,6 +72,11 @@ class RetryPolicy:
             except ValueError:
                 pass
         return random.uniform(0, min(self.max_backoff_s, self.backoff_s * 2**attempt))
+
+
+    def is_idempotent(self, method: str) -> bool:
+        """Whether a `method` call under this policy may be sent again after it may have reached the server."""
+        return self.idempotent or method.upper() in IDEMPOTENT_METHODS
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
@@ -193,14 +215,14 @@ async def request(
         cookies: Cookies to send (explicitly; there is no jar).
         headers: Extra headers.
         timeout_s: Deadline for one attempt, connect included.
-        retry: Which failures are retried and how long to back off.
+        retry: Which failures are retried and how long to back off; whether the call is idempotent.
 
     Returns:
         The response, whatever its status once retries are spent (call `raise_for_status()` to insist on 2xx).
 
     Raises:
-        TransportError: the server could not be reached or did not answer in time (`failure_class` is
-            `connection_error` or `timeout`).
+        TransportError: the server could not be reached, the connection was lost, or no answer came in time
+            (`failure_class` is `connection_error` or `timeout`), and retrying was spent or unsafe.
     """
     body = orjson.dumps(json) if json is not None else data
     send_headers = {"Content-Type": "application/json"} if json is not None else {}
@@ -210,6 +232,7 @@ async def request(
         send_headers["Cookie"] = _cookie_header(cookies)
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
     session = _session()
+    idempotent = retry.is_idempotent(method)
     attempt = 0
     while True:
         try:
@@ -222,14 +245,18 @@ async def request(
                     headers=resp.headers,
                     _set_cookie=resp.headers.getall("Set-Cookie", []),
                 )
-        except aiohttp.ConnectionTimeoutError as exc:  # never connected: safe to retry
-            failure = _transport_failure(url, exc, "connection_error", timeout_s)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # never connected: nothing sent
+            failure = TransportError(f"cannot reach {url}: {_describe(exc)}", url=url,
+                                     failure_class="connection_error")
         except TimeoutError as exc:  # sent, no answer in time (aiohttp's read timeouts are TimeoutErrors too)
-            failure = _transport_failure(url, exc, "timeout", timeout_s)
-            if not retry.retry_timeouts:
+            failure = TransportError(f"no answer from {url} within {timeout_s:g}s", url=url, failure_class="timeout")
+            if not (idempotent and retry.retry_timeouts):
                 raise failure from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-            failure = _transport_failure(url, exc, "connection_error", timeout_s)
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:  # may have been sent
+            forgone = not idempotent and attempt + 1 < retry.max_attempts
+            failure = _connection_lost(method, url, exc, forgone_retry=forgone)
+            if not idempotent:
+                raise failure from exc
         else:
             if result.status not in retry.retry_statuses or attempt + 1 >= retry.max_attempts:
                 return result
@@ -256,12 +283,21 @@ async def request(
         await asyncio.sleep(delay)
 
 
-def _transport_failure(url: str, exc: BaseException, failure_class: str, timeout_s: float) -> TransportError:
-    if failure_class == "timeout":
-        message = f"no answer from {url} within {timeout_s:g}s"
-    else:
-        message = f"cannot reach {url}: {type(exc).__name__}: {exc}"
-    return TransportError(message, url=url, failure_class=failure_class)
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _connection_lost(method: str, url: str, exc: BaseException, *, forgone_retry: bool) -> TransportError:
+    """The failure of a call whose connection dropped after the request may have been sent. When a retry is forgone
+    because the call is not idempotent, the message says so and it is logged here, once."""
+    message = f"lost the connection to {url} after the request may have reached it: {_describe(exc)}"
+    if forgone_retry:
+        message += (
+            f"; not retried: the server may have run it ({method} is not idempotent; a RetryPolicy with "
+            "idempotent=True retries it)"
+        )
+        log.warning("%s %s: %s", method, url, message)
+    return TransportError(message, url=url, failure_class="connection_error")
 
 
 class ServerClient:

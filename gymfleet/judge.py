@@ -42,8 +42,9 @@ class JudgeClient:
         client: The calling server's `ServerClient` (resolves the name from the global config).
         timeout_s: Deadline for one attempt.
         max_concurrency: Judge calls in flight at once from this client; more wait their turn.
-        max_attempts: Attempts per call, the first included. Connection failures, timeouts and 429/5xx answers are
-            retried with exponential backoff; a judge call has no side effects, so retrying after a timeout is safe.
+        max_attempts: Attempts per call, the first included. Failures to connect and 429/5xx answers are retried with
+            exponential backoff; a call that may have reached the judge (no answer in time, a dropped connection) is
+            not: the judge may still be generating it, and a second call doubles its load.
         backoff_s: First backoff (doubles each attempt, with jitter).
     """
 
@@ -62,7 +63,7 @@ class JudgeClient:
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
         self.retry = http.RetryPolicy(
-            max_attempts=max_attempts, backoff_s=backoff_s, retry_statuses=_JUDGE_RETRY_STATUSES, retry_timeouts=True
+            max_attempts=max_attempts, backoff_s=backoff_s, retry_statuses=_JUDGE_RETRY_STATUSES
         )
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()

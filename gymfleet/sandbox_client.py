@@ -33,8 +33,9 @@ __all__ = ["RunResult", "SandboxClient", "SandboxError", "SandboxSession", "Sess
 Status = Literal["ok", "failed", "timeout", "oom", "killed"]
 SANDBOX_RETRY = http.RetryPolicy(max_attempts=6, backoff_s=0.2, max_backoff_s=30.0)
 """Overload (429) and gateway errors are retried 5 times, waiting what `Retry-After` says (at most 30 s each);
-connection failures too, with jittered exponential backoff from 0.2 s (a restarting sandbox is waited for a few
-seconds, a dead one is reported soon)."""
+failures to connect too, with jittered exponential backoff from 0.2 s (a restarting sandbox is waited for a few
+seconds, a dead one is reported soon). A run whose connection drops after it was sent is not retried: it may have
+run (the policy is not `idempotent`)."""
 
 
 class SessionGoneError(SandboxError):

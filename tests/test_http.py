@@ -1,14 +1,24 @@
-"""gymfleet.http against real servers: retries with backoff, deadlines, cookies, typed failures."""
+"""gymfleet.http against real servers: retries with backoff, deadlines, cookies, typed failures, and which failures
+may be retried (a call that may have reached its server runs at most once unless it is idempotent), for the client
+and for the callers that rely on it (simple_agent, judges, the sandbox client)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
 
 import pytest
 from fastapi import FastAPI, Request, Response
 
+from agents.simple_agent.app import MODEL_RETRY, SimpleAgent
 from gymfleet import http
-from gymfleet.errors import ServerRefError, TransportError
+from gymfleet.errors import JudgeError, SandboxError, ServerRefError, TransportError
+from gymfleet.judge import JudgeClient
+from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
+from gymfleet.sandbox_client import SandboxClient
 from gymfleet.testing import free_port, serve
 
 FAST_RETRY = http.RetryPolicy(max_attempts=4, backoff_s=0.01, max_backoff_s=0.05)
@@ -118,3 +128,147 @@ async def test_many_concurrent_requests_complete(url):
         *(http.request("POST", f"{url}/flaky/many{i}/0/200", json={"i": i}) for i in range(500))
     )
     assert sorted(r.json()["body"]["i"] for r in responses) == list(range(500))
+
+
+# ------------------------------------------------------------ failures after the request may have reached the server
+
+
+@contextlib.asynccontextmanager
+async def _received_then_lost(how: str) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A raw HTTP listener on an ephemeral port that reads each request whole (head and `Content-Length` body),
+    records it, then never answers: `close` drops the connection, `reset` aborts it (RST), `hang` keeps it open
+    until the client gives up. Yields its base URL and the requests it received."""
+    received: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            received.append(head + await reader.readexactly(length))
+            if how == "hang":
+                await reader.read()  # returns once the client closes its end
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        if how == "reset":
+            writer.transport.abort()
+        else:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", received
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def _forgone_retry_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "gymfleet.http" and "not retried" in r.getMessage()]
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+async def test_a_post_that_may_have_run_is_sent_once_and_ends_typed(how, caplog):
+    async with _received_then_lost(how) as (url, received):
+        with pytest.raises(TransportError) as info:
+            await http.request("POST", url + "/run", json={"row": 1}, retry=FAST_RETRY)
+    assert len(received) == 1 and received[0].endswith(b'{"row":1}')
+    assert info.value.failure_class == "connection_error" and info.value.status is None
+    assert "not retried: the server may have run it" in str(info.value)
+    assert len(_forgone_retry_warnings(caplog)) == 1
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+@pytest.mark.parametrize(("method", "marked"), [("POST", {"idempotent": True}), ("GET", {}), ("DELETE", {})])
+async def test_an_idempotent_call_that_lost_its_connection_is_retried(how, method, marked, caplog):
+    policy = dataclasses.replace(FAST_RETRY, **marked)
+    body = {"row": 1} if method == "POST" else None
+    async with _received_then_lost(how) as (url, received):
+        with pytest.raises(TransportError) as info:
+            await http.request(method, url + "/verify", json=body, retry=policy)
+    retries = [r for r in caplog.records if r.name == "gymfleet.http" and "retry" in r.getMessage()]
+    assert len(retries) == policy.max_attempts - 1
+    assert len(received) >= policy.max_attempts  # aiohttp itself resends an idempotent method once per attempt
+    assert info.value.failure_class == "connection_error" and "not retried" not in str(info.value)
+    assert not _forgone_retry_warnings(caplog)
+
+
+async def test_a_refused_connection_is_retried_the_configured_number_of_times(caplog):
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TransportError) as info:
+        await http.request("POST", dead + "/run", json={}, retry=FAST_RETRY)  # not idempotent: nothing was sent
+    assert info.value.failure_class == "connection_error" and "cannot reach" in str(info.value)
+    retries = [r for r in caplog.records if r.name == "gymfleet.http" and "retry" in r.getMessage()]
+    assert len(retries) == FAST_RETRY.max_attempts - 1
+
+
+@pytest.mark.parametrize(("idempotent", "attempts"), [(False, 1), (True, 2)])
+async def test_a_deadline_is_retried_only_for_idempotent_calls_that_ask(idempotent, attempts):
+    policy = http.RetryPolicy(max_attempts=2, backoff_s=0.01, retry_timeouts=True, idempotent=idempotent)
+    async with _received_then_lost("hang") as (url, received):
+        with pytest.raises(TransportError) as info:
+            await http.request("POST", url + "/v1/responses", json={}, timeout_s=0.3, retry=policy)
+    assert info.value.failure_class == "timeout"
+    assert len(received) == attempts
+
+
+def _judge(url: str) -> JudgeClient:
+    port = int(url.rsplit(":", 1)[1])
+    config = {"judge": {"responses_api_models": {"scripted_model": {"host": "127.0.0.1", "port": port}}}}
+    return JudgeClient("judge", http.ServerClient(config), timeout_s=0.3, max_attempts=3, backoff_s=0.01)
+
+
+@pytest.mark.parametrize("how", ["close", "hang"])
+async def test_a_judge_call_that_may_have_run_is_not_repeated(how):
+    async with _received_then_lost(how) as (url, received):
+        with pytest.raises(JudgeError, match="not retried" if how == "close" else "within 0.3s"):
+            await _judge(url).ask("Are these equivalent?")
+    assert len(received) == 1
+
+
+async def test_a_sandbox_run_that_may_have_run_is_not_repeated():
+    async with _received_then_lost("close") as (url, received):
+        with pytest.raises(SandboxError, match="not retried"):
+            await SandboxClient(url=url).run("print(1)")
+    assert len(received) == 1
+
+
+class _Env(ResourcesServer):
+    async def verify(self, body: VerifyRequest) -> VerifyResponse:
+        return VerifyResponse.echo(body, reward=1.0)
+
+
+@contextlib.contextmanager
+def _agent(model_url: str):
+    """simple_agent in front of a trivial environment and the model server at `model_url`."""
+    with serve(_Env({"name": "env"}).create_app()) as env_url:
+        def block(kind: str, impl: str, url: str) -> dict:
+            return {kind: {impl: {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1])}}}
+
+        fleet = {"env": block("resources_servers", "env", env_url),
+                 "llm": block("responses_api_models", "scripted_model", model_url)}
+        agent = SimpleAgent({"name": "agent", "resources_server": "env", "model_server": "llm",
+                             "model_timeout_s": 10}, fleet)
+        with serve(agent.create_app()) as agent_url:
+            yield agent_url
+
+
+ROW = {"responses_create_params": {"input": "What is 2+2?"}}
+
+
+async def test_the_agent_does_not_repeat_a_model_call_that_may_have_run():
+    async with _received_then_lost("close") as (model_url, received):
+        with _agent(model_url) as agent_url:
+            answer = await http.request("POST", agent_url + "/run", json=ROW, retry=http.NO_RETRY)
+    assert answer.status == 502 and answer.failure_class == "connection_error"
+    assert "not retried" in answer.text
+    assert len(received) == 1 < MODEL_RETRY.max_attempts
+
+
+async def test_the_agent_retries_a_model_server_it_cannot_reach(caplog):
+    with _agent(f"http://127.0.0.1:{free_port()}") as agent_url:
+        answer = await http.request("POST", agent_url + "/run", json=ROW, retry=http.NO_RETRY)
+    assert answer.status == 502 and answer.failure_class == "connection_error"
+    retries = [r for r in caplog.records if r.name == "gymfleet.http" and r.levelno == logging.WARNING
+               and "/v1/responses failed" in r.getMessage()]
+    assert len(retries) == MODEL_RETRY.max_attempts - 1

@@ -27,9 +27,11 @@ from gymfleet.http import RetryPolicy
 from gymfleet.server import ServerRef
 
 TOOL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
-"""Tool calls are retried on connection failures only: a tool's error answer is the model's to read."""
+"""Tool calls are retried on failures to connect only: a tool's error answer is the model's to read, and a call whose
+connection dropped after it was sent may have changed the environment (not `idempotent`: `gymfleet.http`)."""
 MODEL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
-"""Model calls are retried on connection failures only. A model server already retries its upstream's 429s and
+"""Model calls are retried on failures to connect only (one whose connection dropped after it was sent may still be
+generating, so it is not repeated). A model server already retries its upstream's 429s and
 5xx within its own bound (`vllm_model`'s `upstream_max_attempts`) and answers 502 when that is spent; retrying the
 502 here would multiply the bound (and a hung upstream's deadline) by this policy's attempts."""
 

@@ -14,8 +14,9 @@ when `model` is empty).
   (`gymfleet.convert.responses_to_chat`; reasoning goes back as `<think>` text), posted to
   `{base_url}/chat/completions`, and the completion converted back (`chat_to_response`).
 
-Failures: connection errors and 429/5xx answers are retried with exponential backoff, `max_attempts` tries in all;
-what is left is a 502 naming the upstream (`error_type` `upstream_error`, `connection_error` or `timeout`). Any
+Failures: failures to connect and 429/5xx answers are retried with exponential backoff, `max_attempts` tries in
+all (a call whose connection dropped after it was sent is not: the upstream may have run it, and bills it); what is
+left is a 502 naming the upstream (`error_type` `upstream_error`, `connection_error` or `timeout`). Any
 401/403 (the configured key refused) is a 502 `error_type: auth_failed`, not the caller's fault; any other 4xx
 is: it comes back with the same status and the upstream's error message.
 
@@ -92,7 +93,7 @@ class OpenAIModelConfig(ModelServerConfig):
     timeout_s: float = Field(default=600.0, gt=0)
     """Deadline for one upstream attempt, connect included."""
     max_attempts: int = Field(default=5, ge=1)
-    """Tries per upstream call, the first included; connection errors and 429/5xx answers are retried."""
+    """Tries per upstream call, the first included; failures to connect and 429/5xx answers are retried."""
 
 
 class OpenAIModel(ModelServer):

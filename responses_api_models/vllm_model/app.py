@@ -22,7 +22,9 @@ fields on input items travel upstream on the matching assistant message, so the 
   max_output_tokens` and no token fields: the agent stops cleanly.
 - 429/500/502/503/504 and refused connections → retried (`upstream_max_attempts`, exponential backoff with
   jitter, `Retry-After` honoured), then HTTP 502 `error_type: upstream_error` (or `connection_error`).
-- No answer within `timeout_s` → HTTP 502 `error_type: timeout` (not retried: the engine may still be generating).
+- No answer within `timeout_s` → HTTP 502 `error_type: timeout` (not retried: the engine may still be generating);
+  likewise a connection dropped after the request was sent → HTTP 502 `error_type: connection_error`. `/tokenize`
+  calls are idempotent and are retried after a dropped connection too.
 - Upstream 401/403 (the configured `api_key` refused) → HTTP 502 `error_type: auth_failed`, not retried.
 - Other upstream 4xx → passed on with their status; bad `metadata` JSON, `n > 1`, unsupported input → 400.
 
@@ -37,6 +39,7 @@ fields on input items travel upstream on the matching assistant message, so the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -78,6 +81,8 @@ class VLLMModel(ModelServer):
             max_backoff_s=self.config.upstream_max_backoff_s,
             retry_statuses=RETRY_STATUSES,
         )
+        # Tokenizing is a pure function of the body: safe to resend after a dropped connection.
+        self.tokenize_retry = dataclasses.replace(self.retry, idempotent=True)
         self.headers = {"Authorization": f"Bearer {self.config.api_key}", **(self.config.default_headers or {})}
 
     def pick_base_url(self) -> str:
@@ -119,7 +124,7 @@ class VLLMModel(ModelServer):
 
     async def _tokenize(self, base: str, body: dict[str, Any]) -> list[int]:
         tokenize_body = {key: body[key] for key in TOKENIZE_FIELDS if key in body}
-        answer = await self._post(base.removesuffix("/v1") + "/tokenize", tokenize_body)
+        answer = await self._post(base.removesuffix("/v1") + "/tokenize", tokenize_body, retry=self.tokenize_retry)
         tokenized = read_json(answer) if answer.ok else None
         tokens = tokenized.get("tokens") if isinstance(tokenized, dict) else None
         if tokens is None:
@@ -131,6 +136,6 @@ class VLLMModel(ModelServer):
             )
         return tokens
 
-    async def _post(self, url: str, body: dict[str, Any]) -> http.HttpResponse:
+    async def _post(self, url: str, body: dict[str, Any], retry: http.RetryPolicy | None = None) -> http.HttpResponse:
         return await http.request("POST", url, json=body, headers=self.headers, timeout_s=self.config.timeout_s,
-                                  retry=self.retry)
+                                  retry=retry or self.retry)
