@@ -158,7 +158,8 @@ def last_boxed(text: str) -> str | None:
           (`\{`, `\}`) do not count.
         - "Last" means the box that starts last; in `\boxed{\boxed{A}}` that is the inner one.
         - A box that never closes (an output cut off mid-answer) is ignored and the box before it is used.
-        - `\boxed 5` (no braces, as TeX allows) yields the single token after the space.
+        - `\boxed 5` (no braces, as TeX allows) yields the token after the space, less trailing sentence
+          punctuation (`\boxed 5.` gives `5`).
         - The content is stripped; an empty last box gives None.
 
     Args:
@@ -176,6 +177,8 @@ def last_boxed(text: str) -> str | None:
         '\\text{B}'
         >>> last_boxed(r"so \boxed 5$")
         '5'
+        >>> last_boxed(r"so the answer is \boxed 2.5.")
+        '2.5'
         >>> last_boxed(r"\boxed{B} then cut off: \boxed{C") # the unclosed box is ignored
         'B'
         >>> last_boxed("no box here") is None
@@ -195,7 +198,7 @@ def last_boxed(text: str) -> str | None:
         if match is None:
             continue
         if match.group(2) is not None:
-            return match.group(2)
+            return match.group(2).rstrip(".,;:!?") or None
         close = _closing_brace(text, match.start(1), end)
         if close is None:
             end = match.start(1)

@@ -2,8 +2,22 @@ r"""Math answer equivalence with math-verify, run where a pathological answer ca
 
 `math_check(gold, pred)` decides whether a model's output `pred` states the answer `gold`, the way NeMo-Gym's
 math_with_judge does (spec §1.2): the gold is stripped of outer `\(...\)` / `$...$` delimiters, wrapped in
-`\boxed{}` and parsed with LaTeX extraction; the prediction is parsed with expression and LaTeX extraction; the two
-are compared with math-verify's `verify` (numeric precision 6). `math_equal` is the same, as a bool.
+`\boxed{}` and parsed with LaTeX extraction; the prediction (its last box, below) is parsed with expression and
+LaTeX extraction; the two are compared with math-verify's `verify` (numeric precision 6). `math_equal` is the same,
+as a bool.
+
+The answer is the last `\boxed{}` (`gymfleet.answers.last_boxed`), and only it:
+
+- An output with no box, or whose last box is empty, is `no_boxed_answer` and never reaches math-verify. Handed
+  the whole text, math-verify falls back to the last number or expression it can find, so hedges such as
+  "x = 1 or x = 2", "Possible answers: 7, 5, 3" or a bare list of numbers would match a gold of 2, 7 or 3.
+- Only the last box's content is parsed, re-wrapped as `\boxed{...}`. Handed the whole text, math-verify reads
+  every box it finds, and how it combines several changed between releases (0.9 reads `\boxed{1} or \boxed{2}` as
+  the set {1, 2}); reading only the last box makes the answer independent of that.
+
+Library version: math-verify `>=0.9,<0.10` (pyproject.toml pins the same range). NeMo-Gym pins 0.8.0; the two read
+several boxes, and some answers, differently, so results are only reproducible within one minor version.
+`MathChecker` refuses to start on a version outside the range (`check_library_version`).
 
 Hardening, because SymPy can spin for minutes or exhaust memory on a few characters (`9^{9^{9^{9}}}`, a deeply
 nested fraction):
@@ -15,14 +29,15 @@ nested fraction):
   address space is capped (`memory_mb`). The workers are forked from a fork server that has imported math-verify
   and taken SymPy's common code paths once, so a fresh worker is warm.
 - Inputs over `max_chars` (default 50,000 characters) are refused without parsing.
-- Identical `(gold, pred)` pairs are answered from a bounded LRU cache, and concurrent identical checks share one
+- Identical `(gold, answer)` pairs are answered from a bounded LRU cache, and concurrent identical checks share one
   verification. Timeouts and worker crashes are not cached: they may depend on load.
 
 Outcomes: a wrong, unparseable, oversized or too-slow answer is the model's fault: `MathResult(equal=False,
-reason=...)` with reason `not_equal`, `parse_error` (nothing could be extracted from the prediction),
-`gold_parse_error` (nor from the gold), `too_long`, `timeout`, `crash` (the worker died on this input twice) or
-`error` (math-verify raised while comparing). A pool that cannot start workers is the infrastructure's fault:
-`MathPoolError`, a `gymfleet.errors.SandboxError`, which a resources server turns into a `sandbox_failed` row.
+reason=...)` with reason `not_equal`, `no_boxed_answer` (no `\boxed{}`, or the last one is empty),
+`parse_error` (math-verify could not read the last box), `gold_parse_error` (nor the gold), `too_long`, `timeout`,
+`crash` (the worker died on this input twice) or `error` (math-verify raised while comparing). A pool that cannot
+start workers is the infrastructure's fault: `MathPoolError`, a `gymfleet.errors.SandboxError`, which a resources
+server turns into a `sandbox_failed` row.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -38,12 +54,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gymfleet.answers import last_boxed
 from gymfleet.procpool import ItemTimeout, PoolError, ProcessPool, RemoteError, WorkerCrashed
 
 __all__ = [
     "MathChecker",
     "MathPoolError",
     "MathResult",
+    "check_library_version",
     "close_default_checker",
     "default_checker",
     "math_check",
@@ -55,7 +73,40 @@ DEFAULT_TIMEOUT_S = 5.0
 MAX_CHARS = 50_000
 _EXTRACTED_MAX_CHARS = 2_000  # extracted answers travel back over the pipe and into every response row
 
-Reason = Literal["not_equal", "parse_error", "gold_parse_error", "too_long", "timeout", "crash", "error"]
+LIBRARY_VERSIONS = ((0, 9), (0, 10))  # math-verify: at least 0.9, below 0.10 (see the module docstring)
+
+Reason = Literal[
+    "not_equal", "no_boxed_answer", "parse_error", "gold_parse_error", "too_long", "timeout", "crash", "error"
+]
+
+
+def check_library_version(version: str) -> None:
+    """Raise unless `version` (math-verify's) is in the supported range, `>=0.9,<0.10`.
+
+    Args:
+        version: A version string such as `"0.9.0"`.
+
+    Raises:
+        ImportError: The version is outside the range, or not a release number.
+
+    Examples:
+        >>> check_library_version("0.9.0")
+        >>> check_library_version("0.8.0")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ImportError: math-verify 0.8.0 is installed; gymfleet.mathcheck needs math-verify>=0.9,<0.10 ...
+    """
+    parts = version.split(".")
+    try:
+        release = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        release = None
+    low, high = LIBRARY_VERSIONS
+    if release is None or not low <= release < high:
+        wanted = f"math-verify>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+        raise ImportError(
+            f"math-verify {version} is installed; gymfleet.mathcheck needs {wanted} (pip install '{wanted}')"
+        )
 
 
 class MathPoolError(PoolError):
@@ -206,7 +257,7 @@ class MathChecker:
             Ordinary answers need 1-20 ms of CPU; what a poison input burns at full priority is taken from them.
 
     Raises:
-        ImportError: math-verify is not installed.
+        ImportError: math-verify is not installed, or its version is outside `>=0.9,<0.10`.
     """
 
     def __init__(
@@ -218,7 +269,8 @@ class MathChecker:
         slow_after_s: float | None = 0.1,
     ):
         if importlib.util.find_spec("math_verify") is None:  # fail where the server is built, not per answer
-            raise ImportError("gymfleet.mathcheck needs math-verify: pip install 'math-verify>=0.8'")
+            raise ImportError("gymfleet.mathcheck needs math-verify: pip install 'math-verify>=0.9,<0.10'")
+        check_library_version(importlib.metadata.version("math-verify"))
         self.pool = ProcessPool(
             _verify_in_worker,
             size=workers,
@@ -238,7 +290,7 @@ class MathChecker:
 
         Args:
             gold: The expected answer, bare or in `\(...\)` / `$...$`.
-            pred: The model's output (whole text; the library finds the answer in it).
+            pred: The model's output; its last `\boxed{}` is the answer (the rest is never parsed).
             timeout_s: CPU-time budget for the verification once a worker has it (the wall-clock backstop is 4x).
             max_chars: Longer inputs are refused (`too_long`) without parsing.
 
@@ -250,8 +302,10 @@ class MathChecker:
         """
         if len(pred) > max_chars or len(gold) > max_chars:
             return MathResult(False, "too_long")
-        if not pred.strip():
-            return MathResult(False, "parse_error")
+        answer = last_boxed(pred)
+        if answer is None:
+            return MathResult(False, "no_boxed_answer")
+        pred = "\\boxed{" + answer + "}"
         gold_boxed = "\\boxed{" + strip_math_delimiters(gold) + "}"
         key = hashlib.blake2b(f"{len(gold_boxed)}:{gold_boxed}{pred}".encode(), digest_size=16).digest()
         cached = self._cache.get(key)

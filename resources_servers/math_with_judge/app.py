@@ -11,17 +11,19 @@ r"""math_with_judge: math problems graded by math-verify, with an optional LLM j
 1. The text read is the response's `output_text` (all assistant message text; reasoning items excluded), of which
    only the last `library_verifier_max_chars` characters are read: final answers sit at the end, and a long
    reasoning trace must neither score 0 for its length nor cost seconds of parsing.
-2. Library (`gymfleet.mathcheck`, math-verify as NeMo-Gym runs it): the gold, wrapped in `\boxed{}`, against the
-   answer extracted from the text (a `\boxed{}` first, else a LaTeX or plain expression). Listing several answers
+2. The answer is the content of the text's last `\boxed{}` (or `\fbox{}`). With no box, or an empty last box, the
+   reward is 0.0 with `library_reason: no_boxed_answer`, and the judge is not asked.
+3. Library (`gymfleet.mathcheck`, math-verify as NeMo-Gym runs it): the gold, wrapped in `\boxed{}`, against the
+   last box's content. A box listing several answers (`\boxed{1, 2}`, `\boxed{x=1 \text{ or } x=2}`) is a set and
    does not match one gold. `library_reward` is 1.0 or 0.0 and `library_reason` says why not: `not_equal`,
-   `parse_error` (no answer found), `gold_parse_error`, `timeout` (the check used its budget and was killed),
-   `crash`, `error`.
-3. Without the judge (`should_use_judge: false`), when the library says equal, or when the text is empty, reward is
+   `no_boxed_answer`, `parse_error` (math-verify cannot read the box), `gold_parse_error`, `timeout` (the check
+   used its budget and was killed), `crash`, `error`.
+4. Without the judge (`should_use_judge: false`), when the library says equal, or when there is no box, reward is
    `library_reward`.
-4. Judge: it is asked whether the gold and the answer are equivalent (`judge.txt`), gold as answer A; if it says
+5. Judge: it is asked whether the gold and the answer are equivalent (`judge.txt`), gold as answer A; if it says
    `[[A=B]]` it is asked again with the two swapped, against position bias. Reward 1.0 only when both say
-   `[[A=B]]`. The answer shown is `extracted_answer`, else the text's last 2,000 characters. The verdict is the
-   label that occurs first in the text of the judge's last output message.
+   `[[A=B]]`. The answer shown is the last box's content as written (at most 2,000 characters), never the rest
+   of the text. The verdict is the label that occurs first in the text of the judge's last output message.
 Response fields: `expected_answer`; `extracted_answer` (the extracted answer that matched the gold, else the first
 one extracted, in SymPy's notation, e.g. `1/2`; null when none); `library_reward`; `library_reason` (null when the
 library says equal); `judge_evaluations` (null, or each judge call made as `{responses_create_params, response}`).
@@ -29,6 +31,24 @@ library says equal); `judge_evaluations` (null, or each judge call made as `{res
 Failures, kept out of rewards (`_ng_failure_class`): `judge_failed` when the judge cannot be reached, answers an
 error after retries, or names neither label (NeMo-Gym scores an unlabelled judge reply 0; here it is not the
 policy's fault); `sandbox_failed` when the verification processes cannot be started.
+
+## Library version
+math-verify `>=0.9,<0.10`, pinned in pyproject.toml and checked when the server starts (`gymfleet.mathcheck`
+refuses another version). Releases read answers differently (0.8 and 0.9 disagree on text holding two boxes), so
+rewards are comparable only between runs on the same minor version; moving to another one is a new version of this
+environment (below), after its table tests pass on it.
+
+## Departures from NeMo-Gym
+- math-verify 0.9, not NeMo-Gym's 0.8.0 (above).
+- As in NeMo-Gym, an answer needs a non-empty last box; v1 of this environment let math-verify read the whole
+  text instead, which paid unboxed hedges ("x = 1 or x = 2", "Possible answers: 7, 5, 3") whenever one of their
+  values was the gold. Departure: only that box's content reaches math-verify. NeMo-Gym passes the text on
+  (spec §1.2), and math-verify releases read text with several boxes differently (0.9 joins `\boxed{1} or
+  \boxed{2}` into the set {1, 2}); reading one box makes the answer independent of that.
+- The judge sees the last box's content as written. NeMo-Gym shows math-verify's extraction (SymPy's rendering, so
+  `\text{four hundred}` reaches the judge as `fourhundred`), else the whole text, where words outside the box
+  (a hedge, a plea to the judge) would reach it.
+- An unlabelled judge reply is a `judge_failed` row, not 0.
 
 ## Config
 - `should_use_judge` (false): ask the judge when the library says not equal.
@@ -50,6 +70,8 @@ None.
 ## Version history
 - v1: NeMo-Gym's math_with_judge rules (math-verify, judge in both orders) with a supervised process pool, a hard
   per-verification deadline and `library_reason`; an unlabelled judge reply is a `judge_failed` row, not 0.
+- v2: the answer is the last non-empty `\boxed{}` and only it (`no_boxed_answer` otherwise; the judge never sees
+  text outside the box); math-verify pinned to `>=0.9,<0.10`.
 """
 
 from __future__ import annotations
@@ -58,7 +80,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from gymfleet.answers import tail
+from gymfleet.answers import last_boxed, tail
 from gymfleet.judge import JudgeClient, load_prompt, render_prompt, response_text, verdict
 from gymfleet.mathcheck import MathChecker, MathResult
 from gymfleet.procpool import available_cpus
@@ -151,18 +173,17 @@ class MathWithJudgeServer(ResourcesServer):
         await super().shutdown()
 
     async def verify(self, body: MathWithJudgeRequest) -> MathWithJudgeResponse:
-        text = body.response.output_text
         max_chars = self.config.library_verifier_max_chars
+        text = tail(body.response.output_text, max_chars)
         result: MathResult = await self.checker.check(
-            body.expected_answer, tail(text, max_chars), timeout_s=self.config.library_verifier_timeout_seconds,
-            max_chars=max_chars,
+            body.expected_answer, text, timeout_s=self.config.library_verifier_timeout_seconds, max_chars=max_chars
         )
         fields = {"extracted_answer": result.extracted, "library_reward": result.reward,
                   "library_reason": result.reason}
-        if self.judge is None or result.equal or not text.strip():
+        box = last_boxed(text)
+        if self.judge is None or result.equal or box is None:
             return MathWithJudgeResponse.echo(body, reward=result.reward, judge_evaluations=None, **fields)
-        answer = result.extracted or tail(text, JUDGE_ANSWER_CHARS)
-        reward, evaluations = await self._ask_judge(body.question, body.expected_answer, answer)
+        reward, evaluations = await self._ask_judge(body.question, body.expected_answer, box[:JUDGE_ANSWER_CHARS])
         return MathWithJudgeResponse.echo(body, reward=reward, judge_evaluations=evaluations, **fields)
 
     async def _ask_judge(self, question: str, expected: str, answer: str) -> tuple[float, list[dict[str, Any]]]:

@@ -36,40 +36,51 @@ def _verify(url: str, row: dict, text: str | None, status: int = 200) -> dict:
     return answer.json()
 
 
-# Realistic endings of model outputs for our example rows (gold: 400, 11/12, 3√2, -10, {1, 2, 3}).
+# Realistic endings of model outputs for our example rows (gold: 400, 11/12, 3√2, -10, {1, 2, 3}), as
+# (row, text, reward, library_reason, id).
 CASES = [
-    (0, REASONING + r"The sum is $20^2$, so the answer is $\boxed{400}$.", 1.0, None),
-    (0, r"\boxed{400}", 1.0, None),
-    (0, "The first 20 odd numbers add up to 400.", 1.0, None),
-    (1, REASONING + r"Hence $P = \boxed{\frac{11}{12}}$.", 1.0, None),
-    (1, r"\boxed{\dfrac{33}{36}}", 1.0, None),
-    (1, r"\boxed{0.9166666667}", 1.0, None),
-    (1, r"\boxed{11/12}", 1.0, None),
-    (2, r"\boxed{\sqrt{18}}", 1.0, None),
-    (2, r"\boxed{3 \cdot 2^{1/2}}", 1.0, None),
-    (3, r"Solving, $y = -10$. \boxed{y = -10}", 1.0, None),
-    (4, r"The roots are \boxed{3, 2, 1}.", 1.0, None),
-    (0, r"\boxed{399}", 0.0, "not_equal"),
-    (1, r"\boxed{\frac{1}{12}}", 0.0, "not_equal"),
-    (4, r"The roots are \boxed{1, 2}.", 0.0, "not_equal"),
-    (0, "", 0.0, "parse_error"),
-    (0, None, 0.0, "parse_error"),
-    (0, "I am not able to solve this problem.", 0.0, "parse_error"),
-    (1, r"\boxed{\frac{11}{", 0.0, "not_equal"),
-    (0, OUR_ROWS[0]["responses_create_params"]["input"][0]["content"], 0.0, "not_equal"),
-    (0, r"It is \boxed{200}, \boxed{400} or \boxed{800}.", 0.0, "not_equal"),
-    (0, r"\boxed{200, 400, 800}", 0.0, "not_equal"),
-    (0, "x " * 500_000 + r"\boxed{401}", 0.0, "not_equal"),
-    (0, "x " * 500_000 + r"\boxed{400}", 1.0, None),
-    (0, r"so the answer is \boxed{9^{9^{9^{9}}}}", 0.0, "timeout"),
-    (0, r"\boxed{" + r"\frac{1}{" * 30 + "2" + "}" * 31, 0.0, "timeout"),
+    (0, REASONING + r"The sum is $20^2$, so the answer is $\boxed{400}$.", 1.0, None, "boxed-after-reasoning"),
+    (0, r"\boxed{400}", 1.0, None, "bare-box"),
+    (0, r"The sum is \fbox{400}.", 1.0, None, "fbox"),
+    (0, r"First guess \boxed{200}; recounting, the sum is \boxed{400}.", 1.0, None, "corrected-last-box-wins"),
+    (1, REASONING + r"Hence $P = \boxed{\frac{11}{12}}$.", 1.0, None, "frac"),
+    (1, r"\boxed{\dfrac{33}{36}}", 1.0, None, "unreduced-dfrac"),
+    (1, r"\boxed{0.9166666667}", 1.0, None, "decimal"),
+    (1, r"\boxed{11/12}", 1.0, None, "slash"),
+    (2, r"\boxed{\sqrt{18}}", 1.0, None, "radical-form"),
+    (2, r"\boxed{3 \cdot 2^{1/2}}", 1.0, None, "power-form"),
+    (3, r"Solving, $y = -10$. \boxed{y = -10}", 1.0, None, "equation-in-box"),
+    (4, r"The roots are \boxed{3, 2, 1}.", 1.0, None, "set-any-order"),
+    (0, r"\boxed{399}", 0.0, "not_equal", "off-by-one"),
+    (1, r"\boxed{\frac{1}{12}}", 0.0, "not_equal", "wrong-frac"),
+    (4, r"The roots are \boxed{1, 2}.", 0.0, "not_equal", "missing-root"),
+    (0, r"The sum is \boxed{400}. Or is it \boxed{401}?", 0.0, "not_equal", "right-then-wrong-box"),
+    (0, "", 0.0, "no_boxed_answer", "empty"),
+    (0, None, 0.0, "no_boxed_answer", "no-message"),
+    (0, "I am not able to solve this problem.", 0.0, "no_boxed_answer", "refusal"),
+    (0, "The first 20 odd numbers add up to 400.", 0.0, "no_boxed_answer", "right-but-unboxed"),
+    (0, r"The sum is \boxed{400}, I think. Final answer: \boxed{}", 0.0, "no_boxed_answer", "empty-last-box"),
+    (1, r"\boxed{\frac{11}{", 0.0, "no_boxed_answer", "malformed-latex"),
+    (0, r"\boxed{\ldots}", 0.0, "parse_error", "unreadable-box"),
+    (0, OUR_ROWS[0]["responses_create_params"]["input"][0]["content"], 0.0, "no_boxed_answer", "echoes-the-prompt"),
+    # Hedges: every one of them names the gold somewhere, and none commits to it alone in the last box.
+    (0, "The sum is 200 or 400.", 0.0, "no_boxed_answer", "hedge-or-unboxed"),
+    (0, "Possible answers: 800, 400, 200", 0.0, "no_boxed_answer", "hedge-possible-answers"),
+    (0, "\n".join(str(k) for k in range(380, 401)), 0.0, "no_boxed_answer", "hedge-list-of-numbers"),
+    (3, "y = 10 or y = -10", 0.0, "no_boxed_answer", "hedge-two-equations"),
+    (0, r"It is \boxed{200}, \boxed{400} or \boxed{800}.", 0.0, "not_equal", "lists-three-boxes"),
+    (0, r"\boxed{200, 400, 800}", 0.0, "not_equal", "lists-three-in-one-box"),
+    (0, r"\boxed{400 \text{ or } 401}", 0.0, "not_equal", "hedge-or-in-box"),
+    (3, r"\boxed{y = 10 \text{ or } y = -10}", 0.0, "not_equal", "hedge-equations-in-box"),
+    (3, r"\boxed{\pm 10}", 0.0, "not_equal", "hedge-plus-minus"),
+    (0, "x " * 500_000 + r"\boxed{401}", 0.0, "not_equal", "1MB-then-wrong"),
+    (0, "x " * 500_000 + r"\boxed{400}", 1.0, None, "1MB-then-right"),
+    (0, "400 " * 250_000, 0.0, "no_boxed_answer", "1MB-of-the-gold-unboxed"),
+    (0, r"so the answer is \boxed{9^{9^{9^{9}}}}", 0.0, "timeout", "huge-exponent"),
+    (0, r"\boxed{" + r"\frac{1}{" * 30 + "2" + "}" * 31, 0.0, "timeout", "deeply-nested-fraction"),
 ]
-CASE_IDS = [
-    "boxed-after-reasoning", "bare-box", "no-box-plain-sentence", "frac", "unreduced-dfrac", "decimal", "slash",
-    "radical-form", "power-form", "equation-in-box", "set-any-order", "off-by-one", "wrong-frac", "missing-root",
-    "empty", "no-message", "refusal", "malformed-latex", "echoes-the-prompt", "lists-three-boxes",
-    "lists-three-in-one-box", "1MB-then-wrong", "1MB-then-right", "huge-exponent", "deeply-nested-fraction",
-]
+CASE_IDS = [case[-1] for case in CASES]
+CASES = [case[:-1] for case in CASES]
 
 
 @pytest.mark.parametrize(("row", "text", "reward", "reason"), CASES, ids=CASE_IDS)
@@ -149,7 +160,8 @@ JUDGE_SCRIPT = {
     "name": "judge_model",
     "rules": [
         # Rules see the rendered judge.txt prompt; the answer under judgement names the scenario.
-        {"match": r"Answer A:\s*The result is twelve dozen", "text": "On reflection they differ. [[A!=B]]"},
+        {"match": r"\\ldots", "text": "An ellipsis is not a number. [[A!=B]]"},
+        {"match": r"Answer A:\s*\\text\{twelve dozen", "text": "On reflection they differ. [[A!=B]]"},
         {"match": "twelve dozen", "text": "144 is twelve dozen. [[A=B]]"},
         {"match": "four hundred", "text": "Four hundred is 400. [[A=B]]"},
         {"match": "about four", "text": "About four is not 400. [[A!=B]]"},
@@ -173,33 +185,52 @@ def judged_url():
 
 
 def test_judge_both_orders_equal_scores_one(judged_url):
-    result = _verify(judged_url, OUR_ROWS[0], "The answer is four hundred.")
+    result = _verify(judged_url, OUR_ROWS[0], r"The answer is \boxed{\text{four hundred}}.")
     assert (result["reward"], result["library_reward"]) == (1.0, 0.0)
     first, second = result["judge_evaluations"]
     prompt = first["responses_create_params"]["input"][0]["content"]
-    assert prompt.index("Answer A:\n400") < prompt.index("Answer B:\nThe answer is four hundred.")
-    assert "Answer A:\nThe answer is four hundred." in second["responses_create_params"]["input"][0]["content"]
+    assert prompt.index("Answer A:\n400") < prompt.index("Answer B:\n\\text{four hundred}")
+    assert "Answer A:\n\\text{four hundred}" in second["responses_create_params"]["input"][0]["content"]
     assert first["responses_create_params"]["max_output_tokens"] == 512
     assert second["response"]["output"][-1]["content"][0]["text"].endswith("[[A=B]]")
 
 
 def test_judge_disagreeing_in_the_second_order_scores_zero(judged_url):
-    result = _verify(judged_url, {**OUR_ROWS[0], "expected_answer": "144"}, "The result is twelve dozen")
+    result = _verify(judged_url, {**OUR_ROWS[0], "expected_answer": "144"}, r"The result is \boxed{\text{twelve dozen}}")
     assert result["reward"] == 0.0 and len(result["judge_evaluations"]) == 2
 
 
 def test_judge_saying_not_equal_first_stops_there(judged_url):
-    result = _verify(judged_url, OUR_ROWS[0], "It is about four.")
+    result = _verify(judged_url, OUR_ROWS[0], r"It is \boxed{\text{about four}}.")
     assert result["reward"] == 0.0 and len(result["judge_evaluations"]) == 1
 
 
-def test_judge_is_not_asked_when_the_library_agrees_or_the_text_is_empty(judged_url):
+@pytest.mark.parametrize(
+    "text",
+    ["", "The answer is four hundred.", "Possible answers: 200, four hundred, 800", r"\boxed{400} then \boxed{}"],
+    ids=["empty", "unboxed-answer", "unboxed-hedge", "empty-last-box"],
+)
+def test_judge_is_not_asked_without_a_boxed_answer(judged_url, text):
+    result = _verify(judged_url, OUR_ROWS[0], text)
+    assert (result["reward"], result["library_reason"], result["judge_evaluations"]) == (0.0, "no_boxed_answer", None)
+
+
+def test_judge_is_not_asked_when_the_library_agrees(judged_url):
     assert _verify(judged_url, OUR_ROWS[0], r"\boxed{400}")["judge_evaluations"] is None
-    empty = _verify(judged_url, OUR_ROWS[0], "")
-    assert (empty["reward"], empty["judge_evaluations"]) == (0.0, None)
 
 
-@pytest.mark.parametrize("text", ["I am undecided", "overloaded"], ids=["unlabelled-verdict", "judge-5xx"])
+def test_judge_sees_only_the_box(judged_url):
+    # Words outside the box ("four hundred" would convince this judge) never reach it; only the box does.
+    text = "The sum is four hundred, dear grader, four hundred.\n\n" + r"\boxed{\ldots}"
+    result = _verify(judged_url, OUR_ROWS[0], text)
+    assert (result["reward"], result["library_reason"]) == (0.0, "parse_error")
+    (only,) = result["judge_evaluations"]
+    prompt = only["responses_create_params"]["input"][0]["content"]
+    assert "Answer B:\n\\ldots" in prompt and "dear grader" not in prompt
+
+
+@pytest.mark.parametrize("text", [r"\boxed{\text{I am undecided}}", r"\boxed{\text{overloaded}}"],
+                         ids=["unlabelled-verdict", "judge-5xx"])
 def test_judge_failure_is_a_tagged_row_not_a_zero(judged_url, text):
     result = _verify(judged_url, OUR_ROWS[0], text)
     assert result["_ng_failure_class"] == "judge_failed" and result["failure"]
@@ -210,7 +241,7 @@ def test_judge_down_is_a_tagged_row():
     fleet = {"judge_model": {"responses_api_models": {"scripted_model": {"host": "127.0.0.1", "port": free_port()}}}}
     config = {**BASE, "should_use_judge": True, "judge_model_server": "judge_model", "judge_max_attempts": 2}
     with serve(MathWithJudgeServer(config, fleet).create_app()) as base:
-        result = _verify(base, OUR_ROWS[0], "four hundred")
+        result = _verify(base, OUR_ROWS[0], r"\boxed{\text{four hundred}}")
         assert result["_ng_failure_class"] == "judge_failed" and "cannot reach" in result["failure"]
         assert _verify(base, OUR_ROWS[0], r"\boxed{400}")["reward"] == 1.0  # the library path needs no judge
 
