@@ -178,6 +178,33 @@ def test_answer_after_is_fast_on_huge_text():
         pytest.param("A B", None, None, id="hedge-whitespace"),
         pytest.param("A, A", None, "A", id="same-letter-twice-is-not-a-list"),
         pytest.param("A: PCR\nB: ELISA\nC: qPCR\nD: Northern blot", None, None, id="prompt-echo-options"),
+        # Hedges in other separator forms: label punctuation, markdown and filler words between the letters.
+        pytest.param("B. or C.", None, None, id="hedge-labels-dot-or"),
+        pytest.param("B, or C", None, None, id="hedge-comma-or"),
+        pytest.param("B) or C)", None, None, id="hedge-labels-paren-or"),
+        pytest.param("**B** or **C**", None, None, id="hedge-bold-or"),
+        pytest.param("B (or maybe C)", None, None, id="hedge-parenthetical"),
+        pytest.param("either A or D", None, None, id="hedge-either-or"),
+        pytest.param("B vs. D", None, None, id="hedge-versus"),
+        pytest.param("B.\nC.", None, None, id="hedge-one-per-line"),
+        pytest.param("[A] / [C]", None, None, id="hedge-brackets-slash"),
+        pytest.param("C, not B", None, "C", id="exclusion-is-not-a-hedge"),
+        # A label with option text after it.
+        pytest.param("(B) Mercury", "B", "B", id="paren-label-with-text"),
+        pytest.param(r"\text{(B) Mercury}", "B", "B", id="paren-label-with-text-in-wrapper"),
+        pytest.param("[D] Northern blot", "D", "D", id="bracket-label-with-text"),
+        pytest.param("**C.** Western blot", "C", "C", id="bold-label-with-text"),
+        pytest.param("(BRCA1)", None, None, id="parenthesised-word-is-not-a-label"),
+        # "A" and "I" used as words.
+        pytest.param("A close look shows it is B", None, "B", id="article-a-leads-sentence"),
+        pytest.param("a strong base, so D", None, "D", id="lowercase-article-a"),
+        pytest.param("I'm fairly sure it's C", None, "C", id="pronoun-contraction"),
+        pytest.param("It is B. A careful check agrees.", None, "B", id="article-a-after-the-answer"),
+        pytest.param("A is correct", None, "A", id="letter-a-then-is"),
+        pytest.param("B or A is correct", None, None, id="hedge-with-letter-a-then-is"),
+        pytest.param("A. or B.", None, None, id="hedge-starting-with-letter-a"),
+        pytest.param("B) a kinase, or possibly C", None, None, id="label-text-naming-another-letter"),
+        pytest.param("B: Vitamin D deficiency", None, None, id="label-text-with-letter-needs-option-texts"),
         pytest.param("", None, None, id="empty"),
         pytest.param(None, None, None, id="none"),
     ],
@@ -193,9 +220,45 @@ def test_choice_letter_accepts_letter_list():
 
 
 def test_choice_letter_lenient_skips_capitals_outside_options():
-    # "I" leads but is not an option among A-D; with A-J it is.
-    assert answers.choice_letter("I would pick D", ABCD, lenient=True) == "D"
-    assert answers.choice_letter("I would pick D", "ABCDEFGHIJ", lenient=True) == "I"
+    assert answers.choice_letter("Then D", ABCD, lenient=True) == "D"
+    assert answers.choice_letter("So D, as in J", ABCD, lenient=True) == "D"
+    assert answers.choice_letter("So D, as in J", "ABCDEFGHIJ", lenient=True) == "J"
+
+
+@pytest.mark.parametrize(
+    "payload, expected",
+    [
+        pytest.param("I would pick D", "D", id="pronoun-leads"),
+        pytest.param("I think I is right", "I", id="pronoun-then-letter-i"),
+        pytest.param("I was going to say H", "H", id="pronoun-i-was"),
+        pytest.param("I fits the data best", "I", id="letter-i-then-verb"),
+        pytest.param("H or I", None, id="hedge-ending-in-i"),
+        pytest.param("I or J", None, id="hedge-starting-with-i"),
+    ],
+)
+def test_choice_letter_pronoun_i_with_ten_options(payload, expected):
+    assert answers.choice_letter(payload, "ABCDEFGHIJ", lenient=True) == expected
+
+
+MERCURY = {"A": "Venus", "B": "Mercury", "C": "Hepatitis B or C infection", "D": None}
+
+
+@pytest.mark.parametrize(
+    "payload, expected",
+    [
+        pytest.param(r"\text{(B) Mercury}", "B", id="label-and-its-text"),
+        pytest.param("B) mercury.", "B", id="label-and-its-text-casefolded"),
+        pytest.param("(C) Hepatitis B or C infection", "C", id="own-text-holding-letters"),
+        pytest.param("(B) Venus", None, id="label-of-one-text-of-another"),
+        pytest.param("B: Venus", None, id="colon-label-text-of-another"),
+        pytest.param("(B) the closest planet", "B", id="label-and-free-text"),
+        pytest.param("(B) the closest planet, or (A)", None, id="label-and-text-naming-another-option"),
+        pytest.param("(B) Mercury or (A) Venus", None, id="two-labelled-options"),
+        pytest.param("Hepatitis B or C infection", None, id="option-text-alone-is-not-a-letter"),
+    ],
+)
+def test_choice_letter_with_option_texts(payload, expected):
+    assert answers.choice_letter(payload, MERCURY) == expected
 
 
 @pytest.mark.parametrize(

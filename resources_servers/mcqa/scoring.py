@@ -10,25 +10,31 @@ Extraction, in priority order:
        order, take the last `re.findall` match (IGNORECASE; the first group if the pattern has groups), stripped.
        A single character is mapped with `normalize_letter` (full-width, Arabic, Bengali letters) and accepted if
        alphabetic, even when it is not one of the options (it then simply scores 0). Otherwise it must equal one
-       option's text (after `normalize`). The first pattern that yields a letter wins; if none yields, there is no
-       letter: the grading mode is not consulted.
-    2. Otherwise the grading mode:
+       option's text (after `normalize`). The first pattern that yields a letter wins.
+    2. When no pattern yields a letter (none matches, or what matches is neither a letter nor an option's text),
+       the grading mode reads the text, as in NeMo-Gym. A template asking for `Answer: \boxed{{X}}` (doubled
+       braces, from a format string) is often answered `\boxed{{B}}`, which its own regex misses and the strict
+       mode reads.
        - `strict_single_letter_boxed`: the last `\boxed{...}` must hold one allowed capital, alone among non-letters
-         ("B", "(B)", `\text{B}`) or as a leading label ("B) PCR", "B: PCR", "B.").
-       - `lenient_boxed`: strict first; else the option whose text occurs inside the last box, if exactly one does.
+         ("B", "(B)", "{B}", `\text{B}`) or as a leading label ("B) PCR", "B: PCR", "B.", "(B) PCR", "[B] PCR").
+       - `lenient_boxed`: strict first; else, unless the box starts with an allowed option label that strict
+         refused, the option whose text occurs inside the last box, if exactly one does.
        - `lenient_answer_colon`: the first `answer:` value (`answer\s*:\s*(.+)`, no markdown handling); a single
          allowed letter, or exactly one option's text.
        - `lenient_answer_colon_md`: every markdown-tolerant `Answer:` value, last to first; the first that names a
          letter wins, by the strict rules, then a leading letter of either case, then the last standalone allowed
-         capital.
+         capital. "A" and "I" used as words ("A close look shows it is B", "I think C") are not letters.
 
 Before any extraction the text is stripped and clipped to its last `MAX_SCAN_CHARS` characters. Answers sit at the
 end, so the clip loses nothing a grader should read, and it bounds the regex work (including a row's own
 `output_regex`) on pathological outputs. On outputs longer than the clip, "first `answer:`" means the first one
 inside the clipped tail.
 
-Every mode rejects a payload naming two or more distinct allowed letters, either joined ("A or B", "A/B", "A, C",
-"A and B") or as option labels ("A: PCR B: ELISA", an echo of the prompt's option list).
+Every mode reads letters with `gymfleet.answers.choice_letter`, given the option texts, so it rejects a payload
+naming two or more distinct allowed letters, joined by punctuation, markdown or connector words ("A or B", "B. or
+C.", "B, or C", "**B** / **C**", "B (or maybe C)") or as option labels ("A: PCR B: ELISA", an echo of the prompt's
+option list); a label followed by another option's text ("(B) Venus" when Venus is option C); and a label whose text
+names another allowed letter ("B) PCR, or else C") unless that text is the label's own option text.
 """
 
 from __future__ import annotations
@@ -90,7 +96,10 @@ def _strict_boxed(text: str, texts: Mapping[str, str]) -> str | None:
 
 def _lenient_boxed(text: str, texts: Mapping[str, str]) -> str | None:
     box = answers.last_boxed(text)
-    return answers.choice_letter(box, texts) or answers.match_option_text(box, texts, substring=True)
+    letter = answers.choice_letter(box, texts)
+    if letter is not None or answers.option_label(box) in texts:
+        return letter  # a label strict refused (a hedge, or another option's text) is not read as text
+    return answers.match_option_text(box, texts, substring=True)
 
 
 def _lenient_answer_colon(text: str, texts: Mapping[str, str]) -> str | None:
@@ -132,7 +141,7 @@ def score(
         text: The model's `output_text` (all output_text parts of its message items, concatenated).
         options: The row's options, single-key dicts `{letter: text}`; null texts are ignored.
         expected_answer: The gold letter.
-        grading_mode: How to find the letter when there is no `output_regex`.
+        grading_mode: How to find the letter when no `output_regex` pattern yields one.
         output_regex: The row's `template_metadata.output_regex`; an empty string or list counts as absent.
 
     Returns:
@@ -160,10 +169,11 @@ def score(
     if not text:
         return 0.0, None
     texts = _option_texts(options)
+    letter = None
     if output_regex:
         patterns = [output_regex] if isinstance(output_regex, str) else list(output_regex)
         letter = _by_regex(text, patterns, texts)
-    else:
+    if letter is None:
         letter = by_mode(text, texts)
     expected = expected_answer.strip().upper()
     return float(letter is not None and letter == expected), letter

@@ -29,6 +29,12 @@ PROMPT_ECHO = (
 )
 COT = "The question asks about protein detection after gel separation. PCR and Northern blots target nucleic acids. "
 
+# The regex of a NeMo-Gym template that asks for "Answer: \boxed{{X}}" (format-string braces, often copied).
+BOXED_TEMPLATE_REGEX = r"\\boxed\{\s*([A-Za-z])\s*\}"
+PLANETS = [{"A": "Venus"}, {"B": "Mercury"}, {"C": "Mars"}, {"D": "Jupiter"}]
+HEPATITIS = [{"A": "Hepatitis A"}, {"B": "Hepatitis B or C co-infection"}, {"C": "Vitamin D deficiency"},
+             {"D": "Iron overload"}]
+
 STRICT, LENIENT_BOXED = "strict_single_letter_boxed", "lenient_boxed"
 COLON, COLON_MD = "lenient_answer_colon", "lenient_answer_colon_md"
 
@@ -68,6 +74,26 @@ CASES = [
     case("x" * 1_000_000 + r"\boxed{C}", "C", STRICT, "C", id="strict-1mb-junk-then-box"),
     case(r"\boxed{C}" + "x" * 1_000_000, "C", STRICT, None, id="strict-box-beyond-scan-window"),
     case(r"\boxed{B}", "B", STRICT, "B", options=ARROW_OPTIONS, id="strict-arrow-null-keys"),
+    # strict: hedges in other separator forms score 0 whichever letter is gold
+    case(r"\boxed{B. or C.}", "C", STRICT, None, id="strict-hedge-labels-dot-or"),
+    case(r"\boxed{B, or C}", "B", STRICT, None, id="strict-hedge-comma-or"),
+    case(r"\boxed{\textbf{B} or \textbf{C}}", "C", STRICT, None, id="strict-hedge-bold-wrappers"),
+    case(r"\boxed{(B) or (C)}", "B", STRICT, None, id="strict-hedge-parenthesised"),
+    case(r"\boxed{B (or possibly C)}", "B", STRICT, None, id="strict-hedge-parenthetical"),
+    case(r"\boxed{C) Western blot, or else B}", "C", STRICT, None, id="strict-label-text-naming-another"),
+    case(r"\boxed{A, B, C, D}", "D", STRICT, None, id="strict-every-letter"),
+    case(r"\boxed{\text{A or B or C or D}}", "A", STRICT, None, id="strict-every-letter-or"),
+    # strict: a box holding a label and option text
+    case(r"\boxed{\text{(B) Mercury}}", "B", STRICT, "B", options=PLANETS, id="strict-paren-label-and-text"),
+    case(r"The closest planet is \boxed{\text{(B) Mercury}}", "C", STRICT, "B", options=PLANETS,
+         id="strict-paren-label-and-text-wrong"),
+    case(r"\boxed{[D] Jupiter}", "D", STRICT, "D", options=PLANETS, id="strict-bracket-label-and-text"),
+    case(r"\boxed{\text{(B) Venus}}", "B", STRICT, None, options=PLANETS, id="strict-label-of-one-text-of-another"),
+    case(r"\boxed{\text{(A) Venus}}", "A", STRICT, "A", options=PLANETS, id="strict-label-and-text-first-option"),
+    case(r"\boxed{B) Hepatitis B or C co-infection}", "B", STRICT, "B", options=HEPATITIS,
+         id="strict-own-text-holding-letters"),
+    case(r"\boxed{C: Vitamin D deficiency}", "C", STRICT, "C", options=HEPATITIS, id="strict-own-text-naming-d"),
+    case(r"\boxed{C: lack of vitamin D}", "C", STRICT, None, options=HEPATITIS, id="strict-paraphrase-naming-d"),
     case(r"\boxed{D}", "D", STRICT, None, options=ARROW_OPTIONS, id="strict-letter-only-in-null-keys"),
     # lenient_boxed
     case(r"\boxed{C}", "C", LENIENT_BOXED, "C", id="lenient-boxed-letter"),
@@ -77,6 +103,9 @@ CASES = [
     case(r"\boxed{Sanger sequencing}", "C", LENIENT_BOXED, "C", options=PCR_OPTIONS, id="lenient-boxed-unique-text"),
     case("The answer is Western blot.", "C", LENIENT_BOXED, None, id="lenient-boxed-needs-a-box"),
     case(r"\boxed{Western blot or ELISA}", "C", LENIENT_BOXED, None, id="lenient-boxed-two-texts"),
+    case(r"\boxed{(B) Venus}", "A", LENIENT_BOXED, None, options=PLANETS, id="lenient-boxed-label-and-other-text"),
+    case(r"\boxed{B. or C. Western blot}", "C", LENIENT_BOXED, None, id="lenient-boxed-hedge-then-text"),
+    case(r"\boxed{\text{(B) Mercury}}", "B", LENIENT_BOXED, "B", options=PLANETS, id="lenient-boxed-label-and-text"),
     # lenient_answer_colon
     case(COT + "\nAnswer: C", "C", COLON, "C", id="colon-letter"),
     case("answer:\n\nc", "C", COLON, "C", id="colon-lowercase-next-line"),
@@ -96,6 +125,15 @@ CASES = [
     case("Answer: B\nOn reflection...\n**Answer:** C", "C", COLON_MD, "C", id="md-last-label-wins"),
     case("Answer: C\n**Answer:** B or C", "C", COLON_MD, "C", id="md-hedge-skipped-earlier-used"),
     case("**Answer:** B or C", "C", COLON_MD, None, id="md-hedge-only"),
+    case("**Answer:** B. or C.", "C", COLON_MD, None, id="md-hedge-labels-dot-or"),
+    case("**Answer:** B, or C", "B", COLON_MD, None, id="md-hedge-comma-or"),
+    case("**Answer:** **B** or **C**", "C", COLON_MD, None, id="md-hedge-bold"),
+    case("Answer: B (or maybe C)", "B", COLON_MD, None, id="md-hedge-parenthetical"),
+    case("**Answer:** A close look shows it is C", "C", COLON_MD, "C", id="md-article-a-leads"),
+    case("**Answer:** A close look shows it is C", "A", COLON_MD, "C", id="md-article-a-is-not-choice-a"),
+    case("**Answer:** I'm confident it's D", "D", COLON_MD, "D", id="md-pronoun-contraction"),
+    case("Answer: A is the only one that amplifies DNA", "A", COLON_MD, "A", id="md-letter-a-then-is"),
+    case("**Answer:** a careful reading points nowhere", "A", COLON_MD, None, id="md-lowercase-article-only"),
     case("**Answer:** Western blot", "C", COLON_MD, None, id="md-option-text-not-a-letter"),
     case(PROMPT_ECHO + "\nAnswer: $LETTER", "C", COLON_MD, None, id="md-template-placeholder"),
     # output_regex takes priority over the mode
@@ -119,7 +157,22 @@ CASES = [
         output_regex=[r"final:\s*(\w)", r"answer:\s*(\w)"],
         id="regex-list-first-wins",
     ),
-    case(r"\boxed{C}", "C", STRICT, None, output_regex=r"answer:\s*(\w)", id="regex-no-match-no-fallback"),
+    # output_regex yields nothing: the mode reads the text, as NeMo-Gym does
+    case(r"\boxed{C}", "C", STRICT, "C", output_regex=r"answer:\s*(\w)", id="regex-no-match-falls-back"),
+    case(
+        COT + r"Answer: \boxed{{C}}", "C", STRICT, "C", output_regex=BOXED_TEMPLATE_REGEX, id="regex-doubled-braces"
+    ),
+    case(r"Answer: \boxed{{B}}", "C", STRICT, "B", output_regex=BOXED_TEMPLATE_REGEX, id="regex-doubled-braces-wrong"),
+    case(
+        r"Answer: \boxed{{B or C}}", "C", STRICT, None, output_regex=BOXED_TEMPLATE_REGEX, id="regex-fallback-hedge"
+    ),
+    case(r"\boxed{{C}}", "C", STRICT, "C", output_regex=[r"final:\s*(\w)", r"x\s*(\d)"], id="regex-list-none-match"),
+    case("answer: 7 so \\boxed{C}", "C", STRICT, "C", output_regex=r"answer:\s*(.+?)\s", id="regex-yields-no-letter"),
+    case("**Answer:** C", "C", COLON_MD, "C", output_regex=r"Final Choice:\s*([A-Z])", id="regex-fallback-row-mode"),
+    case("Final Choice: B\n**Answer:** C", "C", COLON_MD, "B", output_regex=r"Final Choice:\s*([A-Z])",
+         id="regex-match-beats-row-mode"),
+    case(r"\boxed{D}", "D", STRICT, None, output_regex=r"answer:\s*(\w)", options=ARROW_OPTIONS,
+         id="regex-fallback-letter-outside-options"),
     case("answer: Z", "C", STRICT, "Z", output_regex=r"answer:\s*(\w)", id="regex-letter-outside-options"),
     case("answer: western blot", "C", STRICT, "C", output_regex=r"answer:\s*(.+)", id="regex-option-text"),
     case("answer: 7", "C", STRICT, None, output_regex=r"answer:\s*(.+)", id="regex-digit-not-a-letter"),

@@ -54,6 +54,31 @@ def test_template_output_regex_rows(url, row, template):
 
 
 @pytest.mark.parametrize(
+    ("ending", "reward"),
+    [
+        ("Answer: \\boxed{{%s}}", 1.0),  # the template's doubled braces copied: its regex misses, strict reads
+        ("Answer: {%s}", 0.0),  # neither the regex nor the strict mode finds a letter
+        ("\\boxed{%s}", 1.0),  # no "Answer:" label: the regex still matches
+        ("The answer is (%s).\n\n\\boxed{{%s}}", 1.0),
+    ],
+    ids=["doubled-braces", "no-box", "bare-box", "sentence-then-doubled-braces"],
+)
+def test_template_row_falls_back_to_the_mode_when_its_regex_finds_nothing(url, ending, reward):
+    row = TEMPLATE_ROWS[0]
+    gold, wrong = row["expected_answer"], _wrong(row)
+    assert _verify(url, row, "Reasoning...\n" + ending.replace("%s", gold))["reward"] == reward
+    result = _verify(url, row, "Reasoning...\n" + ending.replace("%s", wrong))
+    assert result["reward"] == 0.0 and result["extracted_answer"] in (wrong, None)
+
+
+def test_template_row_hedge_scores_zero(url):
+    row = TEMPLATE_ROWS[0]
+    for text in ("Answer: \\boxed{{B. or C.}}", "Answer: \\boxed{{B, or C}}", "Answer: \\boxed{{(B) and (C)}}"):
+        result = _verify(url, {**row, "expected_answer": "B"}, text)
+        assert (result["reward"], result["extracted_answer"]) == (0.0, None), text
+
+
+@pytest.mark.parametrize(
     "text",
     ["", "   \n", "I cannot decide.", "\\boxed{A or B}", "\\boxed{}", "A: x\nB: y\nC: z\nD: w\n\\boxed{A, B, C, D}"],
     ids=["empty", "whitespace", "no-answer", "hedge", "empty-box", "lists-every-option"],
