@@ -12,9 +12,24 @@
   `_ng_failure_status`, `_ng_failure_detail` and `_ng_attempt_index`;
 - `out_aggregate_metrics.json`: each agent's `/aggregate_metrics` over its successful results.
 
+Before the first request, every check that can refuse the run does, and nothing is written when one does: existing
+outputs (an earlier run's files are never replaced silently: `resume_from_cache` appends to them, `overwrite`
+replaces all four), the input lines (`load_rows`), the agent names, and every row against its environment's
+`/verify` request model (the check `ng_prepare_data` does; `file:line` per bad row).
+
 Every line is flushed as it is written, so a crash or Ctrl-C loses no finished rollout. With `resume_from_cache`,
 rollouts already in `out.jsonl` are never redone, failed ones are retried up to `max_attempts` attempts in all
-(counted in the failures file), and both files are appended to.
+(counted in the failures file), and both files are appended to. A failure row whose rollout has since succeeded is
+kept, marked `"_ng_superseded": true` (the failures file is rewritten at the end of the run), so the rows without
+that mark are exactly the rollouts still missing.
+
+A dead fleet stops the collection instead of turning every remaining row into a failure: after
+`stop_after_connection_failures` rollouts of one agent in a row fail with `connection_error`, the head server is
+asked for `/server_instances`; if it does not answer, or the run of failures reaches twice that many, nothing more is
+dispatched, the requests in flight finish (successes are written; failures are not, as they say nothing about the
+row), no aggregate is computed, and `CollectionSummary.stopped` says why (exit code 3). Rerunning with
+`resume_from_cache` once the fleet is back finishes the job. Repeated HTTP retry warnings are summarized, not
+printed one per rollout.
 
 NeMo-RL's library entry point, `RolloutCollectionHelper.run_examples`, is in `gymfleet.rollout_helper`.
 """
@@ -25,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import statistics
 import sys
 from collections import Counter, defaultdict
@@ -37,7 +53,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from tqdm import tqdm
 
-from gymfleet.errors import DataError, TransportError
+from gymfleet import http
+from gymfleet.config import GlobalConfig
+from gymfleet.errors import ConfigError, DataError, GymfleetError, TransportError
 from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
 from gymfleet.wire import ResponseCreateParams
 
@@ -46,6 +64,11 @@ log = logging.getLogger(__name__)
 RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
 """`/run` is retried on connection failures only: any answer, even a 5xx, may mean the rollout ran."""
 DETAIL_MAX_CHARS = 2000
+MAX_LISTED_ROWS = 50
+"""Bad rows named one by one in a refusal; the rest are counted."""
+FLEET_DOWN_EXIT_CODE = 3
+HEAD_PROBE = RetryPolicy(max_attempts=2, retry_statuses=frozenset())
+DEFAULT_HEAD = ("127.0.0.1", 11000)
 
 
 class RolloutCollectionConfig(BaseModel):
@@ -70,6 +93,15 @@ class RolloutCollectionConfig(BaseModel):
     responses_create_params: dict[str, Any] = Field(default_factory=dict)
     """Shallow-merged over every row's `responses_create_params` (e.g. `{temperature: 0.6}`)."""
     resume_from_cache: bool = False
+    """Finish an earlier run into the same output: finished rollouts are kept and not redone, failed ones are
+    retried (up to `max_attempts`), and the output files are appended to."""
+    overwrite: bool = Field(default=False, description=(
+        "Replace the outputs of an earlier run into the same `output_jsonl_fpath` (all four files). Without it, "
+        "or `resume_from_cache`, a collection into existing outputs is refused before anything is sent."))
+    stop_after_connection_failures: int | None = Field(default=20, ge=1, description=(
+        "This many rollouts of one agent in a row failing with `connection_error` make the collector ask the head "
+        "server whether the fleet is up; it stops (exit code 3, resume later) if the head does not answer or the "
+        "failures go on to twice this many. null: never stop."))
     disable_aggregation: bool = False
     max_attempts: int = Field(default=3, ge=1)
     """With `resume_from_cache`, a rollout that failed this many times is not tried again."""
@@ -94,6 +126,37 @@ class RolloutCollectionConfig(BaseModel):
         output = Path(self.output_jsonl_fpath)
         return output.with_name(output.stem + suffix)
 
+    def output_files(self) -> dict[str, Path]:
+        """The four files a collection writes, by what they hold."""
+        return {
+            "rollouts": Path(self.output_jsonl_fpath),
+            "failures": self.sidecar("_failures.jsonl"),
+            "materialized inputs": self.sidecar("_materialized_inputs.jsonl"),
+            "aggregate metrics": self.sidecar("_aggregate_metrics.json"),
+        }
+
+
+def check_outputs(config: RolloutCollectionConfig) -> None:
+    """Refuse to replace an earlier run's outputs unless `overwrite` (or `resume_from_cache`) says what to do.
+
+    Raises:
+        ConfigError: both flags are set, or an output file exists and neither is.
+    """
+    if config.resume_from_cache and config.overwrite:
+        raise ConfigError(
+            "+resume_from_cache=true and +overwrite=true contradict each other: resuming keeps the earlier "
+            "rollouts, overwriting replaces them.", path="overwrite", hint="Pass only one of them.")
+    if config.resume_from_cache or config.overwrite:
+        return
+    existing = [str(path) for path in config.output_files().values() if path.exists()]
+    if existing:
+        raise ConfigError(
+            f"the output of an earlier collection exists: {', '.join(existing)}. It is not replaced silently.",
+            path="output_jsonl_fpath",
+            hint="Rerun with +resume_from_cache=true to keep those rollouts and finish the rest, or with "
+            "+overwrite=true to replace all four files (or choose another +output_jsonl_fpath).",
+        )
+
 
 # ---------------------------------------------------------------------------------------------- rows
 
@@ -104,12 +167,21 @@ def load_rows(config: RolloutCollectionConfig) -> list[dict[str, Any]]:
     Raises:
         DataError: the file is missing, or lines are bad (every bad line is named as `file:line: reason`).
     """
+    return [rollout for _, base in read_tasks(config) for rollout in _repeat(base, config)]
+
+
+def read_tasks(config: RolloutCollectionConfig) -> list[tuple[int, dict[str, Any]]]:
+    """The input rows before repeating, with their line numbers (`load_rows` without the expansion).
+
+    Raises:
+        DataError: as `load_rows`.
+    """
     path = Path(config.input_jsonl_fpath)
     if not path.is_file():
         raise DataError("input file does not exist", file=str(path))
     problems: list[tuple[int, str]] = []
     tasks_by_text: dict[str, int] = {}
-    bases: list[dict[str, Any]] = []
+    bases: list[tuple[int, dict[str, Any]]] = []
     with path.open(encoding="utf-8") as lines:
         read = 0
         for lineno, line in enumerate(lines, 1):
@@ -125,12 +197,19 @@ def load_rows(config: RolloutCollectionConfig) -> list[dict[str, Any]]:
                 continue
             if "_ng_task_index" not in row:
                 row["_ng_task_index"] = tasks_by_text.setdefault(text, len(tasks_by_text))
-            bases.append(row)
+            bases.append((lineno, row))
     if problems:
-        (first, reason), rest = problems[0], problems[1:]
-        more = "".join(f"\n{path}:{lineno}: {why}" for lineno, why in rest)
-        raise DataError(reason + more, file=str(path), line=first)
-    return [rollout for base in bases for rollout in _repeat(base, config)]
+        raise row_problems(path, problems)
+    return bases
+
+
+def row_problems(path: Path, problems: list[tuple[int, str]], why: str = "") -> DataError:
+    """One error naming every bad line as `file:line: reason` (the first `MAX_LISTED_ROWS`; the rest counted)."""
+    (first, reason), rest = problems[0], problems[1:MAX_LISTED_ROWS]
+    more = "".join(f"\n{path}:{lineno}: {problem}" for lineno, problem in rest)
+    if len(problems) > MAX_LISTED_ROWS:
+        more += f"\n... and {len(problems) - MAX_LISTED_ROWS} more bad lines"
+    return DataError(reason + more + (f"\n{why}" if why else ""), file=str(path), line=first)
 
 
 def _parse_row(text: str, config: RolloutCollectionConfig) -> tuple[dict[str, Any], str | None]:
@@ -226,6 +305,147 @@ def read_results(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+# ---------------------------------------------------------------------------------------------- the fleet
+
+
+def head_address(head_server_config: Any = None) -> tuple[str, int]:
+    """`(host, port)` to reach the head server named by a `{host, port}` dict or object (None: 127.0.0.1:11000);
+    a bind-all host means this machine."""
+    if head_server_config is None:
+        host, port = DEFAULT_HEAD
+    elif isinstance(head_server_config, dict):
+        host, port = head_server_config["host"], head_server_config["port"]
+    else:
+        host, port = head_server_config.host, head_server_config.port
+    host = str(host)
+    return ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host), int(port)
+
+
+def check_task_fields(config: RolloutCollectionConfig, client: ServerClient) -> None:
+    """Check every input row against its environment's `/verify` request model, as `ng_prepare_data` does.
+
+    Which environment an agent uses comes from the fleet's config (`client.config`, the head server's). An
+    environment whose code cannot be imported here is not checked (logged): the fleet still checks at `/verify`.
+
+    Raises:
+        DataError: rows the environment would refuse, each named as `file:line: reason`.
+    """
+    from gymfleet.prepare_data import placeholder_response, task_fields_problem
+
+    tasks = read_tasks(config)
+    models = _request_models(client, {row["agent_ref"]["name"] for _, row in tasks})
+    if not any(models.values()):
+        return
+    placeholder = placeholder_response()
+    problems = [(lineno, problem) for lineno, row in tasks
+                if (problem := task_fields_problem(row, models.get(row["agent_ref"]["name"]), placeholder))]
+    if problems:
+        raise row_problems(
+            Path(config.input_jsonl_fpath), problems,
+            f"{len(problems)} rows do not fit their environment's request model, so nothing was sent. Fix the "
+            "rows (ng_prepare_data checks a dataset the same way) and rerun.",
+        )
+
+
+def _request_models(client: ServerClient, agents: set[str]) -> dict[str, type[BaseModel] | None]:
+    """Each agent's environment `/verify` request model (None where there is none to check with)."""
+    from gymfleet.prepare_data import verify_request_model
+
+    try:
+        fleet_config = GlobalConfig.from_data(client.config)
+    except GymfleetError as exc:
+        log.warning("rows are not checked against their environments' request models: the fleet's config does "
+                    "not parse here (%s)", exc)
+        return {}
+    return {agent: verify_request_model(fleet_config, fleet_config.instances[agent])
+            for agent in sorted(agents) if agent in fleet_config.instances}
+
+
+async def _probe_head(head: tuple[str, int]) -> tuple[bool, list[str]]:
+    """Whether the head server answers, and the servers its `/server_instances` lists as not running."""
+    url = f"http://{head[0]}:{head[1]}/server_instances"
+    try:
+        response = await http.request("GET", url, timeout_s=10.0, retry=HEAD_PROBE)
+    except TransportError:
+        return False, []
+    try:
+        listed = response.json()
+    except orjson.JSONDecodeError:
+        listed = None
+    if not isinstance(listed, list):
+        return True, []
+    return True, [f"{entry.get('process_name')} ({entry['status']})" for entry in listed
+                  if isinstance(entry, dict) and entry.get("status") not in (None, "running", "unknown")]
+
+
+class _FleetWatch:
+    """Tells a dead fleet from the rollouts' outcomes (the policy is in the module docstring)."""
+
+    def __init__(self, threshold: int | None, head: tuple[str, int] | None) -> None:
+        self.threshold = threshold
+        self.head = head
+        self.runs: Counter[str] = Counter()
+        """Per agent: how many of its latest rollouts in a row failed with `connection_error`."""
+        self.not_running: list[str] = []
+
+    async def stop_reason(self, record: dict[str, Any]) -> str | None:
+        """Count `record`'s outcome; return why the collection must stop now, or None."""
+        agent = record["agent_ref"]["name"]
+        if record.get("_ng_failure_class") != "connection_error":
+            self.runs[agent] = 0
+            return None
+        self.runs[agent] += 1
+        run = self.runs[agent]
+        if self.threshold is None or run < self.threshold:
+            return None
+        if run == self.threshold and self.head is not None:
+            answers, self.not_running = await _probe_head(self.head)
+            if not answers:
+                return (f"{run} rollouts of {agent} in a row could not connect, and the head server at "
+                        f"{self.head[0]}:{self.head[1]} does not answer: the fleet is down")
+            log.warning("%d rollouts of %s in a row could not connect, but the head server answers%s; going on "
+                        "(stopping if this goes on for %d rollouts)", run, agent, self._not_running(),
+                        2 * self.threshold)
+        if run < 2 * self.threshold:
+            return None
+        return f"{run} rollouts of {agent} in a row could not connect{self._not_running()}"
+
+    def _not_running(self) -> str:
+        return f" (servers not running: {', '.join(self.not_running)})" if self.not_running else ""
+
+
+class _RepeatedWarnings(logging.Filter):
+    """Lets the first `shown` records of each message template through and counts the others."""
+
+    def __init__(self, shown: int = 5) -> None:
+        super().__init__()
+        self.shown = shown
+        self.counts: Counter[str] = Counter()
+        self.example: dict[str, str] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        template = str(record.msg)
+        self.counts[template] += 1
+        if self.counts[template] <= self.shown:
+            return True
+        self.example.setdefault(template, record.getMessage())
+        return False
+
+
+@contextlib.contextmanager
+def _summarized_warnings(logger: logging.Logger) -> Iterator[None]:
+    """Within the block, `logger` prints each kind of warning a few times; one line then counts the rest."""
+    repeated = _RepeatedWarnings()
+    logger.addFilter(repeated)
+    try:
+        yield
+    finally:
+        logger.removeFilter(repeated)
+        for template, example in repeated.example.items():
+            log.warning("%d more warnings like this one were not shown: %s",
+                        repeated.counts[template] - repeated.shown, example)
+
+
 # ---------------------------------------------------------------------------------------------- dispatch
 
 
@@ -258,11 +478,20 @@ def _result_of(row: dict[str, Any], response: HttpResponse) -> dict[str, Any]:
 
 
 async def run_rollout(
-    client: ServerClient, row: dict[str, Any], timeout_s: float, semaphore: asyncio.Semaphore | None = None
-) -> dict[str, Any]:
-    """POST one row to its agent; return the result or a failure row (never raises for HTTP/transport failures)."""
+    client: ServerClient,
+    row: dict[str, Any],
+    timeout_s: float,
+    semaphore: asyncio.Semaphore | None = None,
+    stop: asyncio.Event | None = None,
+) -> dict[str, Any] | None:
+    """POST one row to its agent; return the result or a failure row (never raises for HTTP/transport failures).
+
+    Returns None, having sent nothing, when `stop` is set by the time the semaphore lets the row go.
+    """
     try:
         async with semaphore or contextlib.nullcontext():
+            if stop is not None and stop.is_set():
+                return None
             response = await client.post(row["agent_ref"]["name"], "/run", json=row, timeout_s=timeout_s,
                                          retry=RUN_RETRY)
     except TransportError as exc:
@@ -275,7 +504,8 @@ async def run_rollout(
 
 @dataclass
 class CollectionSummary:
-    """What a collection did. `exit_code` is 0 when every rollout has a result, else 1."""
+    """What a collection did. `exit_code`: 0 when every rollout has a result, 3 when the collection stopped early
+    (`stopped`), else 1."""
 
     ok: int = 0
     """Rollouts with a result in the output file (earlier runs included when resuming)."""
@@ -283,6 +513,14 @@ class CollectionSummary:
     """Rollouts without a result: failed in this run, or skipped after `max_attempts` failures."""
     dispatched: int = 0
     already_done: int = 0
+    not_finished: int = 0
+    """Rollouts left for a resume after the collection stopped: not sent, or failed once it had stopped."""
+    stopped: str | None = None
+    """Why the collection stopped before sending every rollout (the fleet went down), or None."""
+    fleet_command: str = "ng_run"
+    """How the fleet was started, as far as its config says (for the restart advice)."""
+    superseded: int = 0
+    """Failure rows marked `_ng_superseded` in this run: their rollout has a result now."""
     exhausted: list[tuple[Any, Any]] = field(default_factory=list)
     """`(task, rollout)` keys skipped because they failed `max_attempts` times."""
     failure_classes: Counter = field(default_factory=Counter)
@@ -295,7 +533,17 @@ class CollectionSummary:
 
     @property
     def exit_code(self) -> int:
+        if self.stopped is not None:
+            return FLEET_DOWN_EXIT_CODE
         return 0 if self.failed == 0 else 1
+
+    def stop_message(self) -> str:
+        """The one message for a collection that stopped early: what happened and how to finish."""
+        return (
+            f"collection stopped: {self.stopped}. {self.not_finished} rollouts were not run; the finished ones are "
+            f"saved in {self.output_paths.get('rollouts')}. Restart the fleet ({self.fleet_command}) and rerun "
+            "this command with +resume_from_cache=true to run the rest."
+        )
 
 
 async def collect(
@@ -304,6 +552,7 @@ async def collect(
     *,
     rows: list[dict[str, Any]] | None = None,
     progress: bool = True,
+    head: tuple[str, int] | None = None,
 ) -> CollectionSummary:
     """Run a collection (see the module docstring).
 
@@ -312,26 +561,37 @@ async def collect(
         client: resolves agent names (`ServerClient.from_head(host, port)`).
         rows: the rows from `load_rows(config)`, if already loaded.
         progress: show a progress bar on stderr.
+        head: where the head server is, to check on it when rollouts cannot connect (default: the address in
+            `client.config`).
 
     Raises:
-        DataError: bad input lines or a corrupt output file (nothing is dispatched).
-        ServerRefError: a row names an agent the fleet does not have (nothing is dispatched).
+        ConfigError: the outputs exist and neither `resume_from_cache` nor `overwrite` is set (nothing is sent).
+        DataError: bad input lines, rows their environment would refuse, or a corrupt output file (nothing is sent).
+        ServerRefError: a row names an agent the fleet does not have (nothing is sent).
     """
+    check_outputs(config)
     rows = load_rows(config) if rows is None else rows
     for name in dict.fromkeys(row["agent_ref"]["name"] for row in rows):
         client.url_of(name)  # an unknown agent fails here, with a did-you-mean, before anything is sent
-    output = Path(config.output_jsonl_fpath)
-    summary = CollectionSummary(output_paths={
-        "rollouts": output,
-        "failures": config.sidecar("_failures.jsonl"),
-        "materialized inputs": config.sidecar("_materialized_inputs.jsonl"),
-    })
-    output.parent.mkdir(parents=True, exist_ok=True)
-    previous = read_results(output) if config.resume_from_cache else []
+    check_task_fields(config, client)
+    files = config.output_files()
+    summary = CollectionSummary(
+        output_paths={what: files[what] for what in ("rollouts", "failures", "materialized inputs")},
+        fleet_command=_fleet_command(client.config),
+    )
+    files["rollouts"].parent.mkdir(parents=True, exist_ok=True)
+    if config.overwrite:
+        files["aggregate metrics"].unlink(missing_ok=True)  # the other three are rewritten below
+    previous = read_results(files["rollouts"]) if config.resume_from_cache else []
     todo = _plan(rows, config, previous, summary)
-    with summary.output_paths["materialized inputs"].open("wb") as handle:
+    with files["materialized inputs"].open("wb") as handle:
         handle.writelines(orjson.dumps(row) + b"\n" for row in rows)
-    results = previous + await _dispatch(todo, client, config, summary, progress)
+    published = client.config.get("head_server")
+    watch = _FleetWatch(config.stop_after_connection_failures,
+                        head or (head_address(published) if isinstance(published, dict) else None))
+    with _summarized_warnings(logging.getLogger(http.__name__)):
+        results = previous + await _dispatch(todo, client, config, summary, watch, progress)
+    summary.superseded = _supersede_failures(files["failures"], {rollout_key(result) for result in results})
 
     summary.ok = len(results)
     summary.failed = sum(summary.failure_classes.values()) + len(summary.exhausted)
@@ -342,11 +602,19 @@ async def collect(
     summary.rewards = sorted(
         ((r.get("_ng_task_index"), r.get("_ng_rollout_index"), r.get("reward")) for r in results), key=_sort_key
     )
-    if not config.disable_aggregation:
+    if not config.disable_aggregation and summary.stopped is None:  # a stopped run's resume aggregates
         summary.aggregate_metrics = await aggregate(client, by_agent)
-        metrics_path = summary.output_paths["aggregate metrics"] = config.sidecar("_aggregate_metrics.json")
+        metrics_path = summary.output_paths["aggregate metrics"] = files["aggregate metrics"]
         metrics_path.write_text(json.dumps(summary.aggregate_metrics, indent=2) + "\n")
     return summary
+
+
+def _fleet_command(fleet_config: dict[str, Any]) -> str:
+    """`ng_run "+config_paths=[...]"` with the config files the fleet was started from, if it says."""
+    paths = fleet_config.get("config_paths")
+    if isinstance(paths, list) and paths:
+        return f'ng_run "+config_paths=[{",".join(map(str, paths))}]"'
+    return "ng_run"
 
 
 def _plan(
@@ -374,28 +642,39 @@ def _plan(
 
 async def _dispatch(
     todo: list[dict[str, Any]], client: ServerClient, config: RolloutCollectionConfig, summary: CollectionSummary,
-    progress: bool,
+    watch: _FleetWatch, progress: bool,
 ) -> list[dict[str, Any]]:
-    """Run `todo`, writing (and flushing) each record as it completes; return the successful results."""
+    """Run `todo`, writing (and flushing) each record as it completes; return the successful results.
+
+    Once `watch` says the fleet is down, nothing more is sent (`summary.stopped`, `summary.not_finished`).
+    """
     mode = "ab" if config.resume_from_cache else "wb"
     semaphore = asyncio.Semaphore(config.num_samples_in_parallel) if config.num_samples_in_parallel else None
+    stop = asyncio.Event()
     results: list[dict[str, Any]] = []
     reward_sum, reward_count = 0.0, 0
     with summary.output_paths["rollouts"].open(mode) as ok_file, \
             summary.output_paths["failures"].open(mode) as failed_file, \
             tqdm(total=len(todo), unit="rollout", file=sys.stderr, disable=not progress, desc="Rollouts") as bar:
-        pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore))
+        pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop))
                    for row in todo]
         try:
             for next_done in asyncio.as_completed(pending):
                 record = await next_done
                 bar.update()
+                if record is None or (stop.is_set() and record.get("_ng_failure_class")):
+                    summary.not_finished += 1  # not sent, or failed because the fleet is down: left for a resume
+                    continue
                 if record.get("_ng_no_persist"):
                     continue
                 failed = bool(record.get("_ng_failure_class"))
                 target = failed_file if failed else ok_file
                 target.write(orjson.dumps(record) + b"\n")
                 target.flush()
+                if not stop.is_set() and (reason := await watch.stop_reason(record)):
+                    summary.stopped = reason
+                    stop.set()
+                    bar.set_description("Stopping: the fleet is down")
                 if failed:
                     summary.failure_classes[record["_ng_failure_class"]] += 1
                     continue
@@ -407,6 +686,21 @@ async def _dispatch(
             for task in pending:
                 task.cancel()
     return results
+
+
+def _supersede_failures(path: Path, done: set[tuple[bytes, bytes]]) -> int:
+    """Mark the failure rows whose rollout is in `done` with `"_ng_superseded": true` (rewriting the file in one
+    `os.replace`); return how many were newly marked."""
+    failures = read_results(path)
+    stale = [row for row in failures if not row.get("_ng_superseded") and rollout_key(row) in done]
+    if not stale:
+        return 0
+    for row in stale:
+        row["_ng_superseded"] = True
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in failures))
+    os.replace(scratch, path)
+    return len(stale)
 
 
 def _is_number(value: Any) -> bool:

@@ -148,7 +148,7 @@ def find_datasets(global_config: GlobalConfig, mode: str, say: Callable[[str], N
                 raise ConfigError(f"{where}.license: {dataset_config.type} datasets must name a license.",
                                   path=f"{where}.license", hint="Add e.g. `license: Apache 2.0` to the dataset.")
             mine.append(Dataset(agent.name, dataset_config, where, _resolve_path(dataset_config.jsonl_fpath)))
-        model = _verify_model(global_config, agent) if mine else None
+        model = verify_request_model(global_config, agent) if mine else None
         for dataset in mine:
             dataset.verify_model = model
         names = ", ".join(f"{d.config.name} ({d.config.type})" for d in mine) or f"no {'/'.join(types)} datasets"
@@ -171,8 +171,11 @@ def _resolve_path(jsonl_fpath: str) -> Path:
     return in_repo if in_repo.exists() else path
 
 
-def _verify_model(global_config: GlobalConfig, agent: ServerInstance) -> type[BaseModel] | None:
-    """The `/verify` request model of the agent's resources server, or None when it cannot be loaded."""
+def verify_request_model(global_config: GlobalConfig, agent: ServerInstance) -> type[BaseModel] | None:
+    """The `/verify` request model of the agent's resources server (`agent.resources_server`), or None when the
+    agent names none, it cannot be loaded (logged), or it takes any row (the base `VerifyRequest`).
+
+    `ng_prepare_data` and `ng_collect_rollouts` check rows with it (`task_fields_problem`)."""
     from gymfleet.launch import load_server_class
     from gymfleet.resources import ResourcesServer, VerifyRequest
 
@@ -221,12 +224,31 @@ def check_row(line: str, verify_model: type[BaseModel] | None, placeholder: Resp
         ResponseCreateParams.model_validate(row["responses_create_params"])
     except ValidationError as exc:
         return None, "responses_create_params: " + describe_errors(exc)
-    if verify_model is not None:
-        try:
-            verify_model.model_validate({**row, "response": placeholder})
-        except ValidationError as exc:
-            return None, f"not a valid {verify_model.__name__}: " + describe_errors(exc)
-    return row, None
+    reason = task_fields_problem(row, verify_model, placeholder)
+    return (row, None) if reason is None else (None, reason)
+
+
+def task_fields_problem(
+    row: dict[str, Any], verify_model: type[BaseModel] | None, placeholder: Response
+) -> str | None:
+    """Why the environment's `/verify` would refuse `row` (with `placeholder` as the model's response), or None.
+
+    Example: `not a valid MCQARequest: expected_answer: Input should be a valid string`.
+    """
+    if verify_model is None:
+        return None
+    try:
+        verify_model.model_validate({**row, "response": placeholder})
+    except ValidationError as exc:
+        return f"not a valid {verify_model.__name__}: " + describe_errors(exc)
+    return None
+
+
+def placeholder_response() -> Response:
+    """An empty model response, standing in for the one a row's rollout will have when its fields are checked."""
+    from gymfleet.testing import make_response
+
+    return Response.model_validate(make_response(""))
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -368,8 +390,6 @@ def prepare(
         DataError: missing files, invalid lines (without `skip_invalid_rows`), or metrics conflicts (without
             `overwrite_metrics_conflicts`). Nothing is written when a check fails, except conflict files.
     """
-    from gymfleet.testing import make_response
-
     datasets = find_datasets(global_config, config.mode, say)
     missing = [f"{d.where}.jsonl_fpath: {d.config.jsonl_fpath} does not exist"
                for d in datasets if not d.path.is_file()]
@@ -377,7 +397,7 @@ def prepare(
         hint = "gymfleet does not download datasets (should_download): fetch them to these paths first."
         raise DataError("missing dataset files:\n  " + "\n  ".join(missing) + "\n" + hint)
 
-    placeholder = Response.model_validate(make_response(""))
+    placeholder = placeholder_response()
     for dataset in datasets:
         read_dataset(dataset, placeholder)
     invalid = [f"{d.path}:{line}: {reason}" for d in datasets for line, reason in d.invalid]

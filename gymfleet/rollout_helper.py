@@ -19,12 +19,10 @@ import orjson
 import yaml
 
 from gymfleet import http
-from gymfleet.collect import RUN_RETRY
+from gymfleet.collect import RUN_RETRY, head_address
 from gymfleet.config import client_limits
 from gymfleet.errors import TransportError
 from gymfleet.http import ServerClient
-
-DEFAULT_HEAD = ("127.0.0.1", 11000)
 
 
 class RolloutCollectionHelper:
@@ -60,7 +58,7 @@ class RolloutCollectionHelper:
         """
         if not examples:
             return iter([])
-        client_task = self._client(_head_address(head_server_config))
+        client_task = self._client(head_address(head_server_config))
 
         async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             client = await asyncio.shield(client_task)
@@ -94,14 +92,3 @@ def _fetch_head_config(host: str, port: int, timeout_s: float = 30.0) -> dict[st
     except (urllib.error.URLError, OSError) as exc:
         raise TransportError(f"cannot reach the head server at {url} ({exc}); is the fleet running?", url=url,
                              failure_class="connection_error") from None
-
-
-def _head_address(head_server_config: Any) -> tuple[str, int]:
-    if head_server_config is None:
-        host, port = DEFAULT_HEAD
-    elif isinstance(head_server_config, dict):
-        host, port = head_server_config["host"], head_server_config["port"]
-    else:
-        host, port = head_server_config.host, head_server_config.port
-    host = str(host)
-    return ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host), int(port)

@@ -2,6 +2,10 @@
 
 import asyncio
 import json
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,6 +64,27 @@ def lines(path: str | Path) -> list[dict]:
 
 def keys(rows: list[dict]) -> list[tuple[int, int]]:
     return sorted((row["_ng_task_index"], row["_ng_rollout_index"]) for row in rows)
+
+
+def posts_to(fleet, instance: str) -> float:
+    """How many POST requests (`/run`, `/v1/responses`, ...) `instance` has handled, from its `/metrics`."""
+    with urllib.request.urlopen(fleet.config.instance(instance).url + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("gymfleet_requests_total{") and 'method="POST"' in line)
+
+
+def start_collector(fleet, cwd: Path, *args: str) -> tuple[list[str], subprocess.Popen]:
+    """`ng_collect_rollouts` in a child process (so the fleet can die under it); returns its command too."""
+    command = [sys.executable, "-m", "gymfleet.cli.collect", f"+agent_name={AGENT}", f"+input_jsonl_fpath={EXAMPLE}",
+               "+output_jsonl_fpath=out.jsonl", head_of(fleet), *args]
+    return command, subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for_results(path: Path, count: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (not path.exists() or len(path.read_text().splitlines()) < count) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def test_collects_every_rollout_with_rewards_indices_and_metrics(fleet, capsys):
@@ -163,7 +188,10 @@ def test_resume_retries_failures_until_max_attempts(fleet, capsys):
     results = {r["_ng_task_index"]: r for r in lines("results/out.jsonl")}
     assert sorted(results) == [1, 2, 3, 4], "task 0 failed three times: not tried again"
     assert results[1]["_ng_attempt_index"] == 1 and "_ng_attempt_index" not in results[2]
-    assert len(lines("results/out_failures.jsonl")) == 4, "the failures file is appended to"
+    failures = lines("results/out_failures.jsonl")
+    assert len(failures) == 4, "the failures file keeps every row"
+    assert [(f["_ng_task_index"], f.get("_ng_superseded", False)) for f in failures] == [
+        (0, False), (0, False), (0, False), (1, True)], "task 1 succeeded now: its failure row is marked superseded"
     assert "Not retried, failed max_attempts times (task, rollout): [(0, 0)]" in capsys.readouterr().out
 
 
@@ -228,28 +256,64 @@ def test_read_results_rejects_a_corrupt_middle_line(tmp_path):
     assert read_results(path) == [{"a": 1}, {"a": 2}] and path.read_text().endswith("}\n")
 
 
-def test_server_killed_mid_collection_then_resume_completes_every_rollout_exactly_once(tmp_path):
-    """The acceptance scenario: kill the environment while rollouts are in flight, restart it, resume."""
-    import subprocess
-    import sys
-    import time
+def test_existing_outputs_are_refused_unless_resume_or_overwrite(fleet, capsys):
+    assert collect("+limit=2", head=head_of(fleet)) == 0
+    before = {path: path.read_bytes() for path in Path("results").iterdir()}
+    assert len(before) == 4
+    capsys.readouterr()
 
+    assert collect("+limit=3") == 2, "refused before the (here unreachable) fleet is even contacted"
+    err = capsys.readouterr().err
+    assert "results/out.jsonl" in err and "results/out_aggregate_metrics.json" in err
+    assert "+resume_from_cache=true" in err and "+overwrite=true" in err
+    assert {path: path.read_bytes() for path in Path("results").iterdir()} == before, "nothing was touched"
+
+    assert collect("+limit=3", "+resume_from_cache=true", "+overwrite=true", head=head_of(fleet)) == 2
+    assert "contradict" in capsys.readouterr().err
+
+    assert collect("+limit=3", "+overwrite=true", "+disable_aggregation=true", head=head_of(fleet)) == 0
+    assert keys(lines("results/out.jsonl")) == [(0, 0), (1, 0), (2, 0)], "replaced, not appended to"
+    assert len(lines("results/out_materialized_inputs.jsonl")) == 3
+    assert not Path("results/out_aggregate_metrics.json").exists(), "no aggregate of the replaced rollouts is left"
+
+
+def test_rows_their_environment_would_refuse_are_named_before_any_rollout(fleet, tmp_path, capsys):
+    rows = [json.loads(line) for line in EXAMPLE.read_text().splitlines()]
+    rows[1]["expected_answer"] = 7
+    rows[3]["options"] = "A: yes"
+    data = tmp_path / "typed.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    runs, model_calls = posts_to(fleet, AGENT), posts_to(fleet, "scripted_llm")
+    assert runs > 0, "the module's fleet has collected before: the count is live"
+
+    assert collect(f"+input_jsonl_fpath={data}", head=head_of(fleet)) == 2
+
+    err = capsys.readouterr().err
+    assert f"{data}:2: not a valid MCQARequest: expected_answer: Input should be a valid string" in err
+    assert f"{data}:4: not a valid MCQARequest: options" in err
+    assert f"{data}:1:" not in err and "2 rows do not fit" in err
+    assert posts_to(fleet, AGENT) == runs and posts_to(fleet, "scripted_llm") == model_calls, "no /run was sent"
+    assert not Path("results").exists(), "nothing is written"
+
+
+def test_a_server_killed_mid_collection_stops_it_and_resume_completes_every_rollout_exactly_once(tmp_path):
+    """Kill the environment while rollouts are in flight: the collector stops instead of failing every rollout
+    left; restart the server, resume, and every rollout is done once and the failure rows are superseded."""
+    total = 5 * 40
     with running_fleet([str(ROOT / "configs/quickstart.yaml")], {"restart_crashed_servers": 1}) as fleet:
-        command = [sys.executable, "-m", "gymfleet.cli.collect", f"+agent_name={AGENT}",
-                   f"+input_jsonl_fpath={EXAMPLE}", "+output_jsonl_fpath=out.jsonl", "+num_repeats=24",
-                   "+num_samples_in_parallel=16", head_of(fleet)]
-        collector = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        command, collector = start_collector(fleet, tmp_path, "+num_repeats=40", "+num_samples_in_parallel=16",
+                                             "+stop_after_connection_failures=5")
         output = tmp_path / "out.jsonl"
-        deadline = time.monotonic() + 60
-        while (not output.exists() or len(output.read_text().splitlines()) < 30) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for_results(output, 30)
         fleet.children["mcqa"].process.kill()
-        log, _ = collector.communicate(timeout=120)  # finishes: no hang
-        assert collector.returncode == 1, log.decode()
+        out, err = collector.communicate(timeout=120)  # finishes: no hang
+        assert collector.returncode == 3, out.decode() + err.decode()
+        assert "could not connect (servers not running: mcqa (exited(-9)))" in err.decode()
         failures = lines(tmp_path / "out_failures.jsonl")
         assert failures and {f["_ng_failure_class"] for f in failures} <= {"http_5xx", "connection_error"}
         done_before = len(lines(output))
-        assert done_before + len(failures) == 120
+        left = total - done_before - len(failures)
+        assert left > 0 and f"Not run (left for +resume_from_cache=true): {left}" in out.decode()
 
         fleet.poll()  # restarts mcqa (restart_crashed_servers=1)
         fleet._wait_ready(60)
@@ -257,7 +321,40 @@ def test_server_killed_mid_collection_then_resume_completes_every_rollout_exactl
                                  timeout=120)
         assert resumed.returncode == 0, resumed.stdout.decode() + resumed.stderr.decode()
     results = lines(output)
-    assert keys(results) == [(task, rollout) for task in range(5) for rollout in range(24)], "each exactly once"
+    assert keys(results) == [(task, rollout) for task in range(5) for rollout in range(40)], "each exactly once"
     assert all(r["reward"] == EXPECTED_REWARD[r["_ng_task_index"]] for r in results)
     retried = [r for r in results if "_ng_attempt_index" in r]
-    assert len(retried) == len(failures)
+    assert keys(retried) == keys(failures), "a failed rollout is retried as attempt 1; one never sent is not"
+    assert all(r["_ng_attempt_index"] == 1 for r in retried)
+    assert lines(tmp_path / "out_failures.jsonl") == [{**f, "_ng_superseded": True} for f in failures]
+
+
+def test_a_dead_fleet_stops_the_collection_with_one_message_and_resume_finishes_it(tmp_path):
+    """The whole fleet (head server included) dies mid-collection: the collector stops after a run of connection
+    failures with one message, warnings summarized; a new fleet on the same head port and a resume finish the job."""
+    total = 5 * 40
+    head = {"head_server": {"host": "127.0.0.1", "port": free_port()}}
+    output = tmp_path / "out.jsonl"
+    with running_fleet([str(ROOT / "configs/quickstart.yaml")], head) as fleet:
+        command, collector = start_collector(fleet, tmp_path, "+num_repeats=40", "+num_samples_in_parallel=8")
+        wait_for_results(output, 20)
+    out, err = collector.communicate(timeout=120)
+    out, err = out.decode(), err.decode()
+    assert collector.returncode == 3, out + err
+    [message] = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"the head server at 127.0.0.1:{head['head_server']['port']} does not answer" in message
+    assert "Restart the fleet (ng_run \"+config_paths=[" in message and "+resume_from_cache=true" in message
+    retry_warnings = [line for line in err.splitlines() if "WARNING gymfleet.http" in line]
+    assert len(retry_warnings) <= 5 and "more warnings like this one were not shown" in err
+    done_before, failed_before = len(lines(output)), len(lines(tmp_path / "out_failures.jsonl"))
+    assert done_before + failed_before < total, "stopped: the rest was not sent"
+    assert not (tmp_path / "out_aggregate_metrics.json").exists(), "no aggregate from a dead fleet"
+
+    with running_fleet([str(ROOT / "configs/quickstart.yaml")], head):
+        resumed = subprocess.run([*command, "+resume_from_cache=true"], cwd=tmp_path, capture_output=True,
+                                 timeout=120)
+    assert resumed.returncode == 0, resumed.stdout.decode() + resumed.stderr.decode()
+    assert keys(lines(output)) == [(task, rollout) for task in range(5) for rollout in range(40)]
+    assert all(f["_ng_superseded"] for f in lines(tmp_path / "out_failures.jsonl"))
+    [entry] = json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
+    assert entry["key_metrics"]["mean/reward"] == pytest.approx(0.6)

@@ -4,14 +4,21 @@ Runs every row of the input through its agent's `/run` on a running fleet (`ng_r
 
 Keys: `agent_name` (for rows without `agent_ref`), `limit`, `num_repeats` (n or `{<agent>: n, _default: n}`),
 `num_repeats_add_seed`, `num_samples_in_parallel` (requests in flight; default unbounded),
-`"+responses_create_params={temperature: 0.6}"` (merged into every row's params), `resume_from_cache`,
+`"+responses_create_params={temperature: 0.6}"` (merged into every row's params), `resume_from_cache`
+(finish an earlier run: keep its rollouts, append), `overwrite` (replace an earlier run's four files),
 `max_attempts` (3; with resume), `disable_aggregation`, `request_timeout_s` (3600),
-`"+head_server={host: 127.0.0.1, port: 11000}"` (where the fleet's head server is).
+`stop_after_connection_failures` (20; null: never stop), `"+head_server={host: 127.0.0.1, port: 11000}"` (where
+the fleet's head server is).
 
 Writes `<out>.jsonl` (results), `<out>_materialized_inputs.jsonl`, `<out>_failures.jsonl` and
-`<out>_aggregate_metrics.json`. A failed rollout is written to the failures file and does not stop the others.
-Exit code: 0 when every rollout succeeded, 1 when some failed, 2 for a config or data error, 130 on Ctrl-C
-(finished rollouts are kept: rerun with `+resume_from_cache=true`).
+`<out>_aggregate_metrics.json`; existing ones are refused unless `+resume_from_cache=true` or `+overwrite=true`.
+Before the first rollout every row is checked against its environment's request model (bad rows: `file:line`).
+A failed rollout is written to the failures file and does not stop the others; after a resume finishes it, its
+failure rows are marked `"_ng_superseded": true`. If the fleet dies (a run of connection failures, and the head
+server gone), nothing more is sent and the collection stops with one message.
+Exit code: 0 when every rollout succeeded, 1 when some failed, 2 for a config or data error, 3 when the fleet went
+down (restart it and rerun with `+resume_from_cache=true`), 130 on Ctrl-C (finished rollouts are kept: rerun with
+`+resume_from_cache=true`).
 """
 
 from __future__ import annotations
@@ -21,13 +28,21 @@ import sys
 
 from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.collect import CollectionSummary, RolloutCollectionConfig, collect, load_rows
+from gymfleet.collect import (
+    CollectionSummary,
+    RolloutCollectionConfig,
+    check_outputs,
+    collect,
+    head_address,
+    load_rows,
+)
 from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
 from gymfleet.errors import ConfigError, TransportError
 
 
 async def _collect(config: RolloutCollectionConfig, host: str, port: int) -> CollectionSummary:
-    rows = load_rows(config)  # bad data fails here, before the fleet is even contacted
+    check_outputs(config)  # like bad data, fails before the fleet is even contacted
+    rows = load_rows(config)
     try:
         try:
             client = await http.ServerClient.from_head(host, port)
@@ -37,7 +52,7 @@ async def _collect(config: RolloutCollectionConfig, host: str, port: int) -> Col
                 path="head_server",
                 hint="Start the fleet with ng_run, or point +head_server={host: <host>, port: <port>} at it.",
             ) from None
-        return await collect(config, client, rows=rows)
+        return await collect(config, client, rows=rows, head=head_address({"host": host, "port": port}))
     finally:
         await http.close()
 
@@ -50,6 +65,10 @@ def report(summary: CollectionSummary, max_rewards: int = 50) -> str:
         lines.append("Failures by class: " + ", ".join(f"{k}: {v}" for k, v in summary.failure_classes.items()))
     if summary.exhausted:
         lines.append(f"Not retried, failed max_attempts times (task, rollout): {summary.exhausted}")
+    if summary.not_finished:
+        lines.append(f"Not run (left for +resume_from_cache=true): {summary.not_finished}")
+    if summary.superseded:
+        lines.append(f"Failure rows marked _ng_superseded (their rollout has a result now): {summary.superseded}")
     for agent, mean in summary.mean_reward.items():
         lines.append(f"  {agent}: mean reward {'n/a' if mean is None else f'{mean:.4f}'}")
     if summary.rewards and len(summary.rewards) <= max_rewards:
@@ -76,6 +95,8 @@ def _run(argv: list[str]) -> int:
               file=sys.stderr)
         return 130
     print(report(summary), flush=True)
+    if summary.stopped:
+        print(f"error: {summary.stop_message()}", file=sys.stderr)
     return summary.exit_code
 
 

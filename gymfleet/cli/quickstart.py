@@ -57,6 +57,7 @@ def _quickstart(argv: list[str]) -> int:
         output_jsonl_fpath=str(output_dir / "rollouts.jsonl"),
         agent_name=config.data["agent_name"],
         num_repeats=config.data.get("num_repeats", 1),
+        overwrite=True,  # a demo: each run replaces the last one's rollouts
     )
     load_rows(collection)  # bad input fails before anything starts
     print(f"Starting the fleet: {', '.join(config.instances)} (logs in {output_dir / 'logs'})", flush=True)
