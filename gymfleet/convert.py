@@ -19,6 +19,12 @@
 Anything a Chat upstream cannot express (hosted-tool items or tools, file or audio parts) is a `BadRequestError`
 (HTTP 400) rather than being silently dropped.
 
+`chat_extras` decides the fate of every other top-level Responses parameter (the `openai` package grows new ones
+every few releases; gymfleet's `ResponseCreateParams` accepts them unvalidated): forwarded when Chat Completions has
+the same parameter (`CHAT_SAME_MEANING`), a 400 when answering without it would not be what was asked
+(`CHAT_REFUSED`: a stream, a background job, a stored conversation or prompt), else dropped with one logged warning
+per parameter name per process.
+
 `chat_to_response` turns a Chat completion back into a Responses object: one `reasoning` item (one summary per
 `<think>` block or reasoning field), one assistant `message` (when there is text, or nothing else), then one
 `function_call` per tool call (`id == call_id` == the upstream's tool call id). The training token fields of the
@@ -29,13 +35,17 @@ completion's message land on the last output item. `finish_reason` "length" and 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
+from collections.abc import Collection
 from typing import Any, Literal
 
-from gymfleet.errors import BadRequestError
-from gymfleet.wire import TOKEN_FIELDS
+from gymfleet.errors import BadRequestError, did_you_mean
+from gymfleet.wire import KNOWN_PARAMS, TOKEN_FIELDS
+
+log = logging.getLogger(__name__)
 
 # `<think>plan</think>answer` → ("plan", "answer"); text without tags has no reasoning.
 THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
@@ -177,6 +187,63 @@ def _chat_fields(params: dict[str, Any]) -> dict[str, Any]:
     else:
         body.pop("parallel_tool_calls", None)
     return body
+
+
+CHAT_CONVERTED = frozenset({"input", "instructions", "max_output_tokens", "model", "temperature", "top_p", "user",
+                            "parallel_tool_calls", "top_logprobs", "reasoning", "text", "tools", "tool_choice"})
+"""Responses parameters `responses_to_chat` converts."""
+CHAT_SAME_MEANING = frozenset({"metadata", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+                               "safety_identifier", "service_tier", "store", "moderation"})
+"""Responses parameters that Chat Completions has under the same name with the same meaning: forwarded as sent."""
+CHAT_REFUSED = {
+    "stream": "answers are read whole from a Chat upstream, never streamed; send stream: false",
+    "background": "answers come back on the same request, there is no background job to poll; send background: false",
+    "previous_response_id": "no responses are stored to continue from; send the whole conversation in `input`",
+    "conversation": "no conversations are stored; send the whole conversation in `input`",
+    "prompt": "stored prompt templates cannot be expanded; put the text in `instructions` or `input`",
+}
+"""Responses parameters a Chat upstream cannot honour, and why; set to anything but null/false they are a 400."""
+_warned_dropped: set[str] = set()
+
+
+def chat_extras(params: dict[str, Any], *, consumed: Collection[str] = ()) -> dict[str, Any]:
+    """The top-level Responses parameters of `params` to add to the Chat body besides what `responses_to_chat`
+    converts (nor the caller reads: `consumed`): those in `CHAT_SAME_MEANING` that are not null, as sent. Every
+    other parameter that is set (not null, false or empty) is refused when it is in `CHAT_REFUSED`, else dropped
+    with one warning per name per process (an unknown name, maybe a typo, with a did-you-mean).
+
+    Raises:
+        BadRequestError: a `CHAT_REFUSED` parameter is set (HTTP 400 naming it and the fix).
+
+    Examples:
+        >>> chat_extras({"input": "hi", "store": False, "prompt_cache_key": "k", "truncation": None})
+        {'store': False, 'prompt_cache_key': 'k'}
+    """
+    extras: dict[str, Any] = {}
+    for name, value in params.items():
+        if name in CHAT_CONVERTED or name in consumed or value is None:
+            continue
+        if name in CHAT_SAME_MEANING:
+            extras[name] = value
+        elif value is False or value == [] or value == {}:
+            continue
+        elif name in CHAT_REFUSED:
+            raise BadRequestError(f"{name}={json.dumps(value)[:100]} cannot be served: {CHAT_REFUSED[name]}")
+        else:
+            _warn_dropped(name)
+    return extras
+
+
+def _warn_dropped(name: str) -> None:
+    if name in _warned_dropped:
+        return
+    _warned_dropped.add(name)
+    if name in KNOWN_PARAMS:
+        why = "Chat Completions has no equivalent"
+    else:
+        why = f"not a Responses API parameter gymfleet knows.{did_you_mean(name, KNOWN_PARAMS)}"
+    log.warning("Responses parameter %r is not sent to the Chat Completions upstream (%s); warned once per process",
+                name, why)
 
 
 def _fold_system(messages: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:

@@ -1,7 +1,11 @@
 """Wire types: the OpenAI Responses API shapes NeMo-Gym servers exchange, plus the training token fields.
 
-The request model (`ResponseCreateParams`) accepts every field NeMo-Gym's `NeMoGymResponseCreateParamsNonStreaming`
-accepts and rejects unknown ones (a typo in a dataset's `responses_create_params` is an error, not a silent no-op).
+The request model (`ResponseCreateParams`) types the fields NeMo-Gym's `NeMoGymResponseCreateParamsNonStreaming`
+has (a wrongly typed `temperature` is an error naming the field) and keeps any other top-level key as sent: the
+Responses API gains parameters with each `openai` release (`context_management`, `prompt_cache_retention`,
+`stream_options`, ...), and a newer client must not break the fleet. Each model server decides what such a key
+means for its upstream (`openai_model` passes it on; `vllm_model` forwards, drops with a warning, or refuses it:
+`gymfleet.convert.chat_extras`). `KNOWN_PARAMS` lists every parameter name the installed `openai` package knows.
 The response model (`Response`) types what gymfleet reads of OpenAI's `Response` (its `output` items are the `openai`
 package's item models), widened so that
 message, function_call and reasoning items may carry `prompt_token_ids`, `generation_token_ids` and
@@ -14,6 +18,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
@@ -185,9 +190,13 @@ InputItem = _items(InputMessage, InputFunctionCall, InputReasoning)
 
 
 class ResponseCreateParams(BaseModel):
-    """`POST /v1/responses` body (non-streaming) and every dataset row's `responses_create_params`."""
+    """`POST /v1/responses` body (non-streaming) and every dataset row's `responses_create_params`.
 
-    model_config = ConfigDict(extra="forbid")
+    The fields declared here are validated; any other top-level key is kept as sent (`model_extra`) for the model
+    server to honour, pass on or refuse.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     input: str | list[InputItem]
     instructions: str | None = None
@@ -215,6 +224,7 @@ class ResponseCreateParams(BaseModel):
     include: list[str] | None = None
     conversation: str | dict[str, Any] | None = None
     stream: Literal[False] | None = None
+    """Gymfleet servers answer whole responses, never event streams: `stream: true` is refused."""
 
     @model_validator(mode="after")
     def _check_tools(self):
@@ -228,3 +238,7 @@ class ResponseCreateParams(BaseModel):
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         return [item.model_dump(exclude_none=True) for item in self.input]
+
+
+KNOWN_PARAMS = frozenset(ResponseCreateParams.model_fields) | frozenset(ResponseCreateParamsBase.__annotations__)
+"""Every top-level Responses parameter name gymfleet or the installed `openai` package knows (for did-you-mean)."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import doctest
 import json
+import logging
 import re
 
 import pytest
 
-from gymfleet.convert import chat_to_response, place_reasoning, responses_to_chat, split_reasoning
+import gymfleet.convert
+from gymfleet.convert import chat_extras, chat_to_response, place_reasoning, responses_to_chat, split_reasoning
 from gymfleet.errors import BadRequestError
 from gymfleet.wire import Response
 
@@ -143,6 +146,72 @@ def test_token_fields_travel_on_the_assistant_message(items, carrier):
 def test_responses_to_chat_fields(params, expected):
     body = responses_to_chat({"input": "hi", **params})
     assert {key: value for key, value in body.items() if key != "messages"} == expected
+
+
+def test_docstring_examples():
+    assert doctest.testmod(gymfleet.convert).failed == 0
+
+
+NEWER_PARAMS = {  # parameters of the Responses API that gymfleet's own model does not declare
+    "context_management": [{"type": "compaction", "compact_threshold": 20000}],
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"ttl": "30m"},
+    "stream_options": {"include_obfuscation": False},
+    "moderation": {"model": "omni-moderation-latest"},
+    "image": {"context_compression": "auto"},
+    "access_programs": {"cyber": "standard"},
+    "background_options": {"completion_window": "soonest"},
+}
+
+
+@pytest.fixture
+def warned(monkeypatch, caplog) -> pytest.LogCaptureFixture:
+    """Captures the drop warnings logged from now on (the once-per-process memory starts empty)."""
+    monkeypatch.setattr(gymfleet.convert, "_warned_dropped", set())
+    caplog.set_level(logging.WARNING, logger="gymfleet.convert")
+    return caplog
+
+
+def test_newer_parameters_are_forwarded_when_chat_has_them_else_dropped_with_one_warning_each(warned):
+    params = {"input": "hi", "temperature": 0.5, "store": False, "safety_identifier": "u1", "prompt_cache_key": "k",
+              "truncation": "auto", "include": ["reasoning.encrypted_content"], "max_tool_calls": None, **NEWER_PARAMS}
+    forwarded = {"store": False, "safety_identifier": "u1", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
+                 "prompt_cache_options": {"ttl": "30m"}, "moderation": {"model": "omni-moderation-latest"}}
+    assert chat_extras(params) == forwarded
+    assert chat_extras(params) == forwarded
+    dropped = ["truncation", "include", "context_management", "stream_options", "image", "access_programs",
+               "background_options"]
+    assert sorted(re.search(r"parameter '(\w+)'", message)[1] for message in warned.messages) == sorted(dropped)
+    assert all("Chat Completions has no equivalent" in message for message in warned.messages)
+
+
+def test_an_unknown_parameter_is_dropped_with_a_did_you_mean(warned):
+    assert chat_extras({"input": "hi", "temprature": 0.2, "metadata": {"a": "b"}}, consumed=("metadata",)) == {}
+    [message] = warned.messages
+    assert "'temprature'" in message and "Did you mean 'temperature'?" in message
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"stream": True}, "stream=true cannot be served"),
+        ({"background": True}, "background=true cannot be served"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id=\"resp_1\" cannot be served: no responses"),
+        ({"conversation": "conv_1"}, "conversation=\"conv_1\" cannot be served"),
+        ({"prompt": {"id": "pmpt_1"}}, "put the text in `instructions` or `input`"),
+    ],
+    ids=["stream", "background", "previous_response_id", "conversation", "stored_prompt"],
+)
+def test_what_a_chat_upstream_cannot_honour_is_a_bad_request(params, message):
+    with pytest.raises(BadRequestError, match=re.escape(message)):
+        chat_extras({"input": "hi", **params})
+
+
+def test_unset_parameters_are_neither_sent_nor_refused(warned):
+    unset = {"stream": False, "background": False, "previous_response_id": None, "conversation": None, "prompt": None,
+             "include": [], "truncation": None, "store": None, "service_tier": None, "metadata": None}
+    assert chat_extras({"input": "hi", **unset}) == {}
+    assert warned.messages == []
 
 
 @pytest.mark.parametrize(

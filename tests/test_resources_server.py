@@ -125,10 +125,10 @@ def test_our_bugs_are_logged_500s_with_a_json_reason(url, behave):
         (b"{not json", ["body", 1]),
         (b"[1, 2]", ["body"]),
         (json.dumps({"response": make_response("a")}).encode(), ["body", "responses_create_params"]),
-        (json.dumps({"responses_create_params": {"input": "q", "temprature": 1},
-                     "response": make_response("a")}).encode(), ["body", "responses_create_params", "temprature"]),
+        (json.dumps({"responses_create_params": {"input": "q", "temperature": "hot"},
+                     "response": make_response("a")}).encode(), ["body", "responses_create_params", "temperature"]),
     ],
-    ids=["bad-json", "not-object", "missing-params", "typo-in-params"],
+    ids=["bad-json", "not-object", "missing-params", "wrong-type-in-params"],
 )
 def test_malformed_verify_is_422_naming_the_field(url, body, loc):
     response = httpx.post(f"{url}/verify", content=body, headers={"Content-Type": "application/json"})

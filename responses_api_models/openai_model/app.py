@@ -7,12 +7,14 @@ without `vllm_model`'s training extras (no token ids, no sticky data-parallel ro
 fields. The model name is replaced by the configured `model` on every upstream call (the request's own is kept
 when `model` is empty).
 
-- `is_responses_native: true` (default): `POST /v1/responses` posts the request to `{base_url}/responses` as sent,
-  `extra_body` merged under it, and returns the upstream's Responses object once it validates as
-  `gymfleet.wire.Response`.
+- `is_responses_native: true` (default): `POST /v1/responses` posts the request to `{base_url}/responses` as sent
+  (every parameter, those gymfleet does not know included: the upstream judges them), `extra_body` merged under it,
+  and returns the upstream's Responses object once it validates as `gymfleet.wire.Response`. `background: true` is a
+  400: the answer to this request is returned, there is no background job to poll for.
 - `is_responses_native: false` (endpoints without the Responses API): the request is converted to Chat Completions
-  (`gymfleet.convert.responses_to_chat`; reasoning goes back as `<think>` text), posted to
-  `{base_url}/chat/completions`, and the completion converted back (`chat_to_response`).
+  (`gymfleet.convert.responses_to_chat`, plus `chat_extras`: other parameters forwarded, dropped with a warning or
+  refused with a 400; reasoning goes back as `<think>` text), posted to `{base_url}/chat/completions`, and the
+  completion converted back (`chat_to_response`).
 
 Failures: failures to connect and 429/5xx answers are retried with exponential backoff, `max_attempts` tries in
 all (a call whose connection dropped after it was sent is not: the upstream may have run it, and bills it); what is
@@ -51,7 +53,7 @@ import orjson
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
 
 from gymfleet import http
-from gymfleet.convert import chat_to_response, responses_to_chat
+from gymfleet.convert import chat_extras, chat_to_response, responses_to_chat
 from gymfleet.errors import BadRequestError, UpstreamError
 from gymfleet.model import ModelServer, ModelServerConfig
 from gymfleet.wire import TOKEN_FIELDS, Response, ResponseCreateParams
@@ -127,6 +129,9 @@ class OpenAIModel(ModelServer):
         )
 
     async def responses(self, params: ResponseCreateParams, raw: dict[str, Any]) -> dict[str, Any]:
+        if raw.get("background"):
+            raise BadRequestError("background: true cannot be served: openai_model returns the upstream's answer to "
+                                  "this request and does not poll for a background job; send background: false")
         if isinstance(raw.get("input"), list):
             drop_reasoning = self.config.drop_input_reasoning_items
             raw = {**raw, "input": [_without_token_fields(item) for item in raw["input"]
@@ -140,7 +145,7 @@ class OpenAIModel(ModelServer):
                 what = f"a body that is not a Responses object: {_first_error(exc)}"
                 raise self._malformed("/responses", what) from None
             return answer
-        body = self._with_model({**(self.config.extra_body or {}), **responses_to_chat(raw)})
+        body = self._with_model({**(self.config.extra_body or {}), **responses_to_chat(raw), **chat_extras(raw)})
         completion = self._completion(await self._post("/chat/completions", body))
         return chat_to_response(completion, raw, model=self.config.model or completion.get("model") or "")
 

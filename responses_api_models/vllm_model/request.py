@@ -1,5 +1,11 @@
 """The Chat Completions body vllm_model sends upstream (pure functions of the request and the config).
 
+The converted request is `gymfleet.convert.responses_to_chat` plus the Responses parameters Chat Completions has
+under the same name (`chat_extras`: `store`, `service_tier`, `prompt_cache_key`, ...); a parameter the upstream
+cannot honour (`background: true`, `previous_response_id`, `conversation`, `prompt`) is a 400, and any other one
+(`include`, `truncation`, `context_management`, an unknown name) is dropped with one warning per name per process.
+`metadata` is read here, not forwarded.
+
 Precedence, lowest first: config `extra_body`, the request's `metadata.extra_body` (a JSON string), the converted
 request itself; `chat_template_kwargs` merge key by key in the same order with config `chat_template_kwargs` between
 the two extra bodies and `metadata.chat_template_kwargs` on top; then the config `model`, the token-capture flags,
@@ -12,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gymfleet.convert import ReasoningMode, responses_to_chat, split_reasoning
+from gymfleet.convert import ReasoningMode, chat_extras, responses_to_chat, split_reasoning
 from gymfleet.errors import BadRequestError
 from responses_api_models.vllm_model.config import VLLMModelConfig
 
@@ -33,6 +39,7 @@ def chat_body(params: dict[str, Any], config: VLLMModelConfig) -> dict[str, Any]
     body = responses_to_chat(
         params, reasoning=reasoning_mode(config), developer_as_system=config.replace_developer_role_with_system
     )
+    body.update(chat_extras(params, consumed=("metadata",)))
     metadata = params.get("metadata") or {}
     extra, template_kwargs = (_metadata_json(metadata, key) for key in ("extra_body", "chat_template_kwargs"))
     return _finish(body, config, extra, template_kwargs)

@@ -142,6 +142,37 @@ def test_chat_mode_converts_both_ways(upstream):
     assert sent["body"]["tools"][0]["function"]["name"] == "get_weather"
 
 
+NEWER_PARAMS = {"context_management": [{"type": "compaction", "compact_threshold": 20000}],
+                "prompt_cache_retention": "24h", "stream_options": {"include_obfuscation": False},
+                "a_parameter_from_a_future_release": {"x": 1}}
+
+
+def test_parameters_gymfleet_does_not_know_reach_a_responses_upstream(upstream):
+    request = {"input": "What is 2+2?", **NEWER_PARAMS}
+    with policy(upstream.url + "/v1") as client:
+        answer = client.post("/v1/responses", json=request)
+    assert answer.status_code == 200, answer.text
+    assert upstream.last["body"] == {**request, "model": "gpt-test"}
+
+
+def test_chat_mode_forwards_what_chat_completions_has_and_drops_the_rest(upstream):
+    request = {"input": "What is 2+2?", "prompt_cache_key": "k", **NEWER_PARAMS}
+    with policy(upstream.url + "/v1", is_responses_native=False) as client:
+        answer = client.post("/v1/responses", json=request)
+    assert answer.status_code == 200, answer.text
+    sent = upstream.last["body"]
+    assert (sent["prompt_cache_key"], sent["prompt_cache_retention"]) == ("k", "24h")
+    assert not {"context_management", "stream_options", "a_parameter_from_a_future_release"} & set(sent)
+
+
+@pytest.mark.parametrize("fields", [{}, {"is_responses_native": False}], ids=["responses-native", "chat"])
+def test_background_is_a_400_not_an_empty_answer(upstream, fields):
+    with policy(upstream.url + "/v1", **fields) as client:
+        answer = client.post("/v1/responses", json={"input": "Hi", "background": True})
+    assert answer.status_code == 400 and "background" in answer.json()["detail"]
+    assert not upstream.requests
+
+
 def test_chat_completions_pass_through(upstream):
     with policy(upstream.url + "/v1", extra_body={"seed": 7}) as client:
         answer = client.post("/v1/chat/completions",

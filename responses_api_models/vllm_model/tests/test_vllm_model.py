@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import re
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from pydantic import BaseModel, ValidationError
 
+import gymfleet.convert
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import BadRequestError
 from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
@@ -403,6 +407,49 @@ def test_passthrough_body_keeps_the_callers_fields():
     config = VLLMModelConfig.model_validate({**BASE, "extra_body": {"top_k": 5, "temperature": 2.0}})
     body = passthrough_body({"model": "judge", "messages": [], "temperature": 0.0}, config)
     assert body == {"model": "policy-model", "messages": [], "temperature": 0.0, "top_k": 5}
+
+
+NEWER_CLIENT_PARAMS = {  # what a newer `openai` client sends, as arguments
+    "context_management": [{"type": "compaction", "compact_threshold": 20000}],
+    "prompt_cache_retention": "24h",
+    "prompt_cache_key": "rollout-7",
+    "stream_options": {"include_obfuscation": False},
+    "truncation": "auto",
+}
+
+
+async def test_a_newer_openai_client_is_answered(monkeypatch, caplog):
+    monkeypatch.setattr(gymfleet.convert, "_warned_dropped", set())
+    caplog.set_level(logging.WARNING, logger="gymfleet.convert")
+    with _stack(return_token_id_information=False) as stack:
+        async with openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0) as client:
+            for _ in range(2):
+                response = await client.responses.create(
+                    model="policy-model", input="What is the weather in Paris?", tools=TOOLS, temperature=0.0,
+                    **NEWER_CLIENT_PARAMS, extra_body={"a_future_parameter": {"x": 1}},
+                )
+                assert [item.type for item in response.output] == ["reasoning", "message", "function_call"]
+                assert response.output[-1].name == "get_weather"
+    for sent in stack.tap.bodies("/v1/chat/completions"):
+        assert sent["prompt_cache_retention"] == "24h" and sent["prompt_cache_key"] == "rollout-7"
+        assert not {"context_management", "stream_options", "truncation", "a_future_parameter"} & set(sent)
+    dropped = sorted(re.search(r"parameter '(\w+)'", message)[1] for message in caplog.messages)
+    assert dropped == ["a_future_parameter", "context_management", "stream_options", "truncation"], "once each"
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [({"background": True}, "background=true cannot be served"),
+     ({"previous_response_id": "resp_1"}, "send the whole conversation in `input`")],
+    ids=["background", "previous_response_id"],
+)
+async def test_what_the_fleet_cannot_honour_is_a_clear_400_to_the_openai_client(params, message):
+    with _stack(return_token_id_information=False) as stack:
+        async with openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0) as client:
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.responses.create(model="policy-model", input="What is the weather?", **params)
+    assert message in info.value.response.json()["detail"]
+    assert not stack.tap.requests, "nothing was sent upstream"
 
 
 @pytest.mark.parametrize(
