@@ -437,6 +437,16 @@ async def test_a_newer_openai_client_is_answered(monkeypatch, caplog):
     assert dropped == ["a_future_parameter", "context_management", "stream_options", "truncation"], "once each"
 
 
+def test_a_dataset_row_with_newer_parameters_runs_through_the_agent():
+    with _stack(agent=True, return_token_id_information=False) as stack:
+        answer = httpx.post(f"{stack.agent_url}/run", json=_row("weather in Paris and Rome?", **NEWER_CLIENT_PARAMS),
+                            timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["reward"] == 1.0
+    assert answer.json()["responses_create_params"]["context_management"] == NEWER_CLIENT_PARAMS["context_management"]
+    assert all(body["prompt_cache_key"] == "rollout-7" for body in stack.tap.bodies("/v1/chat/completions"))
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [({"background": True}, "background=true cannot be served"),
