@@ -24,6 +24,10 @@ Schema 2020-12 with the schema checked first, `format` not asserted, and `$ref` 
 - tool-call mode: the output must hold exactly one `function_call`, named `tool_name` when the row gives one; its
   arguments are parsed as JSON and `arguments[tool_payload_key]` (or the whole object) is validated. Text is
   ignored; a response that carries an `error` scores 0.
+In both modes a document holding NaN or an infinity is a `parse_error`: JSON has no such numbers (`NaN`,
+`Infinity`, `-Infinity`, or a literal such as `1e999` that overflows), and YAML's `.nan` / `.inf` and TOML's
+`nan` / `inf` are refused alike; NaN would otherwise satisfy every `minimum` / `maximum`. An XML or CSV value
+written `NaN` or `inf` is not coerced to a number, so a number field holding it is a `validation_error`.
 The response adds `error_type` (null on success; `empty_response`, `schema_error`, `parse_error`,
 `validation_error`, `response_error`, `missing_tool_call`, `multiple_tool_calls`, `wrong_tool_name`) and
 `error_message` (clipped to 200 characters). `/aggregate_metrics` adds `mean/reward_<schema_type>` and
@@ -36,12 +40,17 @@ The response adds `error_type` (null on success; `empty_response`, `schema_error
   `parse_error`; this bounds validation time (jsonschema checks ~40k values/s).
 Grading runs in a worker thread (`asyncio.to_thread`), so parsing and validating never block the event loop.
 
+## Departures from NeMo-Gym
+- NaN and infinities score 0 (above). NeMo-Gym parses with Python's `json.loads`, which accepts `NaN`,
+  `Infinity` and `-Infinity`, and its validator counts them as numbers within any bounds.
+
 ## Tools
 None. Tool-call rows declare their tools in `responses_create_params.tools`; the agent must not execute them
 (NeMo-Gym sets `execute_tool_calls: false` on its v4 agent): the call is the answer.
 
 ## Version history
 - v1: text mode (json, yaml, xml, toml, csv) and tool-call mode, NeMo-Gym's strictify rule and error types.
+- v2: NaN and infinities are a `parse_error` in every format and in tool-call arguments.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ are then coerced towards the schema's scalar types, as NeMo-Gym does, so `<age>7
 
 `count_nodes` bounds the work a parsed document can cause: YAML aliases let a few hundred bytes expand into a
 billion nodes (the "billion laughs" document), or into a cycle, and validation walks every expanded node.
+
+`first_non_finite` finds NaN and infinities, which are not JSON numbers but which Python's `json` (`NaN`,
+`Infinity`, `-Infinity`, `1e999`), YAML (`.nan`, `.inf`) and TOML (`nan`, `inf`) all read as floats. JSON Schema
+validators accept them as numbers, and NaN passes every `minimum` / `maximum` bound, since no comparison with it is
+true. Coercion (XML, CSV) never produces them: such a cell stays a string.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import tomllib
 from typing import Any, Literal
 
@@ -27,10 +33,31 @@ SchemaType = Literal["json", "yaml", "xml", "toml", "csv"]
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # same constructor, C scanner: ~10x faster
 
 
+def _not_a_number(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number; write a finite number")
+
+
+def loads_json(text: str) -> Any:
+    """`json.loads`, refusing the `NaN`, `Infinity` and `-Infinity` that Python's reader accepts.
+
+    Raises:
+        ValueError: `text` is not JSON (a `json.JSONDecodeError`) or holds one of those constants.
+
+    Examples:
+        >>> loads_json('{"price": 9.5}')
+        {'price': 9.5}
+        >>> loads_json('{"price": NaN}')
+        Traceback (most recent call last):
+        ...
+        ValueError: NaN is not a JSON number; write a finite number
+    """
+    return json.loads(text, parse_constant=_not_a_number)
+
+
 def parse_document(text: str, schema_type: SchemaType) -> Any:
     """Parse `text` as a `schema_type` document. Raises whatever the format's parser raises on bad input."""
     if schema_type == "json":
-        return json.loads(text)
+        return loads_json(text)
     if schema_type == "yaml":
         return yaml.load(text, Loader=_YAML_LOADER)  # a safe loader
     if schema_type == "xml":
@@ -146,7 +173,8 @@ def _scalar(value: str, kind: Any) -> Any:
         if kind == "integer":
             return int(value)
         if kind == "number":
-            return float(value)
+            number = float(value)
+            return number if math.isfinite(number) else value  # "NaN", "inf": not a JSON number
     except ValueError:
         return value
     if kind == "boolean":
@@ -175,3 +203,36 @@ def count_nodes(value: Any, limit: int) -> int:
         if count <= limit:
             stack.extend(children)
     return min(count, limit + 1)
+
+
+def first_non_finite(value: Any, limit: int) -> str | None:
+    """The JSON path of the first NaN or infinite float in `value`, or None; looks at `limit` values at most.
+
+    Iterative, with the same bound as `count_nodes` (call that first: a document within its limit is walked whole).
+
+    Args:
+        value: A parsed document.
+        limit: How many values to look at, at most.
+
+    Returns:
+        A path such as `$.price` or `$.rows[2]`, or None when every number is finite.
+
+    Examples:
+        >>> first_non_finite({"price": float("nan")}, limit=100)
+        '$.price'
+        >>> first_non_finite({"rows": [1.5, 2, float("-inf")]}, limit=100)
+        '$.rows[2]'
+        >>> first_non_finite({"price": 9.99, "name": "NaN"}, limit=100) is None
+        True
+    """
+    seen, stack = 0, [("$", value)]
+    while stack and seen <= limit:
+        path, item = stack.pop()
+        seen += 1
+        if isinstance(item, float) and not math.isfinite(item):
+            return path
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{key}", child) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{index}]", child) for index, child in reversed(list(enumerate(item))))
+    return None

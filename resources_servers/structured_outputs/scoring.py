@@ -4,12 +4,13 @@ A pure function of (response, row fields, limits), table-tested without a server
 thread. Every outcome is a `Grade`: reward 1.0 with no error, or 0.0 with the first failed stage as `error_type`:
 
 - text mode: `empty_response` (no visible text) -> `schema_error` (`schema_str` is not JSON) -> `parse_error`
-  (the text is not a `schema_type` document, or is over the size limits) -> `schema_error` (the strict schema is
-  not a valid JSON Schema, or has a `$ref` that does not resolve locally) -> `validation_error`.
+  (the text is not a `schema_type` document, is over the size limits, or holds NaN or an infinity) ->
+  `schema_error` (the strict schema is not a valid JSON Schema, or has a `$ref` that does not resolve locally) ->
+  `validation_error`.
 - tool-call mode: `response_error` (the response carries an `error`) -> `missing_tool_call` / `multiple_tool_calls`
   (exactly one `function_call` item must be in the output) -> `wrong_tool_name` (when the row names the tool) ->
-  `schema_error` -> `parse_error` (arguments are not JSON) -> `validation_error` (including arguments lacking the
-  row's `tool_payload_key`).
+  `schema_error` -> `parse_error` (arguments are not JSON, or hold NaN or an infinity) -> `validation_error`
+  (including arguments lacking the row's `tool_payload_key`).
 
 Validation is JSON Schema draft 2020-12 (`jsonschema`), the dialect NeMo-Gym's `openapi-schema-validator` (OAS 3.1)
 applies: the schema is checked first, `format` is an annotation (not asserted), and `$ref` resolves only inside the
@@ -34,6 +35,8 @@ from resources_servers.structured_outputs.documents import (
     coerce_csv,
     coerce_xml,
     count_nodes,
+    first_non_finite,
+    loads_json,
     parse_document,
     strictify,
 )
@@ -103,6 +106,9 @@ def _validate(document: Any, compiled: _Schema, limits: Limits) -> Grade:
     nodes = count_nodes(document, limits.max_document_nodes)
     if nodes > limits.max_document_nodes:
         return _fail("parse_error", f"document expands to more than {limits.max_document_nodes} values")
+    non_finite = first_non_finite(document, limits.max_document_nodes)
+    if non_finite is not None:
+        return _fail("parse_error", f"{non_finite}: NaN and infinities are not JSON numbers; write a finite number")
     try:
         error = best_match(compiled.validator.iter_errors(document))
     except Unresolvable as unresolved:
@@ -162,7 +168,7 @@ def grade_tool_call(
     if len(call.arguments) > limits.max_document_chars:
         return _fail("parse_error", f"arguments longer than {limits.max_document_chars} characters")
     try:
-        arguments = json.loads(call.arguments)
+        arguments = loads_json(call.arguments)
     except (ValueError, RecursionError) as error:
         return _fail("parse_error", f"arguments are not JSON: {type(error).__name__}: {error}")
     if payload_key is not None:

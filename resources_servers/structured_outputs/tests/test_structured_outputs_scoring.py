@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import json
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from gymfleet.testing import make_response
 from gymfleet.wire import Response
+from resources_servers.structured_outputs import documents
 from resources_servers.structured_outputs.documents import strictify
 from resources_servers.structured_outputs.scoring import Limits, grade_text, grade_tool_call
 
@@ -76,6 +78,22 @@ BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 )
 
 
+# A number with bounds: NaN passes both (no comparison with it is true), an infinity passes one.
+PRICED = {
+    "type": "object",
+    "properties": {
+        "sku": {"type": "string"},
+        "price": {"type": "number", "minimum": 0, "maximum": 10_000},
+        "history": {"type": "array", "items": {"type": "number"}},
+    },
+}
+XML_PRICED = {"type": "object", "properties": {"item": PRICED}}
+
+
+def _priced(price="12.5", history="[9.99, 11.0]"):
+    return f'{{"sku": "BLT-204", "price": {price}, "history": {history}}}'
+
+
 def _with(**changes):
     return json.dumps({**GOLD, **changes})
 
@@ -108,6 +126,29 @@ TEXT_CASES = [
     case(" \n\t", "json", 0.0, "empty_response", id="whitespace-only"),
     case("[" * 100_000 + "]" * 100_000, "json", 0.0, "parse_error", id="json-deeply-nested"),
     case(json.dumps({**GOLD, "padding": "x" * 500_000}), "json", 0.0, "parse_error", id="json-over-char-limit"),
+    # NaN and infinities are not JSON numbers (Python's json reads them; NeMo-Gym grades them 1.0)
+    case(_priced(), "json", 1.0, None, schema=PRICED, id="json-finite-number"),
+    case(_priced(price="NaN"), "json", 0.0, "parse_error", schema=PRICED, id="json-nan"),
+    case(_priced(price="Infinity"), "json", 0.0, "parse_error", schema={**PRICED, "properties": {
+        **PRICED["properties"], "price": {"type": "number"}}}, id="json-infinity-unbounded"),
+    case(_priced(price="-Infinity"), "json", 0.0, "parse_error", schema=PRICED, id="json-minus-infinity"),
+    case(_priced(price="1e999"), "json", 0.0, "parse_error", schema=PRICED, id="json-overflowing-literal"),
+    case(_priced(history="[9.99, NaN, 11.0]"), "json", 0.0, "parse_error", schema=PRICED, id="json-nan-in-array"),
+    case('{"sku": "NaN", "price": 0, "history": []}', "json", 1.0, None, schema=PRICED, id="json-nan-as-a-string"),
+    case(_priced(price="-0.0"), "json", 1.0, None, schema=PRICED, id="json-negative-zero-is-finite"),
+    case("sku: BLT-204\nprice: .nan\nhistory: []\n", "yaml", 0.0, "parse_error", schema=PRICED, id="yaml-nan"),
+    case("sku: BLT-204\nprice: 1\nhistory: [-.inf]\n", "yaml", 0.0, "parse_error", schema=PRICED,
+         id="yaml-minus-infinity"),
+    case('sku = "BLT-204"\nprice = nan\nhistory = []\n', "toml", 0.0, "parse_error", schema=PRICED, id="toml-nan"),
+    case('sku = "BLT-204"\nprice = 3\nhistory = [inf]\n', "toml", 0.0, "parse_error", schema=PRICED,
+         id="toml-infinity"),
+    case("<item><sku>BLT-204</sku><price>NaN</price><history><h>1</h></history></item>", "xml", 0.0,
+         "validation_error", schema=XML_PRICED, id="xml-nan-stays-a-string"),
+    case("<item><sku>BLT-204</sku><price>12.5</price><history><h>inf</h></history></item>", "xml", 0.0,
+         "validation_error", schema=XML_PRICED, id="xml-infinity-stays-a-string"),
+    case(GOLD_CSV.replace("3.10", "NaN"), "csv", 0.0, "validation_error", schema=STOCK, id="csv-nan-price"),
+    case(GOLD_CSV.replace("3.10", "-inf"), "csv", 0.0, "validation_error", schema=STOCK, id="csv-infinite-price"),
+    case(GOLD_CSV.replace("discontinued", "NaN"), "csv", 1.0, None, schema=STOCK, id="csv-nan-note-is-a-string"),
     # yaml
     case(GOLD_YAML, "yaml", 1.0, None, id="yaml-correct"),
     case(GOLD_YAML.replace("2019", "'2019'"), "yaml", 0.0, "validation_error", id="yaml-quoted-number"),
@@ -144,6 +185,11 @@ TEXT_CASES = [
     case("I cannot do that.", "csv", 0.0, "validation_error", schema={**STOCK, "minItems": 1},
          id="csv-header-only-fails-min-items"),
 ]
+
+
+def test_documents_docstring_examples():
+    outcome = doctest.testmod(documents)
+    assert outcome.attempted > 5 and outcome.failed == 0
 
 
 @pytest.mark.parametrize("text, schema_type, schema_str, reward, error_type", TEXT_CASES)
@@ -237,6 +283,12 @@ TOOL_CASES = [
                  "validation_error", id="payload-missing-property"),
     pytest.param([("record_invoice", '["invoice"]')], "record_invoice", "invoice", 0.0, "validation_error",
                  id="arguments-not-an-object"),
+    pytest.param([("record_invoice", '{"invoice": {"number": "2024-0173", "total": NaN}}')], "record_invoice",
+                 "invoice", 0.0, "parse_error", id="payload-nan"),
+    pytest.param([("record_invoice", '{"number": "2024-0173", "total": Infinity}')], "record_invoice", None, 0.0,
+                 "parse_error", id="direct-payload-infinity"),
+    pytest.param([("record_invoice", '{"invoice": {"number": "2024-0173", "total": 2040}, "note": -Infinity}')],
+                 "record_invoice", "invoice", 0.0, "parse_error", id="infinity-outside-the-payload"),
 ]
 
 

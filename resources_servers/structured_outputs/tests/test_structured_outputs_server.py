@@ -114,6 +114,22 @@ def test_non_answers_score_zero_with_http_200(url, response, error_type):
     assert (result["reward"], result["error_type"]) == (0.0, error_type)
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_score_zero(url, constant):
+    row = OUR_ROWS[0]
+    text = GOLD[row["uuid"]].replace('"prep_minutes": 25', f'"prep_minutes": {constant}')
+    assert constant in text
+    schema = {**json.loads(row["schema_str"])}
+    schema["properties"] = {**schema["properties"], "prep_minutes": {"type": "number", "minimum": 0, "maximum": 600}}
+    result = _verify(url, {**row, "schema_str": json.dumps(schema)}, _answer(text))
+    assert (result["reward"], result["error_type"]) == (0.0, "parse_error")
+    assert constant in result["error_message"]
+    name, arguments = GOLD[OUR_ROWS[4]["uuid"]]
+    call = (name, json.dumps(arguments).replace("2040.0", constant))
+    result = _verify(url, OUR_ROWS[4], _answer(calls=[call]))
+    assert (result["reward"], result["error_type"]) == (0.0, "parse_error")
+
+
 def test_prompt_echo_scores_zero(url):
     row = OUR_ROWS[0]
     assert _verify(url, row, _answer(row["responses_create_params"]["input"][-1]["content"]))["reward"] == 0.0
