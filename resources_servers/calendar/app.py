@@ -15,17 +15,27 @@ whole calendar as a JSON list of `{"event_id", "event_name", "start_time": "HH:M
 last output item (NeMo-Gym's rule: an output ending in a tool call has none). In order:
 1. Empty text, or text containing `<think>`, scores 0.
 2. An empty `exp_cal_state` scores 1 (nothing to check).
-3. The calendar is the first `[...]` span holding an object, found exactly as NeMo-Gym's regex finds it (see
-   `schedule.first_event_list`; computed in linear time), parsed as JSON; none, or invalid JSON, scores 0.
-4. Every entry needs an `event_id`, a finite numeric `duration` and a `start_time` clock time; the number of
-   distinct ids must equal the number of expected events; no two entries may overlap (`[start, start + duration)`;
-   identical entries count once); each expected event must be present with the same duration, inside
-   `[min_time, max_time]`, and meet its constraint (before T: end <= T; after T: start >= T; between X and Y:
-   start >= X and end <= Y; at T: start == T). A repeated id is graded on its last entry.
+3. The calendar is the last `[...]` span holding an object, found as NeMo-Gym's regex finds such spans (see
+   `schedule.event_lists`; computed in linear time), parsed as JSON; none, or invalid JSON, scores 0. An answer
+   that shows a draft, or the previous calendar, before its final one is graded on the final one.
+4. Every entry needs an `event_id`, a finite numeric `duration` and a `start_time` clock time; each id may appear
+   once (ids compare as strings, so `0` and `"0"` are one id); the number of ids must equal the number of expected
+   events; no two entries may overlap (`[start, start + duration)`); each expected event must be present with the
+   same duration, inside `[min_time, max_time]`, and meet its constraint (before T: end <= T; after T: start >= T;
+   between X and Y: start >= X and end <= Y; at T: start == T).
 The response adds `reason` (`pass` or why not: `empty_response`, `think_found`, `no_json_list`, `too_many_events`,
-`malformed_event`, `different_number_of_events`, `conflicting_events`, `unknown_event`, `constraint_violated`) and
-`extracted_answer` (the calendar text found, or null). Clock times must be valid ("10:75" or "25:00" do not parse,
-where NeMo-Gym's parser would read them as 11:15 and 1am next day); a calendar of more than 200 entries scores 0.
+`malformed_event`, `duplicate_event`, `different_number_of_events`, `conflicting_events`, `unknown_event`,
+`constraint_violated`) and `extracted_answer` (the calendar text graded, or null). Clock times must be valid
+("10:75" or "25:00" do not parse, where NeMo-Gym's parser would read them as 11:15 and 1am next day); a calendar of
+more than 200 entries scores 0.
+
+## Departures from NeMo-Gym
+- The last list is graded; NeMo-Gym grades the first, so a correct draft followed by a different, wrong final
+  calendar (or two alternatives, the first correct) scores 1.0 there.
+- An event id listed twice is `duplicate_event`. NeMo-Gym keeps the last entry for an id and skips the overlap check
+  between identical entries, so an event listed twice, or placed in several free slots with its last one valid,
+  scores 1.0 there.
+- Invalid clock times and calendars of more than 200 entries (above).
 
 ## Config
 No fields of its own (`domain: agent`). Grading runs in a worker thread, so a pathological answer never blocks the
@@ -36,6 +46,7 @@ None.
 
 ## Version history
 - v1: NeMo-Gym's calendar checks, with a linear-time equivalent of its list-finding regex.
+- v2: the final (last) calendar list is graded; an event id listed more than once is `duplicate_event`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Reason = Literal[
-    "pass", "empty_response", "think_found", "no_json_list", "too_many_events", "malformed_event",
+    "pass", "empty_response", "think_found", "no_json_list", "too_many_events", "malformed_event", "duplicate_event",
     "different_number_of_events", "conflicting_events", "unknown_event", "constraint_violated",
 ]  # fmt: skip
 MAX_EVENTS = 200
@@ -97,25 +97,26 @@ class Expected:
 _SPECIAL = re.compile(r"[\[\]{}]")
 
 
-def first_event_list(text: str) -> str | None:
-    r"""The first `[...]` span holding an object, exactly as NeMo-Gym's calendar regex finds it, in linear time.
+def event_lists(text: str) -> list[str]:
+    r"""Every `[...]` span holding an object, left to right, as `re.finditer` with NeMo-Gym's calendar regex finds
+    them, in linear time.
 
     NeMo-Gym searches with `\[(?:[^\[\]]|\{[^}]*\})*\{(?:[^\[\]]|\{[^}]*\})*\}(?:[^\[\]]|\{[^}]*\})*\]`: a `[`, then
     characters where a bracket may only appear inside a brace group (`{` up to the first `}`), with at least one
     `{...}`, up to a `]`. Its nested stars backtrack exponentially when no match exists (`"[" + "{x}" * 25` takes
-    hours), so this function computes the same leftmost, backtracking-preferred match with dynamic programming over
-    the bracket and brace characters only.
+    hours), so this function computes the same leftmost, backtracking-preferred matches with dynamic programming
+    over the bracket and brace characters only; after each match the search goes on from its end.
 
     One consequence: a list whose only object holds a list is not found (the required `{...}` may not contain a
     bracket), while the same object followed by a second one is.
 
     Examples:
-        >>> first_event_list('Draft [v2]: [{"event_id": 0, "start_time": "10:00"}] ok')
-        '[{"event_id": 0, "start_time": "10:00"}]'
-        >>> first_event_list('[{"tags": ["x"]}, {"event_id": 1}] and [{"event_id": 2}]')
-        '[{"tags": ["x"]}, {"event_id": 1}]'
-        >>> first_event_list('[{"tags": ["x"]}]') is None
-        True
+        >>> event_lists('Draft [v2]: [{"event_id": 0}] final: [{"event_id": 1}]')
+        ['[{"event_id": 0}]', '[{"event_id": 1}]']
+        >>> event_lists('[{"tags": ["x"]}, {"event_id": 1}] and [{"tags": ["x"]}]')
+        ['[{"tags": ["x"]}, {"event_id": 1}]']
+        >>> event_lists("no calendar [here]")
+        []
     """
     spots = [(match.start(), match.group()) for match in _SPECIAL.finditer(text)]
     count = len(spots)
@@ -134,14 +135,44 @@ def first_event_list(text: str) -> str | None:
                 or (close < count and can[star][close + 1])
                 or (char == literal and (star == 2 or can[star + 1][k + 1]))
             )
-    for start in range(count):
+    found, start = [], 0
+    while start < count:
         if spots[start][1] == "[" and can[0][start + 1]:
-            return text[spots[start][0] : _walk(spots, next_close, can, start + 1) + 1]
-    return None
+            end = _walk(spots, next_close, can, start + 1)
+            found.append(text[spots[start][0] : spots[end][0] + 1])
+            start = end + 1
+        else:
+            start += 1
+    return found
+
+
+def first_event_list(text: str) -> str | None:
+    """The first of `event_lists(text)` (the one NeMo-Gym grades), or None.
+
+    Examples:
+        >>> first_event_list('Draft: [{"event_id": 0}] final: [{"event_id": 1}]')
+        '[{"event_id": 0}]'
+    """
+    lists = event_lists(text)
+    return lists[0] if lists else None
+
+
+def last_event_list(text: str) -> str | None:
+    """The last of `event_lists(text)` (the final calendar, the one graded here), or None.
+
+    Examples:
+        >>> last_event_list('Draft: [{"event_id": 0}] final: [{"event_id": 1}]')
+        '[{"event_id": 1}]'
+        >>> last_event_list("no list") is None
+        True
+    """
+    lists = event_lists(text)
+    return lists[-1] if lists else None
 
 
 def _walk(spots: list[tuple[int, str]], next_close: list[int], can: list[list[bool]], k: int) -> int:
-    """Follow the regex engine's preferred path (one more character, else a brace group, else leave the star)."""
+    """Follow the regex engine's preferred path (one more character, else a brace group, else leave the star);
+    return the index in `spots` of the match's final "]"."""
     count, star = len(spots), 0
     while True:
         char = spots[k][1]
@@ -151,7 +182,7 @@ def _walk(spots: list[tuple[int, str]], next_close: list[int], can: list[list[bo
         elif close < count and can[star][close + 1]:
             k = close + 1
         elif star == 2:
-            return spots[k][0]  # the final "]"
+            return k
         else:
             star, k = star + 1, k + 1
 
@@ -181,6 +212,9 @@ def _overlap(a: tuple[int, float], b: tuple[int, float]) -> bool:
 def score(text: str, expected: dict[str, Expected]) -> tuple[float, Reason, str | None]:
     """Grade one answer: `(reward, reason, the calendar list text found or None)`.
 
+    The calendar is the answer's last list (`last_event_list`): a draft followed by a final calendar is graded on the
+    final one. Each event id may appear once: a second entry for an id, even an identical one, is `duplicate_event`.
+
     Args:
         text: The answer (the first content part of the response's last output item).
         expected: Event id (as a string) to what that event must satisfy.
@@ -191,7 +225,7 @@ def score(text: str, expected: dict[str, Expected]) -> tuple[float, Reason, str 
         return 0.0, "think_found", None
     if not expected:
         return 1.0, "pass", None
-    found = first_event_list(text)
+    found = last_event_list(text)
     try:
         calendar = json.loads(found) if found is not None else None
     except (ValueError, RecursionError):
@@ -203,15 +237,12 @@ def score(text: str, expected: dict[str, Expected]) -> tuple[float, Reason, str 
     entries = [_read(entry) for entry in calendar]
     if any(entry is None for entry in entries):
         return 0.0, "malformed_event", found
-    by_id = {event_id: (start, duration) for event_id, start, duration in entries}  # a repeated id: the last wins
+    by_id = {event_id: (start, duration) for event_id, start, duration in entries}
+    if len(by_id) != len(entries):
+        return 0.0, "duplicate_event", found
     if len(by_id) != len(expected):
         return 0.0, "different_number_of_events", found
-    # Entries equal to each other (one event listed twice) do not conflict: NeMo-Gym compares whole entries with ==.
-    distinct: list[dict[str, Any]] = []
-    for entry in calendar:
-        if entry not in distinct:
-            distinct.append(entry)
-    spans = [(parse_time(entry["start_time"]), entry["duration"]) for entry in distinct]
+    spans = list(by_id.values())
     if any(_overlap(a, b) for i, a in enumerate(spans) for b in spans[i + 1 :]):
         return 0.0, "conflicting_events", found
     for event_id, want in expected.items():

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from resources_servers.calendar.app import ExpectedEvent
-from resources_servers.calendar.schedule import Constraint, first_event_list, parse_time, score
+from resources_servers.calendar.schedule import Constraint, event_lists, first_event_list, parse_time, score
 
 # The calendar regex NeMo-Gym's calendar environment searches with (quoted in the behaviour spec, section 2.8).
 NEMO_PATTERN = re.compile(r"\[(?:[^\[\]]|\{[^}]*\})*\{(?:[^\[\]]|\{[^}]*\})*\}(?:[^\[\]]|\{[^}]*\})*\]", re.DOTALL)
@@ -43,17 +43,25 @@ CASES = [
     pytest.param(cal(("0", "11:00", 30), ("1", "10:00", 60)), 1.0, "pass", id="string-ids-and-earliest-slot"),
     pytest.param(cal((0, "11:00", 30), (1, "13:00", 60)), 1.0, "pass", id="ends-exactly-at-deadline"),
     pytest.param("Moved [per your note]: " + GOLD, 1.0, "pass", id="bracketed-words-before"),
-    pytest.param(cal((0, "11:00", 30), (0, "11:00", 30), (1, "12:00", 60)), 1.0, "pass", id="identical-duplicate"),
-    pytest.param(cal((0, "11:00", 30), (0, "11:00", 30.0), (1, "12:00", 60)), 1.0, "pass",
+    # Each event once: a second entry for an id is a violation, whatever it says.
+    pytest.param(cal((0, "11:00", 30), (0, "11:00", 30), (1, "12:00", 60)), 0.0, "duplicate_event",
+                 id="identical-duplicate"),
+    pytest.param(cal((0, "11:00", 30), (0, "11:00", 30.0), (1, "12:00", 60)), 0.0, "duplicate_event",
                  id="duplicate-equal-as-python-values"),
-    pytest.param(cal((0, "15:00", 30), (0, "11:00", 30), (1, "12:00", 60)), 1.0, "pass",
-                 id="repeated-id-last-entry-wins"),
+    pytest.param(cal((0, "15:00", 30), (0, "11:00", 30), (1, "12:00", 60)), 0.0, "duplicate_event",
+                 id="same-id-in-two-slots"),
+    pytest.param(cal((0, "11:00", 30), (1, "10:00", 60), (1, "12:00", 60), (1, "14:30", 60)), 0.0, "duplicate_event",
+                 id="same-id-in-every-free-slot"),
+    pytest.param(cal((0, "11:00", 30), ("0", "11:00", 30), (1, "12:00", 60)), 0.0, "duplicate_event",
+                 id="same-id-as-number-and-string"),
+    pytest.param(cal((0, "11:00", 30), (1, "12:00", 60), (1, "12:00", 60), (2, "14:00", 30)), 0.0,
+                 "duplicate_event", id="duplicate-hides-an-invented-event"),
     pytest.param(cal((0, "11:30", 30), (1, "12:00", 60)), 0.0, "constraint_violated", id="at-time-missed"),
     pytest.param(cal((0, "11:00", 30), (1, "13:30", 60)), 0.0, "constraint_violated", id="deadline-missed"),
     pytest.param(cal((0, "11:00", 45), (1, "12:00", 60)), 0.0, "constraint_violated", id="duration-changed"),
     pytest.param(cal((0, "11:00", 30), (1, "09:00", 60)), 0.0, "constraint_violated", id="before-day-window"),
     pytest.param(cal((0, "11:00", 30), (1, "10:30", 60)), 0.0, "conflicting_events", id="overlap"),
-    pytest.param(cal((0, "11:00", 30), (0, "11:15", 30), (1, "12:00", 60)), 0.0, "conflicting_events",
+    pytest.param(cal((0, "11:00", 30), (0, "11:15", 30), (1, "12:00", 60)), 0.0, "duplicate_event",
                  id="repeated-id-overlapping-itself"),
     pytest.param(cal((0, "11:00", 30)), 0.0, "different_number_of_events", id="event-dropped"),
     pytest.param(cal((0, "11:00", 30), (1, "12:00", 60), (2, "14:00", 30)), 0.0, "different_number_of_events",
@@ -69,8 +77,17 @@ CASES = [
                  id="python-repr-not-json"),
     pytest.param(GOLD[:-5], 0.0, "no_json_list", id="truncated"),
     pytest.param("I've moved the review to noon and kept the call at 11.", 0.0, "no_json_list", id="prose-only"),
-    pytest.param(cal((0, "10:00", 30)) + "\n\nUpdated:\n" + GOLD, 0.0, "different_number_of_events",
-                 id="old-calendar-first"),
+    # The final calendar is graded, not a draft before it.
+    pytest.param(cal((0, "10:00", 30)) + "\n\nUpdated:\n" + GOLD, 1.0, "pass", id="draft-then-correct-final"),
+    pytest.param("Draft:\n" + GOLD + "\n\nFinal:\n" + cal((0, "11:00", 30), (1, "13:30", 60)), 0.0,
+                 "constraint_violated", id="correct-draft-then-wrong-final"),
+    pytest.param(GOLD + "\nOr, if you prefer:\n" + cal((0, "11:00", 30), (1, "10:30", 60)), 0.0,
+                 "conflicting_events", id="two-alternatives-last-graded"),
+    pytest.param("Draft:\n" + GOLD + "\nFinal:\n" + GOLD, 1.0, "pass", id="draft-equal-to-final"),
+    pytest.param(GOLD + "\n\nFinal calendar: [{'event_id': 0}]", 0.0, "no_json_list",
+                 id="correct-draft-then-unparseable-final"),
+    pytest.param("Previously you had " + GOLD + ". Now: " + cal((0, "11:00", 30)), 0.0,
+                 "different_number_of_events", id="echoed-calendar-then-short-final"),
     pytest.param("<think>The review must end by 2pm.</think>\n" + GOLD, 0.0, "think_found", id="think-tags"),
     pytest.param("", 0.0, "empty_response", id="empty"),
     pytest.param("[" + "{x}" * 200_000, 0.0, "no_json_list", id="adversarial-backtracking-bait"),
@@ -154,3 +171,22 @@ def test_first_event_list_equals_nemo_regex_on_random_text():
 def test_first_event_list_equals_nemo_regex_on_calendar_text(text):
     match = NEMO_PATTERN.search(text)
     assert first_event_list(text) == (match.group() if match else None)
+
+
+def test_event_lists_equal_nemo_regex_finditer_on_random_text():
+    rng = random.Random(11)
+    for _ in range(20_000):
+        text = "".join(rng.choice('[]{}x"') for _ in range(rng.randint(0, 18)))
+        assert event_lists(text) == [match.group() for match in NEMO_PATTERN.finditer(text)], text
+
+
+def test_event_lists_on_calendar_text():
+    text = 'Old: [{"event_id": 0}] New: [{"event_id": 0}, {"event_id": 1, "tags": ["x"]}] [note] [{"x": 1}]'
+    assert event_lists(text) == [match.group() for match in NEMO_PATTERN.finditer(text)]
+    assert len(event_lists(text)) == 3
+
+
+def test_event_lists_is_linear_on_many_lists():
+    start = time.thread_time()
+    assert len(event_lists("[{x}] " * 100_000 + "[" + "{x}" * 100_000)) == 100_000
+    assert time.thread_time() - start < 5

@@ -78,6 +78,23 @@ def test_non_answers_score_zero_with_http_200(url, response, reason):
     assert (result["reward"], result["reason"]) == (0.0, reason)
 
 
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        pytest.param("Draft:\n" + GOLD[2] + "\n\nFinal:\n" + WRONG[2], "conflicting_events",
+                     id="correct-draft-then-wrong-final"),
+        pytest.param(WRONG[2] + "\n\nCorrected:\n" + GOLD[2], "pass", id="wrong-draft-then-correct-final"),
+        pytest.param(_cal((0, "12:00", 60), (1, "10:00", 45), (2, "15:00", 30), (2, "15:00", 30)), "duplicate_event",
+                     id="event-listed-twice"),
+        pytest.param(_cal((0, "12:00", 60), (1, "10:00", 45), (1, "13:15", 45), (2, "15:00", 30)), "duplicate_event",
+                     id="event-in-two-slots"),
+    ],
+)
+def test_final_calendar_graded_and_duplicates_refused(url, text, reason):
+    result = _verify(url, OUR_ROWS[2], make_response(text))
+    assert (result["reward"], result["reason"]) == (1.0 if reason == "pass" else 0.0, reason)
+
+
 def test_prompt_echo_scores_zero(url):
     row = OUR_ROWS[4]
     echo = "\n".join(message["content"] for message in row["responses_create_params"]["input"])
