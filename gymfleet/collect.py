@@ -674,7 +674,7 @@ async def _dispatch(
                 if not stop.is_set() and (reason := await watch.stop_reason(record)):
                     summary.stopped = reason
                     stop.set()
-                    bar.set_description("Stopping: the fleet is down")
+                    bar.set_description("Stopping")
                 if failed:
                     summary.failure_classes[record["_ng_failure_class"]] += 1
                     continue

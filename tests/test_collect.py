@@ -1,11 +1,15 @@
 """Rollout collection against a real fleet: scripted model + vllm_model proxy + mcqa + simple_agent (quickstart)."""
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -74,10 +78,10 @@ def posts_to(fleet, instance: str) -> float:
                if line.startswith("gymfleet_requests_total{") and 'method="POST"' in line)
 
 
-def start_collector(fleet, cwd: Path, *args: str) -> tuple[list[str], subprocess.Popen]:
+def start_collector(head_port: int, cwd: Path, *args: str) -> tuple[list[str], subprocess.Popen]:
     """`ng_collect_rollouts` in a child process (so the fleet can die under it); returns its command too."""
     command = [sys.executable, "-m", "gymfleet.cli.collect", f"+agent_name={AGENT}", f"+input_jsonl_fpath={EXAMPLE}",
-               "+output_jsonl_fpath=out.jsonl", head_of(fleet), *args]
+               "+output_jsonl_fpath=out.jsonl", f"+head_server={{host: 127.0.0.1, port: {head_port}}}", *args]
     return command, subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -301,7 +305,8 @@ def test_a_server_killed_mid_collection_stops_it_and_resume_completes_every_roll
     left; restart the server, resume, and every rollout is done once and the failure rows are superseded."""
     total = 5 * 40
     with running_fleet([str(ROOT / "configs/quickstart.yaml")], {"restart_crashed_servers": 1}) as fleet:
-        command, collector = start_collector(fleet, tmp_path, "+num_repeats=40", "+num_samples_in_parallel=16",
+        command, collector = start_collector(fleet.config.head_port, tmp_path, "+num_repeats=40",
+                                             "+num_samples_in_parallel=16",
                                              "+stop_after_connection_failures=5")
         output = tmp_path / "out.jsonl"
         wait_for_results(output, 30)
@@ -329,32 +334,58 @@ def test_a_server_killed_mid_collection_stops_it_and_resume_completes_every_roll
     assert lines(tmp_path / "out_failures.jsonl") == [{**f, "_ng_superseded": True} for f in failures]
 
 
+@contextlib.contextmanager
+def ng_run(head_port: int, log: Path) -> Iterator[subprocess.Popen]:
+    """A fleet started the way a user starts one: `ng_run` in its own process (the quickstart config)."""
+    command = [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{ROOT / 'configs/quickstart.yaml'}]",
+               f"+head_server={{host: 127.0.0.1, port: {head_port}}}"]
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while "servers ready" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{head_port}/server_instances", timeout=10) as answer:
+            servers = [entry["pid"] for entry in json.loads(answer.read())]
+        yield process
+    finally:
+        process.kill()
+        process.wait(10)
+        for pid in servers:  # they stop by themselves once ng_run is gone; make sure
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_dead_fleet_stops_the_collection_with_one_message_and_resume_finishes_it(tmp_path):
-    """The whole fleet (head server included) dies mid-collection: the collector stops after a run of connection
+    """`ng_run` is killed mid-collection (head server and all): the collector stops after a run of connection
     failures with one message, warnings summarized; a new fleet on the same head port and a resume finish the job."""
     total = 5 * 40
-    head = {"head_server": {"host": "127.0.0.1", "port": free_port()}}
+    port = free_port()
     output = tmp_path / "out.jsonl"
-    with running_fleet([str(ROOT / "configs/quickstart.yaml")], head) as fleet:
-        command, collector = start_collector(fleet, tmp_path, "+num_repeats=40", "+num_samples_in_parallel=8")
+    with ng_run(port, tmp_path / "ng_run.log") as supervisor:
+        command, collector = start_collector(port, tmp_path, "+num_repeats=40", "+num_samples_in_parallel=8")
         wait_for_results(output, 20)
-    out, err = collector.communicate(timeout=120)
+        supervisor.kill()
+        out, err = collector.communicate(timeout=120)
     out, err = out.decode(), err.decode()
     assert collector.returncode == 3, out + err
     [message] = [line for line in err.splitlines() if line.startswith("error:")]
-    assert f"the head server at 127.0.0.1:{head['head_server']['port']} does not answer" in message
+    assert f"the head server at 127.0.0.1:{port} does not answer: the fleet is down" in message
     assert "Restart the fleet (ng_run \"+config_paths=[" in message and "+resume_from_cache=true" in message
     retry_warnings = [line for line in err.splitlines() if "WARNING gymfleet.http" in line]
     assert len(retry_warnings) <= 5 and "more warnings like this one were not shown" in err
     done_before, failed_before = len(lines(output)), len(lines(tmp_path / "out_failures.jsonl"))
     assert done_before + failed_before < total, "stopped: the rest was not sent"
+    assert f"Not run (left for +resume_from_cache=true): {total - done_before - failed_before}" in out
     assert not (tmp_path / "out_aggregate_metrics.json").exists(), "no aggregate from a dead fleet"
 
-    with running_fleet([str(ROOT / "configs/quickstart.yaml")], head):
+    with ng_run(port, tmp_path / "ng_run_again.log"):
         resumed = subprocess.run([*command, "+resume_from_cache=true"], cwd=tmp_path, capture_output=True,
                                  timeout=120)
     assert resumed.returncode == 0, resumed.stdout.decode() + resumed.stderr.decode()
-    assert keys(lines(output)) == [(task, rollout) for task in range(5) for rollout in range(40)]
+    assert keys(lines(output)) == [(task, rollout) for task in range(5) for rollout in range(40)], "each once"
     assert all(f["_ng_superseded"] for f in lines(tmp_path / "out_failures.jsonl"))
     [entry] = json.loads((tmp_path / "out_aggregate_metrics.json").read_text())
     assert entry["key_metrics"]["mean/reward"] == pytest.approx(0.6)
