@@ -196,7 +196,8 @@ def test_judge_both_orders_equal_scores_one(judged_url):
 
 
 def test_judge_disagreeing_in_the_second_order_scores_zero(judged_url):
-    result = _verify(judged_url, {**OUR_ROWS[0], "expected_answer": "144"}, r"The result is \boxed{\text{twelve dozen}}")
+    text = r"The result is \boxed{\text{twelve dozen}}"
+    result = _verify(judged_url, {**OUR_ROWS[0], "expected_answer": "144"}, text)
     assert result["reward"] == 0.0 and len(result["judge_evaluations"]) == 2
 
 
