@@ -3,17 +3,28 @@
 Every instance runs as `python -m gymfleet.launch` in this same Python environment (no per-server virtualenvs), in
 its own process group; each child asks the kernel to kill it if the supervisor dies (no orphans). Output lines are
 prefixed `(<instance>) ` and the last lines of each are kept, so a server that dies is reported with its own last
-words. `start()` returns once every instance answers `GET /` (and every upstream `base_url` answers, if
-configured); `poll()` raises `ServerCrashedError` if anything died; `shutdown()` stops everything within seconds
-(SIGTERM, then SIGKILL to the whole process group).
+words. `start()` returns once every instance answers `GET /` as this fleet's own server (the fleet's random token
+and the instance name in its headers, see `gymfleet.server`; another process on the same port never counts) and
+every upstream `base_url` answers, if configured; `poll()` raises `ServerCrashedError` if anything died;
+`shutdown()` stops everything within seconds (SIGTERM, then SIGKILL to the whole process group).
+
+A port taken by another process (checked before anything is spawned, and again when a child fails to bind) is a
+`PortInUseError` naming the port, its YAML path and the `++path=<free port>` override. The children read the
+resolved config from a private work folder (0700, the file 0600) holding no secrets: those reach each child in its
+environment (`gymfleet.launch`). The folder is removed on every way out: `shutdown()`, a failed `start()`, garbage
+collection or interpreter exit, and, if the supervisor is killed outright, by its children's watchdog; if they are
+killed too, the next fleet that starts removes it (its name carries the supervisor's pid).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,8 +32,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from secrets import token_hex
 from typing import IO, Any
 
 import uvicorn
@@ -30,7 +43,19 @@ import uvicorn
 from gymfleet.config import GlobalConfig, ServerInstance
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.head import create_head_app
-from gymfleet.launch import build_server, write_resolved
+from gymfleet.launch import (
+    EXIT_PORT_IN_USE,
+    SECRETS_ENV,
+    WORKDIR_PREFIX,
+    PortInUseError,
+    bind_socket,
+    build_server,
+    split_secrets,
+    write_resolved,
+)
+from gymfleet.server import FLEET_HEADER, FLEET_TOKEN_ENV, INSTANCE_HEADER
+
+__all__ = ["Fleet", "PortInUseError", "ServerCrashedError"]
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +88,14 @@ class Fleet:
         self.children: dict[str, _Child] = {}
         self._head: uvicorn.Server | None = None
         self._head_thread: threading.Thread | None = None
-        self._workdir = Path(tempfile.mkdtemp(prefix="gymfleet-"))
-        self._config_path = self._workdir / "resolved_config.json"
+        self._head_socket: socket.socket | None = None
+        self.token = token_hex(16)
+        """This fleet's identity: its servers answer `GET /` with it, so readiness never counts a stranger."""
+        self.workdir: Path | None = None
+        """Private folder (0700) holding the secret-free resolved config the children read; set by `start()`."""
+        self._config_path: Path | None = None
+        self._secrets_env = "[]"
+        self._remove_workdir: weakref.finalize | None = None
         log_dir = config.data.get("nemo_gym_log_dir")
         self.log_dir = Path(log_dir) if log_dir else None
         self._stopping = False
@@ -82,11 +113,12 @@ class Fleet:
         if not self.config.instances:
             raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
         self.validate()
-        write_resolved(self.config, self._config_path)
-        self._start_head()
-        for instance in self.config.instances.values():
-            self._spawn(instance)
         try:
+            self._write_workdir()
+            self._start_head()
+            self._check_ports_free()
+            for instance in self.config.instances.values():
+                self._spawn(instance)
             self._wait_ready(timeout_s)
             self._wait_model_endpoints()
         except BaseException:
@@ -97,22 +129,35 @@ class Fleet:
             f"All {total} / {total} servers ready! Head server: http://{self.config.head_host}:{self.config.head_port}"
         )
 
+    def _write_workdir(self) -> None:
+        """Create the private work folder and the resolved config the children read, secrets masked."""
+        remove_stale_workdirs(Path(tempfile.gettempdir()))
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))  # mode 0700
+        self._remove_workdir = weakref.finalize(self, shutil.rmtree, self.workdir, ignore_errors=True)
+        masked, hidden = split_secrets(self.config.data)
+        self._config_path = self.workdir / "resolved_config.json"
+        write_resolved(masked, self._config_path)
+        self._secrets_env = json.dumps(hidden)
+
+    def _check_ports_free(self) -> None:
+        """Fail before spawning anything if another process holds a server's port (`PortInUseError`)."""
+        for instance in self.config.instances.values():
+            bind_socket(instance.host, instance.port, f"{instance.path}.port").close()
+
     def _start_head(self) -> None:
+        host, port = self.config.head_host, self.config.head_port
+        self._head_socket = bind_socket(host, port, "head_server.port", assigned_if_unset=False)
         app = create_head_app(self.config, self.process_table)
-        config = uvicorn.Config(
-            app, host=self.config.head_host, port=self.config.head_port, log_level="warning", lifespan="off"
-        )
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
         self._head = uvicorn.Server(config)
-        self._head_thread = threading.Thread(target=self._head.run, name="head-server", daemon=True)
+        self._head_thread = threading.Thread(
+            target=self._head.run, kwargs={"sockets": [self._head_socket]}, name="head-server", daemon=True
+        )
         self._head_thread.start()
         deadline = time.monotonic() + 10
         while not self._head.started:
             if not self._head_thread.is_alive():
-                raise ConfigError(
-                    f"head server could not start on {self.config.head_host}:{self.config.head_port} "
-                    "(port in use?); set +head_server.port=<free port>",
-                    path="head_server.port",
-                )
+                raise ServerCrashedError(f"head server could not start on {host}:{port}")
             if time.monotonic() > deadline:
                 raise ServerCrashedError("head server did not start within 10s")
             time.sleep(0.02)
@@ -128,9 +173,14 @@ class Fleet:
             instance.name,
             "--parent-pid",
             str(os.getpid()),
+            "--workdir",
+            str(self.workdir),
         ]
+        # Secrets and the fleet token go in the child's environment: not on disk, not in `ps` (owner-only).
+        env = {**os.environ, SECRETS_ENV: self._secrets_env, FLEET_TOKEN_ENV: self.token}
         process = subprocess.Popen(
             command,
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -171,7 +221,7 @@ class Fleet:
         while pending:
             for name, child in list(pending.items()):
                 self._check_alive(child)
-                if _answers(child.instance.url + "/"):
+                if _is_own_server(child.instance.url, self.token, name):
                     child.ready = True
                     del pending[name]
             if pending and time.monotonic() > deadline:
@@ -210,6 +260,8 @@ class Fleet:
         code = child.process.poll()
         if code is None:
             return
+        if code == EXIT_PORT_IN_USE:
+            raise PortInUseError(child.instance.port, f"{child.instance.path}.port")
         time.sleep(0.1)  # let the log pump drain the last lines
         raise ServerCrashedError(
             f"server {child.instance.name!r} exited unexpectedly with code {code}" + self._tail_text(child)
@@ -226,6 +278,8 @@ class Fleet:
                 if child.restarts >= self.max_restarts:
                     raise
                 self._say(f"{exc}\nrestarting {child.instance.name} ({child.restarts + 1}/{self.max_restarts})")
+                _signal_group(child.process, signal.SIGKILL)  # its workers (num_workers > 1) still hold the port
+                child.process.wait()
                 self._spawn(child.instance, child.restarts + 1)
 
     def run_forever(self, interval_s: float = 1.0) -> None:
@@ -247,7 +301,8 @@ class Fleet:
     # ------------------------------------------------------------------------------------------ stop
 
     def shutdown(self, grace_s: float = 5.0) -> None:
-        """Stop every instance (SIGTERM, then SIGKILL to the process group) and the head server."""
+        """Stop every instance (SIGTERM, then SIGKILL to the process group) and the head server, and remove the
+        work folder. Safe to call more than once."""
         self._stopping = True
         for child in self.children.values():
             _signal_group(child.process, signal.SIGTERM)
@@ -266,6 +321,34 @@ class Fleet:
             self._head.should_exit = True
             if self._head_thread is not None:
                 self._head_thread.join(5)
+        if self._head_socket is not None:
+            self._head_socket.close()
+        if self._remove_workdir is not None:
+            self._remove_workdir()
+
+
+def remove_stale_workdirs(tempdir: Path) -> list[Path]:
+    """Remove this user's fleet work folders (`gymfleet-<pid>-*`) whose supervisor process is gone; return them.
+
+    A supervisor killed together with all its servers leaves its folder behind (no secrets in it, but clutter).
+    """
+    removed = []
+    for path in tempdir.glob(f"{WORKDIR_PREFIX}*-*"):
+        pid = path.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and path.is_dir() and path.stat().st_uid == os.getuid() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
@@ -273,6 +356,16 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _is_own_server(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
+    """Whether `GET url/` answers 200 as instance `name` of the fleet holding `token` (not just anything there)."""
+    try:
+        with urllib.request.urlopen(url + "/", timeout=timeout_s) as response:
+            identity = (response.headers.get(FLEET_HEADER), response.headers.get(INSTANCE_HEADER))
+            return response.status == 200 and identity == (token, name)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def _answers(url: str, any_status: bool = False, timeout_s: float = 2.0) -> bool:

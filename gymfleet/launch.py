@@ -6,11 +6,19 @@ class's config (unknown keys fail with the YAML path and the closest field) and 
 
 `python -m gymfleet.launch --config <resolved.json> --instance <name>` serves one instance; with `num_workers > 1`
 it binds the port once and runs that many worker processes on the shared socket.
+
+Secrets never sit on disk: the supervisor writes the resolved config owner-only (0600) with every secret value
+(`gymfleet.config_merge.SECRET_KEY`) masked as `****` (`split_secrets`, `write_resolved`) and hands the real values
+to each child in the `GYMFLEET_SECRETS` environment variable, which the child removes from its environment at once
+(so nothing it starts inherits them) and merges back into its config (`merge_secrets`); workers get them through
+multiprocessing's spawn pipe. A taken port makes the child exit with `EXIT_PORT_IN_USE` (the supervisor names the
+port and the override that frees it); a supervised child whose supervisor died removes the fleet's work folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import inspect
@@ -18,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -30,12 +39,103 @@ import uvicorn
 
 from gymfleet import http
 from gymfleet.config import GlobalConfig, ServerInstance, client_limits, repository_root, validate_fields
+from gymfleet.config_merge import mask_secrets
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
 from gymfleet.server import Server
 
 log = logging.getLogger(__name__)
 
 NOFILE_TARGET = 65_535
+SECRETS_ENV = "GYMFLEET_SECRETS"
+"""Environment variable that carries a child's secrets: JSON `[[path, value], ...]` (see `split_secrets`)."""
+EXIT_PORT_IN_USE = 98
+"""Exit code of a supervised child whose port is taken (Linux's EADDRINUSE); the supervisor reports it."""
+WORKDIR_PREFIX = "gymfleet-"
+"""Name prefix of a fleet's private work folder (the only kind of folder `--workdir` lets a child remove)."""
+
+Secrets = list[tuple[list[str | int], Any]]
+"""`(path, value)` pairs: where in the config dict each secret value goes."""
+
+
+class PortInUseError(ConfigError, RuntimeError):
+    """A port the fleet must listen on is taken by another process (a RuntimeError too, as `poll()` failures are)."""
+
+    def __init__(self, port: int, path: str, *, assigned_if_unset: bool = True) -> None:
+        unset = " (or leave the port unset to get a free one)" if assigned_if_unset else ""
+        super().__init__(
+            f"port {port} ({path}) is already in use by another process; free it or set ++{path}=<free port>{unset}",
+            path=path,
+        )
+        self.port = port
+
+
+def bind_socket(host: str, port: int, path: str, *, assigned_if_unset: bool = True) -> socket.socket:
+    """A TCP socket bound to `host:port` (not listening yet), as every fleet server binds its port.
+
+    Raises:
+        PortInUseError: another process listens on the port (`path` is its YAML path, named in the message).
+        ConfigError: any other bind failure (a host that is not local, a privileged port), naming `path`.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(port, path, assigned_if_unset=assigned_if_unset) from None
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({path}): {exc.strerror or exc}; set ++{path}=<another port> or fix "
+            "the host", path=path,
+        ) from None
+    return sock
+
+
+def split_secrets(data: dict[str, Any]) -> tuple[dict[str, Any], Secrets]:
+    """The config with secrets masked (exactly what `mask_secrets` masks) and the masked values with their paths.
+
+    Examples:
+        >>> masked, secrets = split_secrets({"hf_token": "hf-1", "m": {"api_key": ["sk-2"], "port": 1}})
+        >>> masked
+        {'hf_token': '****', 'm': {'api_key': ['****'], 'port': 1}}
+        >>> secrets
+        [(['hf_token'], 'hf-1'), (['m', 'api_key', 0], 'sk-2')]
+    """
+    masked = mask_secrets(data)
+    return masked, list(_differences(data, masked, []))
+
+
+def _differences(original: Any, masked: Any, path: list[str | int]):
+    if isinstance(original, dict) and isinstance(masked, dict):
+        for key, value in original.items():
+            yield from _differences(value, masked.get(key), [*path, key])
+    elif isinstance(original, list) and isinstance(masked, list) and len(original) == len(masked):
+        for index, (value, hidden) in enumerate(zip(original, masked, strict=True)):
+            yield from _differences(value, hidden, [*path, index])
+    elif original != masked:
+        yield path, original
+
+
+def merge_secrets(data: dict[str, Any], secrets: Secrets) -> dict[str, Any]:
+    """Put the real secret values back into a masked config (in place); returns `data`."""
+    for path, value in secrets:
+        node: Any = data
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    return data
+
+
+def take_secrets() -> Secrets:
+    """This child's secrets from `GYMFLEET_SECRETS`, removing the variable so no process it starts inherits them."""
+    raw = os.environ.pop(SECRETS_ENV, None)
+    return [(list(path), value) for path, value in json.loads(raw)] if raw else []
+
+
+def load_config(config_path: Path, secrets: Secrets) -> GlobalConfig:
+    """The resolved config a child serves from: the (masked) file with the real secrets merged back."""
+    data = json.loads(Path(config_path).read_text())
+    return GlobalConfig.from_data(merge_secrets(data, secrets))
 
 
 def _module_name(path: Path) -> str | None:
@@ -89,25 +189,34 @@ def build_server(instance: ServerInstance, config: GlobalConfig | dict[str, Any]
     return cls(validated, data)
 
 
-def die_with_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+def die_with_parent(parent_pid: int, interval_s: float = 0.5, workdir: Path | None = None) -> None:
     """Stop this server (its whole process group, workers included) soon after the supervisor dies.
 
     A watchdog thread notices the supervisor is gone when this process is re-parented. Unlike the kernel's
     parent-death signal, this does not depend on which supervisor *thread* started us (NeMo-RL may start the fleet
-    from any thread), and it needs no `preexec_fn` (unsafe in a multi-threaded supervisor).
+    from any thread), and it needs no `preexec_fn` (unsafe in a multi-threaded supervisor). A supervisor killed
+    outright cannot remove its work folder, so the first child to notice removes `workdir` (a `gymfleet-*` folder).
     """
     if os.getppid() != parent_pid:
+        _remove_workdir(workdir)
         sys.exit(f"supervisor {parent_pid} is gone; not starting")
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(interval_s)
         log.error("supervisor %s is gone; stopping", parent_pid)
+        _remove_workdir(workdir)
         os.killpg(os.getpgrp(), signal.SIGTERM)
         time.sleep(5)
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _remove_workdir(workdir: Path | None) -> None:
+    """Remove a fleet's work folder (only a `gymfleet-*` one: `--workdir` must never delete anything else)."""
+    if workdir is not None and workdir.name.startswith(WORKDIR_PREFIX):
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def raise_nofile_limit() -> None:
@@ -140,38 +249,42 @@ def _access_log(config: GlobalConfig) -> bool:
     return bool(config.data.get("uvicorn_logging_show_200_ok", False))
 
 
-def _serve_worker(config_path: str, instance_name: str, sock: socket.socket) -> None:
+def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, secrets: Secrets) -> None:
     _configure_logging(instance_name)
     raise_nofile_limit()
-    config = GlobalConfig.from_json_file(Path(config_path))
+    config = load_config(Path(config_path), secrets)
     instance = config.instance(instance_name)
     http.configure(client_limits(config.data, instance.num_workers))
     server = build_server(instance, config)
     uvicorn.Server(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
 
 
-def serve_instance(config_path: Path, instance_name: str) -> None:
-    """Serve one instance (blocking)."""
-    config = GlobalConfig.from_json_file(config_path)
+def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | None = None) -> None:
+    """Serve one instance (blocking) from the resolved config at `config_path` plus its `secrets`.
+
+    Raises:
+        PortInUseError: the instance's port is taken.
+        ConfigError: a bad field (named by its YAML path) or a port that cannot be bound for another reason.
+    """
+    secrets = secrets or []
+    config = load_config(config_path, secrets)
     instance = config.instance(instance_name)
     http.configure(client_limits(config.data, instance.num_workers))
     server = build_server(instance, config)  # validate before binding, so config errors surface first
-    sock = socket.socket(socket.AF_INET6 if ":" in instance.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((instance.host, instance.port))
+    sock = bind_socket(instance.host, instance.port, f"{instance.path}.port")
     sock.set_inheritable(True)
     workers = instance.num_workers
     if workers <= 1:
         uvicorn.Server(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
         return
-    _run_workers(config_path, instance_name, sock, workers)
+    _run_workers(config_path, instance_name, sock, workers, secrets)
 
 
-def _run_workers(config_path: Path, instance_name: str, sock: socket.socket, workers: int) -> None:
+def _run_workers(config_path: Path, instance_name: str, sock: socket.socket, workers: int, secrets: Secrets) -> None:
     sock.listen(8192)
     context = multiprocessing.get_context("spawn")
-    processes = [
-        context.Process(target=_serve_worker, args=(str(config_path), instance_name, sock), daemon=True)
+    processes = [  # secrets travel in the spawn pipe, not the environment
+        context.Process(target=_serve_worker, args=(str(config_path), instance_name, sock, secrets), daemon=True)
         for _ in range(workers)
     ]
     for process in processes:
@@ -209,22 +322,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, type=Path, help="resolved global config (JSON)")
     parser.add_argument("--instance", required=True, help="instance name")
     parser.add_argument("--parent-pid", type=int, help="die when this process (the supervisor) dies")
+    parser.add_argument("--workdir", type=Path, help="the fleet's work folder, removed if the supervisor dies")
     args = parser.parse_args(argv)
+    secrets = take_secrets()
     _configure_logging(args.instance)
     if args.parent_pid:
-        die_with_parent(args.parent_pid)
+        die_with_parent(args.parent_pid, workdir=args.workdir)
     raise_nofile_limit()
     try:
-        serve_instance(args.config, args.instance)
+        serve_instance(args.config, args.instance, secrets)
+    except PortInUseError as exc:
+        if not args.parent_pid:  # a supervisor reports the port itself, in one line on the user's terminal
+            print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_PORT_IN_USE)
     except GymfleetError as exc:
         log.error("%s", exc)
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 
 
-def write_resolved(config: GlobalConfig, path: Path) -> None:
-    """Write the resolved config for child processes (they read it with `GlobalConfig.from_json_file`)."""
-    path.write_text(json.dumps(config.data))
+def write_resolved(data: dict[str, Any], path: Path) -> None:
+    """Write a config for child processes, readable by its owner only (created 0600, never over an existing file).
+
+    The caller masks secrets first (`split_secrets`): the file is for ports and fields, not for API keys.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(json.dumps(data))
 
 
 if __name__ == "__main__":

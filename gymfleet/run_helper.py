@@ -62,7 +62,8 @@ class RunHelper:
 
         Raises:
             ConfigError: a bad config (named by its YAML path), model endpoints that never answered, or a
-                `ray_head_node_address` Ray cannot attach to.
+                `ray_head_node_address` Ray cannot attach to. A port another process holds is its subclass
+                `PortInUseError` (also a RuntimeError), naming the port and the `++<path>.port=` override.
             ServerCrashedError: a server died or did not come up; everything started is stopped again.
             RuntimeError: `start()` called twice.
         """
@@ -93,7 +94,8 @@ class RunHelper:
                                 port=self.config.head_port)
 
     def poll(self) -> None:
-        """Raise `ServerCrashedError` if the head server or any server process died (NeMo-RL's health check)."""
+        """Raise `ServerCrashedError` if the head server or any server process died (NeMo-RL's health check),
+        or `PortInUseError` if a restarted server found its port taken."""
         if self._fleet is not None:
             self._fleet.poll()
 

@@ -10,11 +10,16 @@ signed session cookies (`gymfleet.sessions`), and error mapping:
   (the fleet's own credentials: `auth_failed`) and 429, which are the fleet's problem;
 - any other exception is a logged traceback and a 500 JSON body `{"detail": ..., "error_type": ...}`,
   never `repr(e)` as a bare string.
+
+`GET /` answers `{"status": "ok"}`; in a fleet (`GYMFLEET_FLEET_TOKEN` set by the supervisor) it also carries the
+fleet's token and the instance name in `X-Gymfleet-Fleet` / `X-Gymfleet-Instance` headers, so the supervisor's
+readiness probe counts only its own server, never another process that holds the same port.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import typing
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -36,6 +41,11 @@ NOT_THE_CALLERS_FAULT = frozenset({401, 403, 429})
 """Inner 4xx answers that are the fleet's problem, not the caller's: credentials the fleet holds (a wrong
 `api_key` for the upstream model or judge; tagged `auth_failed`) and overload. They become a 502."""
 log = logging.getLogger(__name__)
+
+FLEET_TOKEN_ENV = "GYMFLEET_FLEET_TOKEN"
+"""Environment variable holding the token of the fleet that started this server (absent outside a fleet)."""
+FLEET_HEADER = "X-Gymfleet-Fleet"
+INSTANCE_HEADER = "X-Gymfleet-Instance"
 
 
 class ServerConfig(BaseModel):
@@ -99,6 +109,11 @@ class Server:
     def cookie_name(self) -> str:
         return cookie_name(type(self).__name__, self.config.name or type(self).__name__)
 
+    def fleet_identity(self) -> dict[str, str]:
+        """Headers of `GET /` that tell the supervisor this is its server: fleet token and instance name."""
+        token = os.environ.get(FLEET_TOKEN_ENV)
+        return {FLEET_HEADER: token, INSTANCE_HEADER: self.config.name} if token else {}
+
     def routes(self, app: FastAPI) -> None:
         """Register this server's routes on `app`."""
 
@@ -125,9 +140,11 @@ class Server:
         )
         app.state.server = self
 
+        identity = self.fleet_identity()
+
         @app.get("/", include_in_schema=False)
-        async def liveness() -> dict[str, str]:
-            return {"status": "ok"}
+        async def liveness() -> Response:
+            return JSONResponse({"status": "ok"}, headers=identity)
 
         app.add_route("/metrics", self.metrics.endpoint, include_in_schema=False)
         self.routes(app)

@@ -135,13 +135,14 @@ def test_ng_run_cli_starts_and_stops_on_a_signal(tmp_path, stop_signal):
     command = (f"trap '' INT; exec {sys.executable} -m gymfleet.cli.run '+config_paths=[{QUICKSTART}]' "
                f"+head_server.port={port}")
     process = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+                               text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
     lines = []
     for line in process.stdout:
         lines.append(line)
         if "servers ready" in line:
             break
     assert "All 4 / 4 servers ready" in "".join(lines), "".join(lines)
+    assert list(tmp_path.glob("gymfleet-*")), "the fleet's work folder is under TMPDIR"
     children = psutil.Process(process.pid).children(recursive=True)
     process.send_signal(stop_signal)
     try:
@@ -151,6 +152,7 @@ def test_ng_run_cli_starts_and_stops_on_a_signal(tmp_path, stop_signal):
     assert process.returncode == 0
     time.sleep(0.3)
     assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not list(tmp_path.glob("gymfleet-*")), "a stopped fleet removes its work folder"
 
 
 def test_ng_dump_config_hides_secrets(tmp_path):
@@ -195,12 +197,13 @@ def test_access_log_only_when_asked():
         assert any('"POST /verify HTTP/1.1" 200' in line for line in fleet.children["mcqa"].tail)
 
 
-def test_servers_die_with_a_killed_supervisor():
-    """SIGKILL to ng_run gives it no chance to clean up: the kernel's parent-death signal must."""
+def test_servers_die_with_a_killed_supervisor(tmp_path):
+    """SIGKILL to ng_run gives it no chance to clean up: its children's watchdog must (processes, work folder)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{QUICKSTART}]",
          f"+head_server.port={free_port()}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     for line in process.stdout:
         if "servers ready" in line:
@@ -212,3 +215,4 @@ def test_servers_die_with_a_killed_supervisor():
     process.stdout.close()
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"orphans: {alive}"
+    assert not list(tmp_path.glob("gymfleet-*")), "the work folder of a killed supervisor is removed"

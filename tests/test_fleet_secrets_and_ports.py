@@ -1,0 +1,214 @@
+"""A fleet leaves no secret on disk, and a port another process holds is one clear error, never "ready".
+
+Fleet 2 in these tests reuses the ports of a running fleet 1, as a second `ng_run` with the same explicit ports
+would; the model server's upstream is a real scripted model wrapped in a recorder of `Authorization` headers.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet import Fleet, PortInUseError, _is_own_server, remove_stale_workdirs
+from gymfleet.launch import SECRETS_ENV, merge_secrets, split_secrets, take_secrets
+from gymfleet.testing import free_port, running_fleet, serve
+from responses_api_models.scripted_model.app import ScriptedModel
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = "configs/quickstart.yaml"
+VLLM_MODEL = "responses_api_models/vllm_model/configs/vllm_model.yaml"
+SECRET = "sk-secret-xyz"
+MCQA_PORT_PATH = "mcqa.resources_servers.mcqa.port"
+
+
+def _port_error(port: int, path: str, unset_hint: bool = True) -> str:
+    unset = " (or leave the port unset to get a free one)" if unset_hint else ""
+    return (f"error: port {port} ({path}) is already in use by another process; "
+            f"free it or set ++{path}=<free port>{unset}")
+
+
+def _config(extra: dict):
+    initial = {"config_paths": [QUICKSTART], "head_server": {"host": "127.0.0.1", "port": free_port()}, **extra}
+    return parse_global_config(GlobalConfigDictParserConfig(initial_global_config_dict=initial,
+                                                            skip_load_from_cli=True))
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch):
+    """Point `tempfile` (and child processes, through TMPDIR) at an empty folder, to see what a fleet leaves."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def fleet1():
+    with running_fleet([QUICKSTART]) as running:
+        yield running
+
+
+@pytest.fixture
+def recorder():
+    """A real scripted model that records the `Authorization` header of every request it gets."""
+    seen: list[str] = []
+    app = ScriptedModel({"name": "recorder", "default": {"text": "hello"}}).create_app()
+
+    async def recording(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(dict(scope["headers"]).get(b"authorization", b"").decode())
+        await app(scope, receive, send)
+
+    with serve(recording) as url:
+        yield url, seen
+
+
+# ------------------------------------------------------------------------------------------ secrets
+
+
+def test_resolved_config_is_private_secret_free_and_removed_while_servers_still_authenticate(private_tmp, recorder):
+    url, seen = recorder
+    workers = {"responses_api_models": {"vllm_model": {"num_workers": 2}}}
+    extra = {"policy_base_url": url + "/v1", "policy_api_key": SECRET, "policy_model_name": "scripted",
+             "restart_crashed_servers": 1, "policy_model": workers}
+    with running_fleet([VLLM_MODEL], extra) as fleet:
+        [workdir] = private_tmp.glob("gymfleet-*")
+        files = [path for path in workdir.rglob("*") if path.is_file()]
+        assert files, "the children's resolved config is in the work folder"
+        assert stat.S_IMODE(workdir.stat().st_mode) == 0o700
+        for path in files:
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+            assert SECRET not in path.read_text(), f"{path} holds the API key"
+        model_url = fleet.config.instance("policy_model").url
+        _ask_several_times(model_url, seen)  # both workers authenticate upstream with the real key
+
+        old = fleet.children["policy_model"].process  # a restarted child (restart_crashed_servers) gets it too
+        old.kill()
+        old.wait(5)
+        fleet.poll()
+        fleet._wait_ready(60)
+        _wait_for_workers(fleet.children["policy_model"].process, 2)  # the old workers do not keep the port
+        _ask_several_times(model_url, seen)
+    assert not workdir.exists(), "shutdown removes the work folder"
+    assert not list(private_tmp.iterdir())
+
+
+def _wait_for_workers(process: subprocess.Popen, count: int) -> None:
+    """Wait until the server `process` serves with `count` worker processes; fail if it exits first."""
+    master = psutil.Process(process.pid)
+
+    def workers() -> list[psutil.Process]:
+        return [child for child in master.children() if "spawn_main" in " ".join(child.cmdline())]
+
+    deadline = time.monotonic() + 60
+    while len(workers()) < count and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert process.poll() is None, f"the restarted server exited with code {process.returncode}"
+    assert len(workers()) == count
+
+
+def _ask_several_times(model_url: str, seen: list[str]) -> None:
+    seen.clear()
+    for index in range(6):
+        answer = httpx.post(model_url + "/v1/responses", json={"input": f"hi {index}"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+    assert seen and set(seen) == {f"Bearer {SECRET}"}, seen
+
+
+def test_a_failed_start_removes_the_work_folder(private_tmp):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = _config({"head_server": {"host": "127.0.0.1", "port": taken.getsockname()[1]}})
+        with pytest.raises(PortInUseError):
+            Fleet(config).start(timeout_s=60)
+    assert not list(private_tmp.glob("gymfleet-*"))
+
+
+def test_work_folders_of_supervisors_killed_with_all_their_servers_are_removed_by_the_next_fleet(private_tmp):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = private_tmp / f"gymfleet-{gone.stdout.strip()}-abcd1234"
+    live = private_tmp / f"gymfleet-{os.getpid()}-abcd1234"
+    others = [private_tmp / "gymfleet-sandbox-etc-abcd1234", private_tmp / "gymfleet-abcd1234"]
+    for path in [stale, live, *others]:
+        path.mkdir()
+        (path / "resolved_config.json").write_text("{}")
+    assert remove_stale_workdirs(private_tmp) == [stale]
+    assert not stale.exists() and live.exists() and all(path.exists() for path in others)
+
+
+def test_secrets_split_from_the_config_and_merged_back_give_the_same_config():
+    data = _config({"policy_api_key": SECRET, "hf_token": "hf-abc", "judge": {"keys": {"api_key": ["a", "b"]}}}).data
+    masked, secrets = split_secrets(data)
+    text = json.dumps(masked)
+    assert SECRET not in text and "hf-abc" not in text and '"a"' not in text
+    assert masked["policy_model"]["responses_api_models"]["vllm_model"]["api_key"] == "****"
+    assert merge_secrets(json.loads(text), json.loads(json.dumps(secrets))) == data
+
+
+def test_a_child_takes_its_secrets_out_of_its_environment(monkeypatch):
+    monkeypatch.setenv(SECRETS_ENV, json.dumps([[["policy_api_key"], SECRET]]))
+    assert take_secrets() == [(["policy_api_key"], SECRET)]
+    assert SECRETS_ENV not in os.environ, "processes the server starts must not inherit the keys"
+
+
+# ------------------------------------------------------------------------------------------ ports
+
+
+def _ng_run(*overrides: str, tmpdir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{QUICKSTART}]", *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmpdir)},
+    )
+
+
+def test_ng_run_on_a_server_port_another_fleet_holds_is_one_error_line_and_never_ready(fleet1, tmp_path):
+    port = fleet1.config.instance("mcqa").port
+    out = _ng_run(f"+head_server.port={free_port()}", f"++{MCQA_PORT_PATH}={port}", tmpdir=tmp_path)
+    seen = out.stdout + out.stderr
+    assert out.returncode == 2, seen
+    assert out.stderr.strip().splitlines()[-1] == _port_error(port, MCQA_PORT_PATH), seen
+    assert "servers ready" not in seen and "Traceback" not in seen and "Errno" not in seen, seen
+    assert not list(tmp_path.glob("gymfleet-*"))
+
+
+def test_ng_run_on_a_head_port_another_fleet_holds_is_one_error_line(fleet1, tmp_path):
+    port = fleet1.config.head_port
+    out = _ng_run(f"+head_server.port={port}", tmpdir=tmp_path)
+    seen = out.stdout + out.stderr
+    assert out.returncode == 2, seen
+    assert out.stderr.strip().splitlines()[-1] == _port_error(port, "head_server.port", unset_hint=False), seen
+    assert "servers ready" not in seen and "Traceback" not in seen and "Errno" not in seen, seen
+    assert not list(tmp_path.glob("gymfleet-*"))
+
+
+def test_a_child_that_cannot_bind_is_the_port_error_even_when_the_probe_reaches_another_fleet(fleet1, monkeypatch):
+    """The port is taken after the supervisor's check (a race): the child's exit names it, readiness never lies."""
+    monkeypatch.setattr(Fleet, "_check_ports_free", lambda self: None)
+    port = fleet1.config.instance("mcqa").port
+    output = io.StringIO()
+    fleet2 = Fleet(_config({"mcqa": {"resources_servers": {"mcqa": {"port": port}}}}), output=output)
+    with pytest.raises(PortInUseError) as caught:
+        fleet2.start(timeout_s=120)
+    assert f"error: {caught.value}" == _port_error(port, MCQA_PORT_PATH)
+    assert "servers ready" not in output.getvalue() and "Traceback" not in output.getvalue(), output.getvalue()
+    assert httpx.get(f"http://127.0.0.1:{port}/").json() == {"status": "ok"}, "fleet 1 keeps serving"
+
+
+def test_readiness_counts_only_the_fleets_own_server(fleet1):
+    url = fleet1.config.instance("mcqa").url
+    assert _is_own_server(url, fleet1.token, "mcqa")
+    assert not _is_own_server(url, Fleet(fleet1.config).token, "mcqa"), "another fleet's token"
+    assert not _is_own_server(url, fleet1.token, "policy_model"), "another instance of the same fleet"
+    assert httpx.get(url + "/").json() == {"status": "ok"}, "GET / still answers what ng_status and clients read"
