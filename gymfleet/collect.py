@@ -44,7 +44,7 @@ import os
 import statistics
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,9 @@ from tqdm import tqdm
 
 from gymfleet import http
 from gymfleet.config import GlobalConfig
-from gymfleet.errors import ConfigError, DataError, GymfleetError, TransportError
+from gymfleet.errors import ConfigError, DataError, GymfleetError, TransportError, did_you_mean
 from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
-from gymfleet.wire import ResponseCreateParams
+from gymfleet.wire import KNOWN_PARAMS, ResponseCreateParams
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,28 @@ def read_tasks(config: RolloutCollectionConfig) -> list[tuple[int, dict[str, Any
             bases.append((lineno, row))
     if problems:
         raise row_problems(path, problems)
+    warn_unknown_params(path, bases)
     return bases
+
+
+def warn_unknown_params(path: Path, rows: Iterable[tuple[int, dict[str, Any]]]) -> list[str]:
+    """Log one warning per `responses_create_params` key that neither gymfleet nor the `openai` package knows.
+
+    Such keys are passed on (a newer client's parameters must not break the fleet), so a typo (`temprature`)
+    would otherwise pass silently and be dropped or refused by the model server. Returns the names warned about.
+    """
+    first_seen: dict[str, tuple[int, int]] = {}  # name -> (first line, count)
+    for lineno, row in rows:
+        params = row.get("responses_create_params")
+        for name in params if isinstance(params, dict) else ():
+            if name not in KNOWN_PARAMS:
+                line, count = first_seen.get(name, (lineno, 0))
+                first_seen[name] = (line, count + 1)
+    for name, (line, count) in first_seen.items():
+        log.warning("%s:%d: responses_create_params.%s (in %d rows) is not a Responses API parameter gymfleet or "
+                    "the installed openai package knows; model servers pass it on, drop it or refuse it.%s",
+                    path, line, name, count, did_you_mean(name, KNOWN_PARAMS))
+    return list(first_seen)
 
 
 def row_problems(path: Path, problems: list[tuple[int, str]], why: str = "") -> DataError:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gymfleet.collect import describe_errors
+from gymfleet.collect import describe_errors, warn_unknown_params
 from gymfleet.config import (
     GlobalConfig,
     GlobalConfigDictParserConfig,
@@ -198,7 +198,9 @@ def verify_request_model(global_config: GlobalConfig, agent: ServerInstance) -> 
 
 
 def read_dataset(dataset: Dataset, placeholder: Response) -> None:
-    """Fill `dataset.rows` with its valid rows and `dataset.invalid` with `(line, reason)` for the others."""
+    """Fill `dataset.rows` with its valid rows and `dataset.invalid` with `(line, reason)` for the others; warn about
+    `responses_create_params` keys nobody knows (`warn_unknown_params`)."""
+    numbered: list[tuple[int, dict[str, Any]]] = []
     with dataset.path.open(encoding="utf-8") as lines:
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
@@ -206,8 +208,10 @@ def read_dataset(dataset: Dataset, placeholder: Response) -> None:
             row, reason = check_row(line, dataset.verify_model, placeholder)
             if reason is None:
                 dataset.rows.append(row)
+                numbered.append((lineno, row))
             else:
                 dataset.invalid.append((lineno, reason))
+    warn_unknown_params(dataset.path, numbered)
 
 
 def check_row(line: str, verify_model: type[BaseModel] | None, placeholder: Response) -> tuple[Any, str | None]:

@@ -195,3 +195,23 @@ def test_metric_differences_tolerate_float_noise_and_list_order():
     assert metric_differences(old, {"a": 1.0004, "b": {"Average": 0.3334}, "c": ["y", "x"], "d": "s"}) == []
     assert metric_differences(old, {**old, "a": 1.1, "d": "t", "e": 1}) == [
         "a: 1.0 -> 1.1", "d: 's' -> 't'", "e: only in one of them"]
+
+
+def test_responses_parameters_nobody_knows_are_named_once_each(tmp_path, caplog):
+    """Unknown `responses_create_params` keys pass (newer clients add some), but a typo is named with its line."""
+    rows = [json.loads(line) for line in (ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()]
+    rows[1]["responses_create_params"]["temprature"] = 0.6
+    rows[3]["responses_create_params"]["temprature"] = 0.6
+    rows[2]["responses_create_params"]["prompt_cache_retention"] = "24h"  # a real parameter of newer clients
+    target = tmp_path / "data/example.jsonl"
+    target.parent.mkdir()
+    target.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = agent_config(tmp_path, "- {name: e, type: example, jsonl_fpath: data/example.jsonl}\n")
+
+    assert prepare(config=config) == 0
+
+    warnings = [r.getMessage() for r in caplog.records if "responses_create_params." in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("data/example.jsonl:2: responses_create_params.temprature (in 2 rows)")
+    assert warnings[0].endswith("Did you mean 'temperature'?")
+    assert len(lines("out/example.jsonl")) == 5
