@@ -44,6 +44,8 @@ TOP_LEVEL_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 HOST_ETC_FILES = ("ld.so.cache", "localtime")
 DEVICES = ("null", "zero", "random", "urandom")
 SHM_MB = 64  # /dev/shm, for multiprocessing's semaphores and shared memory
+TMPFS_MOUNTS = ("/dev/shm", WORKDIR)
+"""The sandbox's writable mounts: size-capped tmpfs, whose contents the memory watch counts (`sandbox.memory`)."""
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 RUNTIME = Path(__file__).resolve().parent
 INSTALL_HINT = (

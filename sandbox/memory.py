@@ -1,12 +1,26 @@
 """The memory watch: all of a run's processes together may hold at most its memory limit.
 
 RLIMIT_AS bounds each process, but nothing in rlimits bounds their sum: a program that forks 64 children of 1 GiB
-each would hold 64 GiB of the host's memory. So while a sandbox runs a request, the service samples its process
-tree from outside (through the host's /proc, where the program cannot interfere) every `POLL_S`. When the resident
-memory of its processes, confirmed by their proportional set size (pages shared after a fork counted once), passes
-the limit, every process of the program is killed and the run is reported `oom`. The sandbox's init and its
-launcher (the batch supervisor or session kernel) are spared, so a batch goes on with its next case and a session
-survives; in direct mode the launcher is the program, and goes too.
+each would hold 64 GiB of the host's memory. Nor does it see memory that is held without being mapped: files in the
+run's tmpfs mounts (`/workspace` = `/tmp`, `/dev/shm`) and memfd files (`memfd_create` + `write`) live in the
+kernel's shared memory, owned by no address space. So while a sandbox runs a request, the service samples its
+process tree from outside (through the host's /proc, where the program cannot interfere) every `POLL_S`, and counts:
+
+- what its processes map, as proportional set size (PSS: a page shared by n of them counts 1/n in each, so shared
+  anonymous memory and pages shared after a fork count once in all);
+- the used size of the run's tmpfs mounts (seen through its init's root: deleted files still open included);
+- the allocated size of every memfd (or other internal shared-memory file) its processes hold open, once per file.
+
+Mappings of tmpfs files and of memfds held open are left out of the PSS, so a page held both ways counts once. When
+the total passes the limit, every process of the program is killed and the run is reported `oom`. A cheap upper
+bound comes first (resident sizes from `statm` plus the files), so the per-mapping count (`smaps`) is only read for
+runs near their limit. The sandbox's init and its launcher (the batch supervisor or session kernel) are spared, so a
+batch goes on with its next case and a session survives; in direct mode the launcher is the program, and goes too.
+What it kills does not free the files the program left in its tmpfs: a batch's next case that starts over the limit
+is killed at once.
+
+Not counted (bounded elsewhere or small): SysV shared memory detached from every process, memfds whose only
+reference is in flight in a unix socket, pipe and socket buffers, kernel memory.
 """
 
 from __future__ import annotations
@@ -17,6 +31,7 @@ import logging
 import os
 import signal
 
+from sandbox.isolation import TMPFS_MOUNTS
 from sandbox.process import SandboxProcess
 
 log = logging.getLogger(__name__)
@@ -53,9 +68,7 @@ class MemoryWatch:
         if process.popen.returncode is not None or process.memory_exceeded_bytes:
             return False
         pids = _tree(process.popen.pid)
-        if sum(map(_anonymous_rss, pids)) <= limit_bytes:
-            return False
-        held = sum(map(_pss, pids))
+        held = held_bytes(pids, pidns=process.pidns, over=limit_bytes)
         if held <= limit_bytes:
             return False
         process.memory_exceeded_bytes = held
@@ -65,6 +78,82 @@ class MemoryWatch:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         return True
+
+
+def held_bytes(pids: list[int], *, pidns: bool, over: int = 0) -> int:
+    """The memory the processes `pids` (a sandbox's tree, its outer process first) hold together, see the module's
+    docstring. Below `over`, a cheap upper bound is returned instead of the exact count."""
+    files = _tmpfs_usage(pids[1]) if pidns and len(pids) > 1 else {}
+    shmem = _shmem_files(pids)
+    unmapped = sum(files.values()) + sum(shmem.values())
+    bound = unmapped + sum(map(_resident, pids))
+    if bound <= over:
+        return bound
+    return unmapped + sum(_mapped(pid, set(files), set(shmem)) for pid in pids)
+
+
+def _shmem_device() -> int:
+    """The device of the kernel's internal shared-memory mount (memfd files, shared anonymous and SysV memory)."""
+    fd = os.memfd_create("gymfleet-probe", os.MFD_CLOEXEC)
+    try:
+        return os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+
+
+SHMEM_DEVICE = _shmem_device()
+
+
+def _tmpfs_usage(init: int) -> dict[int, int]:
+    """{device: bytes in use} of the sandbox's tmpfs mounts, seen through the root of its init (`init`)."""
+    usage = {}
+    for mount in TMPFS_MOUNTS:
+        path = f"/proc/{init}/root{mount}"
+        try:
+            device, stats = os.stat(path).st_dev, os.statvfs(path)
+        except OSError:
+            continue
+        usage[device] = (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+    return usage
+
+
+def _shmem_files(pids: list[int]) -> dict[int, int]:
+    """{inode: bytes allocated} of the internal shared-memory files (memfds) the processes hold open, each once."""
+    files = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{fd}")  # follows the link: the open file itself
+            except OSError:
+                continue
+            if info.st_dev == SHMEM_DEVICE:
+                files[info.st_ino] = info.st_blocks * 512
+    return files
+
+
+def _mapped(pid: int, counted_devices: set[int], counted_shmem: set[int]) -> int:
+    """The PSS of the process's mappings, except those of files on `counted_devices` (the run's tmpfs mounts) and
+    of the shared-memory files `counted_shmem` (held open): those are counted by their size. Resident size if
+    /proc/<pid>/smaps is unreadable."""
+    total, skip = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as smaps:
+            for line in smaps:
+                parts = line.split(None, 5)
+                if parts[0].endswith(":"):
+                    if parts[0] == "Pss:" and not skip:
+                        total += int(parts[1]) << 10
+                    continue
+                major, minor = (int(number, 16) for number in parts[3].split(":"))  # a mapping's header line
+                device, inode = os.makedev(major, minor), int(parts[4])
+                skip = device in counted_devices or (device == SHMEM_DEVICE and inode in counted_shmem)
+    except (OSError, IndexError, ValueError):
+        return _resident(pid)
+    return total
 
 
 def _tree(root: int) -> list[int]:
@@ -86,26 +175,13 @@ def _tree(root: int) -> list[int]:
     return pids
 
 
-def _anonymous_rss(pid: int) -> int:
-    """Resident memory that is not file-backed (statm: resident - shared); cheap, and at least the process's share."""
+def _resident(pid: int) -> int:
+    """Resident memory (statm): anonymous, file-backed and shared pages alike; cheap, and at least its PSS."""
     try:
         with open(f"/proc/{pid}/statm") as statm:
-            fields = statm.read().split()
-        return (int(fields[1]) - int(fields[2])) * PAGE_BYTES
+            return int(statm.read().split()[1]) * PAGE_BYTES
     except (OSError, IndexError, ValueError):
         return 0
-
-
-def _pss(pid: int) -> int:
-    """Proportional set size: each page divided among the processes sharing it (resident size if unreadable)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) << 10
-    except (OSError, ValueError):
-        pass
-    return _anonymous_rss(pid)
 
 
 def _infrastructure(process: SandboxProcess, pids: list[int], *, spare_launcher: bool) -> set[int]:

@@ -161,6 +161,50 @@ def test_memory_spread_over_processes_is_held_to_the_limit(client):
     assert [r["status"] for r in batch] == ["oom", "ok"] and batch[1]["stdout"] == "next case\n", batch
 
 
+# Memory that RLIMIT_AS and resident-set checks do not see: memfd files written but never mapped (16 of 64 MiB, the
+# file-size limit each), shared anonymous mappings (8 children, 100 MiB each: one "shared" page per process), files
+# in the run's tmpfs. Each bomb then sleeps past the deadline, so only the memory watch can end it as `oom`.
+MEMFD_BOMB = ("import os, signal, time\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\nchunk = b'x' * (16 << 20)\n"
+              "fds = [os.memfd_create('hog') for _ in range(16)]\n"
+              "for fd in fds:\n    for _ in range(4): os.write(fd, chunk)\n"
+              "time.sleep(60)")
+SHARED_BOMB = ("import mmap, os, time\nfor _ in range(8):\n    if os.fork() == 0:\n"
+               "        hog = mmap.mmap(-1, 100 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n"
+               "        for i in range(0, len(hog), 4096): hog[i] = 1\n"
+               "        break\n"
+               "time.sleep(60)")
+TMPFS_BOMB = ("import time\nchunk = b'x' * (8 << 20)\nfor name in 'abcd':\n    with open(f'/tmp/{name}', 'wb') as f:\n"
+              "        for _ in range(5): f.write(chunk)\n"
+              "time.sleep(60)")
+
+
+@pytest.mark.parametrize(("code", "memory_mb"), [(MEMFD_BOMB, 128), (SHARED_BOMB, 160), (TMPFS_BOMB, 64)],
+                         ids=["memfd", "shared-anonymous", "tmpfs-files"])
+def test_memory_outside_the_address_space_is_counted(client, code, memory_mb):
+    result = run(client, code, timeout_s=5, memory_mb=memory_mb)
+    assert result["status"] == "oom" and "processes together held" in result["message"], result
+
+
+# About 95 MiB under 128: a 30 MiB /tmp file and a 30 MiB memfd, each also mapped and touched, and 20 MiB of shared
+# anonymous memory touched by a parent and its child. Counting a page once per way it is held would pass 128 MiB.
+WELL_BEHAVED = ("import mmap, os, time\n"
+                "def touch(m):\n    for i in range(0, len(m), 4096): m[i] = 1\n"
+                "with open('/tmp/data', 'wb') as f:\n    f.truncate(30 << 20)\n"
+                "data = mmap.mmap(os.open('/tmp/data', os.O_RDWR), 30 << 20)\n"
+                "memfd = os.memfd_create('buffer')\nos.ftruncate(memfd, 30 << 20)\n"
+                "buffer = mmap.mmap(memfd, 30 << 20)\n"
+                "shared = mmap.mmap(-1, 20 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n"
+                "for m in (data, buffer, shared): touch(m)\n"
+                "child = os.fork()\n"
+                "if child == 0:\n    touch(shared); time.sleep(1); os._exit(0)\n"
+                "time.sleep(1)\nos.waitpid(child, 0)\nprint('done')")
+
+
+def test_memory_within_the_limit_is_counted_once(client):
+    result = run(client, WELL_BEHAVED, timeout_s=5, memory_mb=128)
+    assert result["status"] == "ok" and result["stdout"] == "done\n", result
+
+
 def test_huge_output_is_truncated(client):
     finite = run(client, "import sys\nfor _ in range(2000): sys.stdout.write('y' * 100_000)", max_output_bytes=4096)
     assert (finite["status"], finite["truncated"], len(finite["stdout"])) == ("ok", True, 4096)
