@@ -14,6 +14,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from gymfleet.errors import first_errors, too_many_errors
+
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
@@ -37,9 +39,9 @@ def validate(model: type[ModelT], data: Any) -> ModelT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError(
-            [
-                {"type": error["type"], "loc": ("body", *error["loc"]), "msg": error["msg"]}
-                for error in exc.errors(include_url=False)
-            ]
-        ) from exc
+        errors = first_errors(model, data, exc)  # a body of many wrong items is its first errors and a count
+        errors += too_many_errors(exc.error_count(), len(errors))
+    # raised out here, so pydantic's error (hundreds of MB for a huge body of wrong items) is freed already
+    raise RequestValidationError(
+        [{"type": error["type"], "loc": ("body", *error["loc"]), "msg": error["msg"]} for error in errors]
+    )

@@ -15,12 +15,21 @@ GymfleetError
 ```
 
 Messages name the thing that is wrong (a YAML path, a file and line, a URL) and say how to fix it.
+
+`first_errors` and `too_many_errors` keep a request's validation errors short: a body of many wrong-typed items
+is answered with its first `MAX_REPORTED_ERRORS` errors and a count, never with all of them.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = [
     "BadRequestError",
@@ -32,8 +41,14 @@ __all__ = [
     "ServerRefError",
     "TransportError",
     "UpstreamError",
+    "MAX_REPORTED_ERRORS",
     "did_you_mean",
+    "first_errors",
+    "too_many_errors",
 ]
+
+MAX_REPORTED_ERRORS = 20
+"""Validation errors one answer lists; the rest are counted (`too_many_errors`), not listed."""
 
 
 def did_you_mean(name: object, candidates: Iterable[object]) -> str:
@@ -47,6 +62,49 @@ def did_you_mean(name: object, candidates: Iterable[object]) -> str:
     """
     matches = difflib.get_close_matches(str(name), [str(c) for c in candidates], n=1, cutoff=0.6)
     return f" Did you mean {matches[0]!r}?" if matches else ""
+
+
+def first_errors(
+    model: type[BaseModel], data: Any, exc: ValidationError, limit: int = MAX_REPORTED_ERRORS
+) -> list[dict[str, Any]]:
+    """At most `limit` of the errors `exc` raised validating `data` into `model`, without building all of them.
+
+    Each is pydantic's error dict without its URL (and, past `limit` errors, without `ctx` and `input`).
+    `exc.errors()` builds every error: a 0.5 MB body of 250,000 wrong-typed list items holds 250,002 of them,
+    about a second and hundreds of MB to build. So past `limit` errors, `data` is validated again with every list
+    cut to its first `limit` items, a copy no larger than `data`, and its first errors are listed: they are errors
+    of `data` too (only a `min_length` above `limit` could fail on the cut copy alone). If the cut copy is valid
+    (the errors lie past the cut, or in a huge dict), `exc`'s own errors are listed.
+    """
+    if exc.error_count() <= limit:
+        return exc.errors(include_url=False)
+    try:
+        model.model_validate(_cut_lists(data, limit))
+    except ValidationError as cut_exc:  # kept in no variable: a cycle through this frame would keep `exc` alive
+        return cut_exc.errors(include_url=False, include_context=False, include_input=False)[:limit]
+    return exc.errors(include_url=False, include_context=False, include_input=False)[:limit]
+
+
+def too_many_errors(total: int, listed: int, loc: tuple[str | int, ...] = ()) -> list[dict[str, Any]]:
+    """`[]`, or one last error entry saying how many of `total` errors were left out of the `listed` ones."""
+    if total <= listed:
+        return []
+    return [
+        {
+            "type": "too_many_errors",
+            "loc": loc,
+            "msg": f"... and {total - listed} more errors ({total} in all); only the first {listed} are listed",
+        }
+    ]
+
+
+def _cut_lists(value: Any, keep: int) -> Any:
+    """`value` (parsed JSON) with every list, at any depth, cut to its first `keep` items."""
+    if isinstance(value, list):
+        return [_cut_lists(item, keep) for item in value[:keep]]
+    if isinstance(value, dict):
+        return {key: _cut_lists(item, keep) for key, item in value.items()}
+    return value
 
 
 class GymfleetError(Exception):

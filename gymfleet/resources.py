@@ -38,8 +38,8 @@ from starlette.responses import Response as StarletteResponse
 
 from gymfleet.aggregate import aggregate_metrics
 from gymfleet.bodies import read_json, validate
-from gymfleet.errors import JudgeError, SandboxError, TransportError
-from gymfleet.server import JSONResponse, Server, ServerConfig, add_route
+from gymfleet.errors import MAX_REPORTED_ERRORS, JudgeError, SandboxError, TransportError, first_errors
+from gymfleet.server import JSONResponse, Server, ServerConfig, add_route, release_freed_memory
 from gymfleet.wire import Response, ResponseCreateParams
 
 log = logging.getLogger(__name__)
@@ -213,18 +213,28 @@ def _tool_route(name: str, method: Any, model: type[BaseModel]):
     async def route(request: Request) -> StarletteResponse:
         try:
             data = await read_json(request)
-            arguments = model.model_validate(data if data is not None else {})
+            data = data if data is not None else {}
+            arguments = model.model_validate(data)
         except RequestValidationError as exc:
             return JSONResponse({"error": f"invalid arguments for tool {name!r}: {exc.errors()[0]['msg']}"})
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}" for e in exc.errors(include_url=False)
-            )
-            return JSONResponse({"error": f"invalid arguments for tool {name!r}: {problems}"})
-        return JSONResponse(_to_json(await method(arguments)))
+            problems, many = _describe(model, data, exc), exc.error_count() > MAX_REPORTED_ERRORS
+        else:
+            return JSONResponse(_to_json(await method(arguments)))
+        if many:  # out of the except block, pydantic's errors are freed: give their memory back
+            release_freed_memory()
+        return JSONResponse({"error": f"invalid arguments for tool {name!r}: {problems}"})
 
     route.__name__ = name
     return route
+
+
+def _describe(model: type[BaseModel], data: Any, exc: ValidationError) -> str:
+    """`a.b: msg; c: msg` for the first errors, and how many there were in all when that is more."""
+    errors = first_errors(model, data, exc)
+    problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}" for e in errors)
+    total = exc.error_count()
+    return problems if total <= len(errors) else f"{problems}; ... ({total} errors in all)"
 
 
 def _to_json(value: Any) -> Any:
