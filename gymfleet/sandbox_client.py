@@ -11,8 +11,9 @@ state survives between `exec` calls. Any of them can start from a repository sna
 
 Failure boundary (ARCHITECTURE decision 4): whatever the *program* does is a `RunResult` (a crash, a timeout, a
 memory bomb are statuses). Whatever goes wrong with the *sandbox* - unreachable, no answer in time, a 5xx, still
-overloaded after the retries, an answer that is not a result - raises `SandboxError`, which a resources server turns
-into a `sandbox_failed` row instead of a reward of 0.
+overloaded after the retries, an answer that is not a result, a run whose sandbox the host killed (status
+`sandbox_failed`) - raises `SandboxError`, which a resources server turns into a `sandbox_failed` row instead of a
+reward of 0.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gymfleet.errors import SandboxError, ServerRefError, TransportError
 
 __all__ = ["RunResult", "SandboxClient", "SandboxError", "SandboxSession", "SessionGoneError", "tar_directory"]
 
-Status = Literal["ok", "failed", "timeout", "oom", "killed"]
+Status = Literal["ok", "failed", "timeout", "oom", "killed", "sandbox_failed"]
 SANDBOX_RETRY = http.RetryPolicy(max_attempts=6, backoff_s=0.2, max_backoff_s=30.0)
 """Overload (429) and gateway errors are retried 5 times, waiting what `Retry-After` says (at most 30 s each);
 failures to connect too, with jittered exponential backoff from 0.2 s (a restarting sandbox is waited for a few
@@ -48,7 +49,8 @@ class RunResult(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     status: Status
-    """`ok` (exit 0), `failed` (non-zero exit, exception, crash), `timeout`, `oom` or `killed`."""
+    """`ok` (exit 0), `failed` (non-zero exit, exception, crash), `timeout`, `oom` or `killed`; the service's
+    `sandbox_failed` (the host killed the sandbox) is raised as `SandboxError` by this client, never returned."""
     stdout: str
     """Standard output (decoded as UTF-8, invalid bytes replaced), possibly truncated."""
     stderr: str
@@ -278,6 +280,9 @@ def _b64(archive: bytes | None) -> str | None:
 
 def _result(answer: Any) -> RunResult:
     try:
-        return RunResult.model_validate(answer)
+        result = RunResult.model_validate(answer)
     except ValidationError as exc:
         raise SandboxError(f"malformed run result from the sandbox: {exc}: {str(answer)[:300]}") from exc
+    if result.status == "sandbox_failed":  # the host killed the sandbox: infrastructure, not the program
+        raise SandboxError(f"the sandbox failed: {result.message}")
+    return result

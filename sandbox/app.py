@@ -4,9 +4,11 @@ Routes (JSON in and out; shapes in `sandbox.models`):
 
 - `POST /run`: one program (`language` python|bash, `code`, `stdin`, `args`, `files`, `archive`, `timeout_s`,
   `memory_mb`, `max_output_bytes`) -> `{status, stdout, stderr, return_code, duration_s, truncated,
-  stdout_truncated, message}` with status `ok|failed|timeout|oom|killed`. `timeout_s` is CPU time per process; the
+  stdout_truncated, message}` with status `ok|failed|timeout|oom|killed`, or `sandbox_failed` when the host killed
+  the sandbox from outside (infrastructure, `sandbox.models`). `timeout_s` is CPU time per process; the
   wall-clock limit is `wall_time_factor` times it, so runs slowed down by their neighbours are not timed out for it.
-  `memory_mb` bounds each process's address space and all of the run's processes together (`sandbox.memory`).
+  `memory_mb` bounds each process's address space and all the memory of the run's processes together, files in
+  its tmpfs and memfds included (`sandbox.memory`).
   `archive` is a base64 tar (a repository snapshot) unpacked into the workspace before `files` are written.
 - `POST /run_batch`: one program, many `cases` (`stdin`, `args`), optional `stop_on_failure` and Python `prelude`
   -> `{results: [...]}`; all cases share one sandbox, each runs in a fresh process.

@@ -3,7 +3,9 @@
 Statuses: `ok` (exit 0 in time), `failed` (non-zero exit, an uncaught exception, a crash signal such as SIGSEGV,
 or files/prelude that could not be set up), `timeout` (wall-clock or CPU limit), `oom` (the memory limit: Python's
 `MemoryError`, C++'s `bad_alloc`, an allocation error message, or the memory watch killed its processes), `killed`
-(ended by SIGKILL or the file-size limit without a timeout, or the program broke the sandbox's own supervisor).
+(ended by SIGKILL or the file-size limit without a timeout, or the program broke the sandbox's own supervisor),
+`sandbox_failed` (the host killed the sandbox from outside - its OOM killer, an operator - which the program cannot
+do: an infrastructure failure, never the program's, which `gymfleet.sandbox_client` raises as `SandboxError`).
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ class _Limits(BaseModel):
     """CPU time limit of each process (whole seconds, rounded up); the wall-clock limit is this times the server's
     `wall_time_factor`. Default: the server's."""
     memory_mb: int | None = Field(None, ge=16, examples=[1024])
-    """Memory limit in MiB: the address space of each process, and the memory of all of the run's processes
-    together (`sandbox.memory`). Default: the server's."""
+    """Memory limit in MiB: the address space of each process, and all the memory of the run's processes together,
+    files in its tmpfs (`/tmp`, `/workspace`, `/dev/shm`) and memfds included (`sandbox.memory`). Default: the
+    server's."""
     max_output_bytes: int | None = Field(None, ge=0)
     """Keep at most this much of stdout and of stderr (the rest is drained and dropped; `truncated` says so)."""
 
@@ -162,6 +165,14 @@ def to_result(frame: Frame, limits: Any) -> RunResult:
 def broken(message: str, status: Status = "killed", duration_s: float = 0.0) -> RunResult:
     """A result for a case whose supervisor was broken or stopped answering (the program's doing)."""
     return RunResult(status=status, stdout="", stderr="", return_code=None, duration_s=duration_s, message=message)
+
+
+def killed_from_outside(signal_name: str, duration_s: float = 0.0) -> RunResult:
+    """A result for a run whose sandbox the host killed (`SandboxProcess.killed_from_outside`): infrastructure."""
+    message = f"the sandbox was killed from outside by {signal_name} (the host's OOM killer or an operator): an " \
+              "infrastructure failure, not the program's"
+    return RunResult(status="sandbox_failed", stdout="", stderr="", return_code=None, duration_s=duration_s,
+                     message=message)
 
 
 def _mentions_oom(stderr: str) -> bool:

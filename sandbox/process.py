@@ -36,6 +36,8 @@ RESULT_TAG = b"@@GF-RESULT"
 STDERR_KEEP_BYTES = 16384
 HEADER_MAX_BYTES = 256
 KILL_GRACE_S = 2.0
+OUTSIDE_KILL_WAIT_S = 1.0
+"""How long a sandbox whose channel closed is given to exit before its exit status is read (`killed_from_outside`)."""
 
 
 class SandboxStartError(Exception):
@@ -80,6 +82,8 @@ class SandboxProcess:
         self.max_frame_bytes = 0
         self.memory_exceeded_bytes = 0
         """Set (to what they held) when the memory watch killed the program's processes (`sandbox.memory`)."""
+        self.stopped_by_service = False
+        """Set when `stop()` had to kill the outer process itself (so its signal death is not the host's doing)."""
 
     @classmethod
     async def start(
@@ -196,9 +200,28 @@ class SandboxProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             if not await _exited_within(self.popen, KILL_GRACE_S):
+                self.stopped_by_service = True
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.popen.pid, signal.SIGKILL)
                 await _exited_within(self.popen, None)
+
+    async def killed_from_outside(self, *, wait_s: float = OUTSIDE_KILL_WAIT_S) -> str | None:
+        """The signal's name if the outer process (bwrap) died of a signal this service did not send, else None.
+
+        Only the host can do that (its OOM killer, an operator): the program runs in a PID namespace of its own and
+        cannot signal that process, so it is an infrastructure failure. Waits up to `wait_s` for the outer process
+        to exit (called when the sandbox's channel has closed). Always None without a PID namespace, where the outer
+        process is the launcher, which the program can signal.
+        """
+        if not self.pidns or not await _exited_within(self.popen, wait_s):
+            return None
+        code = self.popen.returncode
+        if code >= 0 or self.stopped_by_service:
+            return None
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
 
     async def close(self, *, grace_s: float = 0.0) -> None:
         """`stop()`, then release the pipes (and, without isolation, the run's folder)."""

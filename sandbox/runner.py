@@ -21,7 +21,17 @@ from sandbox.admission import Admission
 from sandbox.isolation import Isolation
 from sandbox.memory import MemoryWatch
 from sandbox.metrics import SandboxMetrics
-from sandbox.models import SETUP_FAILED, TIMED_OUT, BatchRequest, Case, RunRequest, RunResult, broken, to_result
+from sandbox.models import (
+    SETUP_FAILED,
+    TIMED_OUT,
+    BatchRequest,
+    Case,
+    RunRequest,
+    RunResult,
+    broken,
+    killed_from_outside,
+    to_result,
+)
 from sandbox.process import Frame, ProtocolError, SandboxProcess
 
 log = logging.getLogger(__name__)
@@ -109,8 +119,19 @@ class Runner:
             frame = Frame(TIMED_OUT, 0, time.monotonic() - started, 0.0, b"", b"", 0)
         except ProtocolError:
             frame = None  # the program wrote to its launcher's channel; its exit status still counts
-        result = to_result(await process.direct_result(frame, time.monotonic() - started), limits)
-        return self.memory_verdict(process, result, limits)
+        outcome = await process.direct_result(frame, time.monotonic() - started)
+        if frame is None and (outside := await self.outside_kill(process, outcome.duration_s)):
+            return outside
+        return self.memory_verdict(process, to_result(outcome, limits), limits)
+
+    async def outside_kill(self, process: SandboxProcess, duration_s: float = 0.0) -> RunResult | None:
+        """A `sandbox_failed` result when the host killed the sandbox (its channel closed), else None."""
+        signal_name = await process.killed_from_outside()
+        if signal_name is None:
+            return None
+        log.warning("sandbox %d was killed from outside by %s: reported as sandbox_failed", process.popen.pid,
+                    signal_name)
+        return killed_from_outside(signal_name, duration_s)
 
     def memory_verdict(self, process: SandboxProcess, result: RunResult, limits: Limits) -> RunResult:
         """`result`, or `oom` when the memory watch killed the program's processes meanwhile (`sandbox.memory`)."""
@@ -210,5 +231,7 @@ class Runner:
         except ProtocolError as exc:
             return broken(f"the program tampered with the sandbox's supervisor ({exc})"), None
         if frame is None:
+            if outside := await self.outside_kill(process):
+                return outside, None
             return self.memory_verdict(process, broken("the program killed the sandbox's supervisor"), limits), None
         return self.memory_verdict(process, to_result(frame, limits), limits), frame
