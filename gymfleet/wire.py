@@ -132,7 +132,8 @@ class Response(BaseModel):
     created_at: float = 0
     model: str = ""
     status: str | None = None
-    output: list[OutputItem]
+    output: Annotated[list[OutputItem], Field(fail_fast=True)]
+    """Validation stops at the first bad item: a body of 250k wrong items costs microseconds, not a stalled loop."""
     incomplete_details: dict[str, Any] | None = None
     usage: Usage | None = None
 
@@ -198,7 +199,8 @@ class ResponseCreateParams(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    input: str | list[InputItem]
+    input: str | Annotated[list[InputItem], Field(fail_fast=True)]
+    """A string, or items; validation stops at the first bad item (see `Response.output`)."""
     instructions: str | None = None
     max_output_tokens: int | None = None
     max_tool_calls: int | None = None

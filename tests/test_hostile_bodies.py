@@ -65,10 +65,13 @@ def test_many_wrong_typed_items_are_a_small_422_that_counts_them(url, route, mod
     assert answer.status_code == 422
     assert len(answer.content) < SMALL_ANSWER, f"{len(answer.content)} bytes of 422"
     detail = answer.json()["detail"]
+    total = _error_count(model, data)
+    if total <= 20:  # lists that fail fast (wire.py's input/output items) stop at the first bad item
+        assert len(detail) == total and all(error["loc"][0] == "body" for error in detail), detail
+        return
     listed, summary = detail[:-1], detail[-1]
     assert 0 < len(listed) <= 20
     assert all(error["loc"][0] == "body" for error in listed), listed[:2]
-    total = _error_count(model, data)
     assert summary["type"] == "too_many_errors"
     assert f"{total} " in summary["msg"] and f"{total - len(listed)} more" in summary["msg"], summary
 
