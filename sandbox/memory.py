@@ -13,14 +13,16 @@ process tree from outside (through the host's /proc, where the program cannot in
 
 Mappings of tmpfs files and of memfds held open are left out of the PSS, so a page held both ways counts once. When
 the total passes the limit, every process of the program is killed and the run is reported `oom`. A cheap upper
-bound comes first (resident sizes from `statm` plus the files), so the per-mapping count (`smaps`) is only read for
-runs near their limit. The sandbox's init and its launcher (the batch supervisor or session kernel) are spared, so a
-batch goes on with its next case and a session survives; in direct mode the launcher is the program, and goes too.
+bound comes first (resident sizes from `statm` plus the files), so PSS (`smaps_rollup`) is only read for runs near
+their limit, and the per-mapping list (`smaps`) only for their processes that map shared memory. The sandbox's
+init and its launcher (the batch supervisor or session kernel) are spared, so a batch goes on with its next case and
+a session survives; in direct mode the launcher is the program, and goes too.
 What it kills does not free the files the program left in its tmpfs: a batch's next case that starts over the limit
 is killed at once.
 
-Not counted (bounded elsewhere or small): SysV shared memory detached from every process, memfds whose only
-reference is in flight in a unix socket, pipe and socket buffers, kernel memory.
+Not counted (only a cgroup memory controller would see them; none can be delegated on hosts with cgroup v1): SysV
+shared memory that no process has attached, memfds whose only reference is in flight in a unix socket, pipe and
+socket buffers, kernel memory. Memory allocated faster than the sampling sees it is caught at the next sample.
 """
 
 from __future__ import annotations
@@ -137,8 +139,14 @@ def _shmem_files(pids: list[int]) -> dict[int, int]:
 
 def _mapped(pid: int, counted_devices: set[int], counted_shmem: set[int]) -> int:
     """The PSS of the process's mappings, except those of files on `counted_devices` (the run's tmpfs mounts) and
-    of the shared-memory files `counted_shmem` (held open): those are counted by their size. Resident size if
-    /proc/<pid>/smaps is unreadable."""
+    of the shared-memory files `counted_shmem` (held open): those are counted by their size. The per-mapping list
+    (`smaps`, slow) is read only when the process maps shared memory at all (`smaps_rollup`'s Pss_Shmem)."""
+    rollup = _rollup(pid)
+    if rollup is None:
+        return _resident(pid)
+    pss, pss_shmem = rollup
+    if not pss_shmem:
+        return pss
     total, skip = 0, False
     try:
         with open(f"/proc/{pid}/smaps") as smaps:
@@ -152,8 +160,24 @@ def _mapped(pid: int, counted_devices: set[int], counted_shmem: set[int]) -> int
                 device, inode = os.makedev(major, minor), int(parts[4])
                 skip = device in counted_devices or (device == SHMEM_DEVICE and inode in counted_shmem)
     except (OSError, IndexError, ValueError):
-        return _resident(pid)
+        return pss
     return total
+
+
+def _rollup(pid: int) -> tuple[int, int] | None:
+    """(Pss, Pss_Shmem) in bytes from /proc/<pid>/smaps_rollup; None if unreadable."""
+    fields = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                name, _, rest = line.partition(":")
+                if name in ("Pss", "Pss_Shmem"):
+                    fields[name] = int(rest.split()[0]) << 10
+    except (OSError, IndexError, ValueError):
+        return None
+    if "Pss" not in fields:
+        return None
+    return fields["Pss"], fields.get("Pss_Shmem", fields["Pss"])  # kernels before 5.7 do not say: read smaps
 
 
 def _tree(root: int) -> list[int]:
