@@ -104,6 +104,7 @@ GLOBAL_KEYS = frozenset(
     {
         "policy_base_url", "policy_api_key", "policy_model_name", "global_aiohttp_connector_limit",
         "global_aiohttp_connector_limit_per_host", "uvicorn_logging_show_200_ok", "restart_crashed_servers",
+        "exit_on_server_failure",
     }
 )  # fmt: skip
 CLI_SOURCE = "the command line"

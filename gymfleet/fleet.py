@@ -5,8 +5,19 @@ its own process group; each child asks the kernel to kill it if the supervisor d
 prefixed `(<instance>) ` and the last lines of each are kept, so a server that dies is reported with its own last
 words. `start()` returns once every instance answers `GET /` as this fleet's own server (the fleet's random token
 and the instance name in its headers, see `gymfleet.server`; another process on the same port never counts) and
-every upstream `base_url` answers, if configured; `poll()` raises `ServerCrashedError` if anything died;
-`shutdown()` stops everything within seconds (SIGTERM, then SIGKILL to the whole process group).
+every upstream `base_url` answers, if configured; `shutdown()` stops everything within seconds (SIGTERM, then
+SIGKILL to the whole process group).
+
+A fleet outlives its parts (ARCHITECTURE decision 5b). Once started, a watcher thread restarts a server that dies:
+its whole process group is killed (workers of `num_workers > 1` too), and once its port is free again it is started
+on the SAME port, so clients and the head server's published addresses stay valid; calls in flight to it fail as
+the client's typed failures (`connection_error`) while the other servers keep serving. Each crash is reported once
+(name, exit code or signal, attempt n/N, last output lines) and so is each return. Restarts back off exponentially
+(1 s, 2 s, 4 s, ... capped at 30 s) and each server gets `restart_crashed_servers` (default 5) within 10 minutes; a
+server that dies past that budget, or does not answer within 180 s of a restart, cannot be brought back: `poll()`
+raises `ServerCrashedError` for it (a `PortInUseError` if its port was taken meanwhile) and `ng_run` stops the
+fleet. `exit_on_server_failure: true` (or `restart_crashed_servers: 0`) restores stop-at-the-first-crash. The head
+server's `/server_instances` shows each instance's `status` (starting, running, restarting, failed) and `restarts`.
 
 A port taken by another process (checked before anything is spawned, and again when a child fails to bind) is a
 `PortInUseError` naming the port, its YAML path and the `++path=<free port>` override. The children read the
@@ -61,6 +72,16 @@ log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
 POLL_INTERVAL_S = 0.2
+DEFAULT_RESTARTS = 5
+"""Restarts each server gets within `RESTART_WINDOW_S` unless `restart_crashed_servers` says otherwise."""
+RESTART_WINDOW_S = 600.0
+RESTART_BACKOFF_S = 1.0
+"""Wait before the first restart of a server in the window; doubles with each further one."""
+RESTART_BACKOFF_CAP_S = 30.0
+RESTART_READY_TIMEOUT_S = 180.0
+"""A restarted server that does not answer `GET /` within this long counts as crashed again."""
+PORT_FREE_TIMEOUT_S = 10.0
+"""How long a restart waits for the dead server's port to be free before it gives up."""
 
 
 class ServerCrashedError(GymfleetError, RuntimeError):
@@ -69,12 +90,25 @@ class ServerCrashedError(GymfleetError, RuntimeError):
 
 @dataclass
 class _Child:
+    """One supervised server instance; kept across restarts (its `process` is replaced)."""
+
     instance: ServerInstance
     process: subprocess.Popen
     start_time: float
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     restarts: int = 0
+    """Restarts done so far (all time)."""
     ready: bool = False
+    state: str = "starting"
+    """starting (first start), running, restarting (dead and due back, or back and not answering yet), failed."""
+    crashes: collections.deque = field(default_factory=collections.deque)
+    """Monotonic times of the crashes restarted within the last `RESTART_WINDOW_S`."""
+    restart_at: float | None = None
+    """When a dead server is due to be started again (monotonic); None while a process is meant to run."""
+    deadline: float = 0.0
+    """While restarting: when waiting for its port (before the spawn) or its answer (after) gives up."""
+    failure: GymfleetError | None = None
+    """Why it cannot be brought back (state failed)."""
 
 
 class Fleet:
@@ -83,8 +117,8 @@ class Fleet:
     def __init__(self, config: GlobalConfig, *, output: IO[str] | None = None, max_restarts: int | None = None):
         self.config = config
         self.output = output or sys.stdout
-        restarts = config.data.get("restart_crashed_servers", 0)
-        self.max_restarts = int(restarts if max_restarts is None else max_restarts)
+        self.max_restarts = _restart_budget(config) if max_restarts is None else max_restarts
+        """Restarts each server gets within `RESTART_WINDOW_S`; 0 when `exit_on_server_failure` is set."""
         self.children: dict[str, _Child] = {}
         self._head: uvicorn.Server | None = None
         self._head_thread: threading.Thread | None = None
@@ -99,7 +133,11 @@ class Fleet:
         log_dir = config.data.get("nemo_gym_log_dir")
         self.log_dir = Path(log_dir) if log_dir else None
         self._stopping = False
+        self._started = False
         self._lock = threading.Lock()
+        self._supervise_lock = threading.RLock()
+        self._wake = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     # ------------------------------------------------------------------------------------------ start
 
@@ -124,6 +162,9 @@ class Fleet:
         except BaseException:
             self.shutdown()
             raise
+        self._started = True
+        self._watcher = threading.Thread(target=self._watch, name="fleet-watcher", daemon=True)
+        self._watcher.start()
         total = len(self.children)
         self._say(
             f"All {total} / {total} servers ready! Head server: http://{self.config.head_host}:{self.config.head_port}"
@@ -162,7 +203,13 @@ class Fleet:
                 raise ServerCrashedError("head server did not start within 10s")
             time.sleep(0.02)
 
-    def _spawn(self, instance: ServerInstance, restarts: int = 0) -> None:
+    def _spawn(self, instance: ServerInstance) -> None:
+        """Start `instance` for the first time."""
+        self.children[instance.name] = _Child(instance, self._popen(instance), time.time())
+        self._start_pump(self.children[instance.name])
+
+    def _popen(self, instance: ServerInstance) -> subprocess.Popen:
+        """The server process of `instance`, in its own process group, output piped to the supervisor."""
         command = [
             sys.executable,
             "-m",
@@ -178,7 +225,7 @@ class Fleet:
         ]
         # Secrets and the fleet token go in the child's environment: not on disk, not in `ps` (owner-only).
         env = {**os.environ, SECRETS_ENV: self._secrets_env, FLEET_TOKEN_ENV: self.token}
-        process = subprocess.Popen(
+        return subprocess.Popen(
             command,
             env=env,
             stdout=subprocess.PIPE,
@@ -189,17 +236,19 @@ class Fleet:
             bufsize=1,
             errors="replace",
         )
-        child = _Child(instance, process, time.time(), restarts=restarts)
-        self.children[instance.name] = child
-        threading.Thread(target=self._pump, args=(child,), name=f"log-{instance.name}", daemon=True).start()
 
-    def _pump(self, child: _Child) -> None:
+    def _start_pump(self, child: _Child) -> None:
+        """Copy the output of `child`'s current process to the fleet's output (or its log file) and its tail."""
+        name = f"log-{child.instance.name}"
+        threading.Thread(target=self._pump, args=(child, child.process), name=name, daemon=True).start()
+
+    def _pump(self, child: _Child, process: subprocess.Popen) -> None:
         sink = None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             sink = open(self.log_dir / f"{child.instance.name}.log", "a")  # noqa: SIM115
         try:
-            for line in child.process.stdout:
+            for line in process.stdout:
                 child.tail.append(line.rstrip("\n"))
                 if sink:
                     sink.write(line)
@@ -207,7 +256,7 @@ class Fleet:
                 else:
                     self._say(f"({child.instance.name}) {line.rstrip()}")
         finally:
-            child.process.stdout.close()
+            process.stdout.close()
             if sink:
                 sink.close()
 
@@ -216,22 +265,31 @@ class Fleet:
             print(text, file=self.output, flush=True)
 
     def _wait_ready(self, timeout_s: float) -> None:
+        """Return once every server answers. While starting, any exit raises; once started, crashed servers are
+        restarted (see `poll()`) and waited for, and only one that cannot be brought back raises."""
         deadline = time.monotonic() + timeout_s
-        pending = dict(self.children)
-        while pending:
-            for name, child in list(pending.items()):
-                self._check_alive(child)
-                if _is_own_server(child.instance.url, self.token, name):
-                    child.ready = True
-                    del pending[name]
-            if pending and time.monotonic() > deadline:
-                names = ", ".join(sorted(pending))
+        while pending := self._not_ready():
+            if time.monotonic() > deadline:
+                names = ", ".join(sorted(child.instance.name for child in pending))
                 raise ServerCrashedError(
-                    f"servers not ready after {timeout_s:g}s: {names}"
-                    + "".join(self._tail_text(c) for c in pending.values())
+                    f"servers not ready after {timeout_s:g}s: {names}" + "".join(self._tail_text(c) for c in pending)
                 )
-            if pending:
-                time.sleep(POLL_INTERVAL_S)
+            time.sleep(POLL_INTERVAL_S)
+
+    def _not_ready(self) -> list[_Child]:
+        """The servers that do not answer yet (marking those that now do)."""
+        if self._started:
+            self.poll()
+            return [child for child in self.children.values() if child.state != "running"]
+        pending = []
+        for child in self.children.values():
+            if not child.ready:
+                self._check_alive(child)
+                if _is_own_server(child.instance.url, self.token, child.instance.name):
+                    child.ready, child.state = True, "running"
+                else:
+                    pending.append(child)
+        return pending
 
     def _wait_model_endpoints(self) -> None:
         timeout_s = float(self.config.data.get("model_endpoint_readiness_timeout_seconds", 600))
@@ -257,6 +315,7 @@ class Fleet:
         return f"\n  last output of {child.instance.name}:\n{lines}"
 
     def _check_alive(self, child: _Child) -> None:
+        """While the fleet starts: raise if `child` exited (`PortInUseError` for a taken port)."""
         code = child.process.poll()
         if code is None:
             return
@@ -264,46 +323,148 @@ class Fleet:
             raise PortInUseError(child.instance.port, f"{child.instance.path}.port")
         time.sleep(0.1)  # let the log pump drain the last lines
         raise ServerCrashedError(
-            f"server {child.instance.name!r} exited unexpectedly with code {code}" + self._tail_text(child)
+            f"server {child.instance.name!r} exited unexpectedly with {_exit_text(code)}" + self._tail_text(child)
         )
 
     def poll(self) -> None:
-        """Raise `ServerCrashedError` if the head server or any instance died (restarting it if configured)."""
+        """Restart any server that died (see the module docstring); raise if one cannot be brought back.
+
+        Raises:
+            ServerCrashedError: the head server died, or a server died past its restart budget (or at all, with
+                `exit_on_server_failure`), or did not answer after a restart; its last output lines are included.
+            PortInUseError: a dead server's port was taken by another process before it could be restarted.
+        """
         if self._head_thread is not None and not self._head_thread.is_alive():
             raise ServerCrashedError("the head server thread died")
-        for child in list(self.children.values()):
-            try:
-                self._check_alive(child)
-            except ServerCrashedError as exc:
-                if child.restarts >= self.max_restarts:
-                    raise
-                self._say(f"{exc}\nrestarting {child.instance.name} ({child.restarts + 1}/{self.max_restarts})")
-                _signal_group(child.process, signal.SIGKILL)  # its workers (num_workers > 1) still hold the port
-                child.process.wait()
-                self._spawn(child.instance, child.restarts + 1)
+        with self._supervise_lock:
+            if self._stopping:
+                return
+            if not self._started:
+                for child in self.children.values():
+                    self._check_alive(child)
+                return
+            self._supervise()
+            failed = [child.failure for child in self.children.values() if child.failure is not None]
+        if failed:
+            raise failed[0]
 
     def run_forever(self, interval_s: float = 1.0) -> None:
-        """Block, polling, until a server dies (raises) or the process is told to stop."""
+        """Block, polling, until a server cannot be brought back (raises) or the process is told to stop."""
         while not self._stopping:
             self.poll()
             time.sleep(interval_s)
 
+    def _watch(self) -> None:
+        """The watcher thread: supervise every `POLL_INTERVAL_S` until shutdown, whether anyone polls or not."""
+        while not self._wake.wait(POLL_INTERVAL_S):
+            with self._supervise_lock:
+                if self._stopping:
+                    return
+                try:
+                    self._supervise()
+                except Exception:  # a bug here must not end supervision silently; poll() would raise it again
+                    log.exception("fleet watcher: supervising the servers failed")
+
+    def _supervise(self) -> None:
+        """One round: notice crashes, start servers whose backoff is over, mark restarted servers that answer."""
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.state == "failed":
+                continue
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._respawn(child, now)
+                continue
+            code = child.process.poll()
+            if code is not None:
+                self._crashed(child, _exit_text(code), code == EXIT_PORT_IN_USE, now)
+            elif child.state == "restarting":
+                if _is_own_server(child.instance.url, self.token, child.instance.name):
+                    child.state = "running"
+                    self._say(f"server {child.instance.name!r} is back on port {child.instance.port} "
+                              f"(restart {len(child.crashes)}/{self.max_restarts})")
+                elif now > child.deadline:
+                    _signal_group(child.process, signal.SIGKILL)
+                    self._crashed(child, f"no answer within {RESTART_READY_TIMEOUT_S:g}s of its restart", False, now)
+
+    def _crashed(self, child: _Child, how: str, port_taken: bool, now: float) -> None:
+        """Handle a server found dead (`how`: its exit code or signal): schedule its restart, or mark it failed."""
+        name = child.instance.name
+        _signal_group(child.process, signal.SIGKILL)  # its workers (num_workers > 1) would still hold the port
+        child.process.wait()
+        time.sleep(0.1)  # let the log pump drain the last lines
+        while child.crashes and now - child.crashes[0] > RESTART_WINDOW_S:
+            child.crashes.popleft()
+        what = f"server {name!r} exited unexpectedly with {how}"
+        if port_taken:
+            what = f"server {name!r} could not listen: port {child.instance.port} is taken ({how})"
+        if len(child.crashes) >= self.max_restarts:
+            child.state, child.restart_at = "failed", None
+            if port_taken:
+                child.failure = PortInUseError(child.instance.port, f"{child.instance.path}.port")
+            else:
+                child.failure = ServerCrashedError(what + self._no_restart_reason(child) + self._tail_text(child))
+            return
+        child.crashes.append(now)
+        attempt = len(child.crashes)
+        delay = min(RESTART_BACKOFF_CAP_S, RESTART_BACKOFF_S * 2 ** (attempt - 1))
+        child.state, child.restart_at, child.deadline = "restarting", now + delay, now + delay + PORT_FREE_TIMEOUT_S
+        self._say(f"{what}; restarting it in {delay:g}s (attempt {attempt}/{self.max_restarts} within "
+                  f"{RESTART_WINDOW_S:g}s); the other servers keep serving" + self._tail_text(child))
+
+    def _no_restart_reason(self, child: _Child) -> str:
+        if self.max_restarts == 0:
+            key = "exit_on_server_failure=true" if _exit_on_failure(self.config) else "restart_crashed_servers=0"
+            return f"; not restarted ({key}): stopping the fleet"
+        return (f"; it was restarted {len(child.crashes)} time(s) within {RESTART_WINDOW_S:g}s, the limit "
+                f"(restart_crashed_servers={self.max_restarts}): it cannot be brought back, stopping the fleet")
+
+    def _respawn(self, child: _Child, now: float) -> None:
+        """Start a dead server again on its own port, once the port is free (give up when it stays taken)."""
+        instance = child.instance
+        try:
+            bind_socket(instance.host, instance.port, f"{instance.path}.port").close()
+        except PortInUseError as exc:
+            if now < child.deadline:
+                child.restart_at = now + POLL_INTERVAL_S
+                return
+            child.state, child.restart_at, child.failure = "failed", None, exc
+            return
+        child.process = self._popen(instance)
+        child.start_time = time.time()
+        child.restarts += 1
+        child.restart_at, child.deadline = None, now + RESTART_READY_TIMEOUT_S
+        self._start_pump(child)
+
     def process_table(self) -> dict[str, dict[str, Any]]:
+        """Per instance: `pid`, `start_time`, `status` (starting, running, restarting, failed) and `restarts`."""
         return {
             name: {
                 "pid": child.process.pid,
                 "start_time": child.start_time,
-                "status": "running" if child.process.poll() is None else f"exited({child.process.returncode})",
+                "status": self._status(child),
+                "restarts": child.restarts,
             }
             for name, child in self.children.items()
         }
+
+    def _status(self, child: _Child) -> str:
+        if child.state in ("running", "starting") and child.process.poll() is not None:
+            # Dead, and the watcher has not handled it yet: say what it will do.
+            budget_left = self._started and not self._stopping and len(child.crashes) < self.max_restarts
+            return "restarting" if budget_left else "failed"
+        return child.state
 
     # ------------------------------------------------------------------------------------------ stop
 
     def shutdown(self, grace_s: float = 5.0) -> None:
         """Stop every instance (SIGTERM, then SIGKILL to the process group) and the head server, and remove the
         work folder. Safe to call more than once."""
-        self._stopping = True
+        with self._supervise_lock:  # no restart may start while (or after) the fleet stops
+            self._stopping = True
+        self._wake.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(10)
         for child in self.children.values():
             _signal_group(child.process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -349,6 +510,46 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True
     return True
+
+
+def _restart_budget(config: GlobalConfig) -> int:
+    """Restarts per server within `RESTART_WINDOW_S`: `restart_crashed_servers`, or 0 with `exit_on_server_failure`.
+
+    Raises:
+        ConfigError: either key has a value of the wrong type, named with the fix.
+    """
+    if _exit_on_failure(config):
+        return 0
+    value = config.data.get("restart_crashed_servers", DEFAULT_RESTARTS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"restart_crashed_servers: expected a whole number >= 0, got {value!r}",
+            path="restart_crashed_servers",
+            hint=f"Use +restart_crashed_servers=N (restarts per server within {RESTART_WINDOW_S:g}s; default "
+            f"{DEFAULT_RESTARTS}), or +exit_on_server_failure=true to stop the fleet at the first crash.",
+        )
+    return value
+
+
+def _exit_on_failure(config: GlobalConfig) -> bool:
+    value = config.data.get("exit_on_server_failure", False)
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"exit_on_server_failure: expected true or false, got {value!r}",
+            path="exit_on_server_failure",
+            hint="Use +exit_on_server_failure=true to stop the fleet when a server dies (default false: restart it).",
+        )
+    return value
+
+
+def _exit_text(code: int) -> str:
+    """`code -9 (SIGKILL)` for a process killed by a signal, `code 3` otherwise."""
+    if code < 0:
+        try:
+            return f"code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"code {code}"
+    return f"code {code}"
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -4,7 +4,9 @@
 `host` and `port` filled in for every instance (NeMo-Gym clients `json.loads` it, then `OmegaConf.create` it).
 For each agent it also publishes an `environment_servers` entry pointing at the agent itself, which is how
 NeMo-Gym 0.7's rollout client reaches agents (`spec/protocol.md`, addendum). `GET /server_instances` lists the
-instances with their process ids and liveness.
+instances with their process ids, `status` (starting, running, restarting, failed) and `restarts` (how often the
+supervisor restarted a crashed one); `GET /metrics` counts those restarts as
+`gymfleet_server_restarts_total{instance=...}` (Prometheus text).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from typing import Any
 import orjson
 import yaml
 from fastapi import FastAPI
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from gymfleet.config import GlobalConfig
 from gymfleet.config_merge import mask_secrets
+from gymfleet.metrics import fleet_registry
 
 
 def published_config(config: GlobalConfig) -> dict[str, Any]:
@@ -46,9 +51,11 @@ def published_config(config: GlobalConfig) -> dict[str, Any]:
 
 
 def create_head_app(config: GlobalConfig, processes: Callable[[], dict[str, dict[str, Any]]] | None = None) -> FastAPI:
-    """The head server app. `processes()` returns per-instance `{pid, start_time, status}` from the supervisor."""
+    """The head server app. `processes()` returns per-instance `{pid, start_time, status, restarts}` from the
+    supervisor."""
     app = FastAPI(title="gymfleet head server", docs_url=None, redoc_url=None)
     config_yaml = orjson.dumps(yaml.safe_dump(published_config(config), sort_keys=False))
+    registry = fleet_registry(processes or dict)
 
     @app.get("/")
     async def liveness() -> dict[str, str]:
@@ -80,8 +87,13 @@ def create_head_app(config: GlobalConfig, processes: Callable[[], dict[str, dict
                     "start_time": started,
                     "status": state.get("status", "unknown"),
                     "uptime_seconds": time.time() - started if started else None,
+                    "restarts": state.get("restarts", 0),
                 }
             )
         return rows
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -1,13 +1,17 @@
 """Prometheus metrics for every server: requests and latency per route, requests in flight, failures by class.
 
-Each app gets its own registry (so tests can build many apps in one process); `GET /metrics` renders it.
+Each app gets its own registry (so tests can build many apps in one process); `GET /metrics` renders it. The head
+server's registry (`fleet_registry`) counts the supervisor's restarts of crashed servers, per instance.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
@@ -33,6 +37,28 @@ class ServerMetrics:
 
     async def endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _RestartsCollector:
+    """`gymfleet_server_restarts_total{instance}`, read from the supervisor's process table at each scrape."""
+
+    def __init__(self, processes: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self.processes = processes
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "gymfleet_server_restarts", "Restarts of crashed servers by the fleet supervisor", labels=["instance"]
+        )
+        for name, state in sorted(self.processes().items()):
+            family.add_metric([name], state.get("restarts", 0))
+        yield family
+
+
+def fleet_registry(processes: Callable[[], dict[str, dict[str, Any]]]) -> CollectorRegistry:
+    """The head server's registry; `processes()` gives per instance a dict with `restarts` (see `Fleet`)."""
+    registry = CollectorRegistry()
+    registry.register(_RestartsCollector(processes))
+    return registry
 
 
 class MetricsMiddleware:

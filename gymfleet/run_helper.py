@@ -18,7 +18,9 @@ check and `shutdown()` at the end (`spec/protocol.md` §6.2). Config semantics i
   `gymfleet.config.client_limits`); `uv_venv_dir`, `uv_cache_dir`, `skip_venv_if_present` are accepted and unused
   (one Python environment serves the whole fleet), and unknown top-level scalars (`num_gpu_nodes`) are ignored;
 - `dry_run: true` validates the config and builds every server in this process, then returns without starting
-  anything.
+  anything;
+- a server that dies is restarted on its own port and `poll()` raises only when one cannot be brought back
+  (`restart_crashed_servers`, `exit_on_server_failure`: see `poll()`).
 
 `get_global_config_dict()` (NeMo-Gym's `nemo_gym.global_config.get_global_config_dict`, which newer NeMo-RL calls
 after `start()` to list the entries it spawned) returns the resolved config of the last `start()` in this process.
@@ -94,8 +96,17 @@ class RunHelper:
                                 port=self.config.head_port)
 
     def poll(self) -> None:
-        """Raise `ServerCrashedError` if the head server or any server process died (NeMo-RL's health check),
-        or `PortInUseError` if a restarted server found its port taken."""
+        """NeMo-RL's health check: restart any server that died, raise only for one that cannot be brought back.
+
+        A watcher thread restarts crashed servers on their own ports whether or not `poll()` is called; the policy
+        (`restart_crashed_servers`, default 5 restarts per server within 10 minutes, backoff 1 s, 2 s, 4 s, ...;
+        `exit_on_server_failure: true` to raise at the first crash) is `gymfleet.fleet`'s.
+
+        Raises:
+            ServerCrashedError: the head server died, or a server died past its restart budget, or did not answer
+                after a restart (a RuntimeError too, as NeMo-Gym's `poll()` raises).
+            PortInUseError: a crashed server's port was taken by another process before it could be restarted.
+        """
         if self._fleet is not None:
             self._fleet.poll()
 

@@ -65,6 +65,7 @@ def test_server_instances_lists_live_processes(fleet):
     assert {row["process_name"] for row in rows} == {"policy_model", "mcqa", "mcqa_simple_agent", "scripted_llm"}
     for row in rows:
         assert row["status"] == "running" and psutil.pid_exists(row["pid"])
+        assert row["restarts"] == 0
 
 
 def test_a_nemo_gym_client_runs_a_rollout_through_the_head_server(fleet):
@@ -83,13 +84,13 @@ def test_metrics_count_requests(fleet):
     assert "gymfleet_requests_in_flight" in text and "gymfleet_request_seconds" in text
 
 
-def test_crashed_server_is_reported_with_its_last_output_and_shutdown_leaves_no_orphans():
-    with running_fleet([QUICKSTART]) as fleet:
+def test_with_exit_on_server_failure_a_crash_is_reported_with_its_last_output_and_shutdown_leaves_no_orphans():
+    with running_fleet([QUICKSTART], {"exit_on_server_failure": True}) as fleet:
         victim = fleet.children["mcqa"].process
         pids = [child.process.pid for child in fleet.children.values()]
         victim.kill()
         victim.wait(5)
-        with pytest.raises(ServerCrashedError, match="'mcqa' exited unexpectedly"):
+        with pytest.raises(ServerCrashedError, match="'mcqa' exited unexpectedly.*exit_on_server_failure=true"):
             fleet.poll()
     time.sleep(0.2)
     assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
@@ -101,8 +102,8 @@ def test_configured_restart_brings_a_server_back():
         old.kill()
         old.wait(5)
         fleet.poll()
-        assert fleet.children["mcqa"].process.pid != old.pid
-        fleet._wait_ready(30)
+        fleet._wait_ready(60)  # waits through the restart's backoff
+        assert fleet.children["mcqa"].process.pid != old.pid and fleet.children["mcqa"].restarts == 1
         assert httpx.get(fleet.config.instance("mcqa").url + "/").status_code == 200
 
 
@@ -179,6 +180,7 @@ def test_ng_status_lists_every_instance_as_live(fleet):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "4 / 4 live" in out.stdout
+    assert out.stdout.splitlines()[0].split()[-3:] == ["STATUS", "RESTARTS", "LIVE"]
     for name in ("policy_model", "mcqa", "mcqa_simple_agent", "scripted_llm"):
         assert name in out.stdout
 

@@ -1,7 +1,10 @@
 """`ng_run "+config_paths=[a.yaml,b.yaml]" [+key=value ...]`: start the head server and every server; block.
 
 Ctrl-C or SIGTERM stops everything within seconds. A server that dies is reported with its last output lines and
-the whole fleet is shut down (exit code 1), unless `+restart_crashed_servers=N` allows N restarts per server.
+restarted on its own port (backing off 1 s, 2 s, 4 s, ...) while the others keep serving; `ng_status` shows its
+restarts. Each server gets `+restart_crashed_servers=N` restarts within 10 minutes (default 5); one that dies past
+that, or does not come back, stops the whole fleet with one message (exit code 1). `+exit_on_server_failure=true`
+stops the fleet at the first crash.
 
 `+dry_run=true` resolves and validates the config (every server's fields against its config class, every server
 reference), prints the plan (each instance, where it would listen, what it talks to) and starts nothing.
@@ -24,11 +27,11 @@ def _run(argv: list[str]) -> int:
         print(__doc__)
         return 0
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv))
-    reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers"))
+    reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers", "exit_on_server_failure"))
     if config.data.get("dry_run"):
         print(dry_run(config), flush=True)
         return 0
-    fleet = Fleet(config)
+    fleet = Fleet(config)  # checks restart_crashed_servers and exit_on_server_failure
 
     def stop(signum, frame):
         raise KeyboardInterrupt

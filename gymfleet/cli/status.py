@@ -1,7 +1,9 @@
 """`ng_status [+head_server.host=H +head_server.port=P] [+json=true]`: the fleet's instances, live or not.
 
 Prints a table, or with `+json=true` one JSON object: `{"head_server": url, "live": n, "total": n, "instances":
-[{process_name, server_type, name, url, pid, live}, ...]}`. Exit code 0 when every instance answers, else 1.
+[{process_name, server_type, name, url, pid, status, restarts, live, ...}, ...]}` (each instance as the head server's
+`/server_instances` lists it, plus `live`). RESTARTS counts how often the fleet restarted a crashed server; STATUS
+is the supervisor's view (running, restarting, failed). Exit code 0 when every instance answers, else 1.
 """
 
 from __future__ import annotations
@@ -57,10 +59,10 @@ def _is_live(url: str) -> bool:
 
 
 def _print_table(instances: list[dict], live: list[bool], head: str) -> None:
-    rows = [("INSTANCE", "TYPE", "IMPL", "URL", "PID", "LIVE")]
+    rows = [("INSTANCE", "TYPE", "IMPL", "URL", "PID", "STATUS", "RESTARTS", "LIVE")]
     for item, up in zip(instances, live, strict=True):
         rows.append((item["process_name"], item["server_type"], item["name"], item["url"], str(item["pid"]),
-                     "yes" if up else "NO"))
+                     str(item.get("status", "-")), str(item.get("restarts", "-")), "yes" if up else "NO"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
