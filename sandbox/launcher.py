@@ -11,10 +11,24 @@ Protocol (the service is trusted; the program under test is not):
   request (`mode` "run" or "session", `language`, `code`, `archive`, `files`, `cases`, limits); in session mode
   each further frame is one `exec`.
 - launcher -> service, on stdout: `@@GF-READY` once it is up (before any model code runs, so anything odd after it
-  is the program's doing, never the infrastructure's), then one result per case or exec:
+  is the program's doing, never the infrastructure's), then one result per case or exec (none in direct mode):
   `@@GF-RESULT <kind> <code> <duration_us> <cpu_us> <stdout_len> <stderr_len> <flags>\\n<stdout><stderr>`; kind
   0 = exited with `code`, 1 = killed by signal `code`, 2 = past its wall-clock limit, 3 = could not be set up
-  (message in stderr); flags bit 0/1 = stdout/stderr truncated.
+  (message in stderr); flags bit 0/1 = stdout/stderr truncated, bit 2 (`SESSION_ENDED`) = the session's kernel ended
+  the session with this exec (`sandbox.kernel`).
+
+The protocol descriptors are the supervisor's alone; the program under test never holds one, so it cannot write a
+result frame of its own (a forged status or an extra frame that would shift every later result):
+
+- a single Python run ("direct" mode) runs the program in this very process, so the launcher closes every descriptor
+  but the program's stdin, stdout and stderr before it starts, and reports nothing afterwards: the service reads the
+  outcome from the sandbox's exit status (bwrap exits with the program's status, or 128 + the signal that ended
+  it) and measures the duration itself;
+- batches fork each case with only its own three descriptors; sessions run their code in a worker process that has
+  none (`sandbox.kernel`);
+- the supervisor (batch launcher, session kernel) makes itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`, through
+  `_ctypes` because `ctypes` costs ~14 ms to import, `_ctypes` ~0.7), so a case running as the same uid cannot
+  ptrace it, open its `/proc/<pid>/mem` or reopen its descriptors through `/proc/<pid>/fd`.
 
 Limits: `timeout_s` is each process's CPU time (RLIMIT_CPU, whole seconds), `wall_timeout_s` the case's wall-clock
 deadline, enforced here by killing the case.
@@ -48,6 +62,8 @@ STUB = (
 READY = b"@@GF-READY\n"
 EXITED, SIGNALED, TIMED_OUT, SETUP_FAILED = 0, 1, 2, 3
 SIGKILL = 9
+SESSION_ENDED = 4
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 DRAIN_AFTER_EXIT_S = 1.0
 CHUNK = 65536
 
@@ -63,6 +79,8 @@ def main():
     if request is None:
         return
     try:
+        if request["mode"] != "direct":  # a supervisor: the program must not reach into it (the module's docstring)
+            prctl(PR_SET_DUMPABLE, 0)
         posix.chdir(request["workdir"])
         if request.get("archive"):
             extract_archive(request["workdir"], request["archive"])
@@ -73,7 +91,7 @@ def main():
         send_result(proto_out, SETUP_FAILED, 0, 0, 0, b"", describe(exc).encode(), 0)
         return
     if request["mode"] == "direct":
-        run_direct(request, program, request["cases"][0], proto_out)
+        run_direct(request, program, request["cases"][0])
     if request["mode"] == "session":
         namespace = type(sys)("launcher")
         namespace.__dict__.update(globals())
@@ -110,25 +128,23 @@ class Program:
             self.error = exc
 
 
-def run_direct(request, program, case, proto_out):
+def run_direct(request, program, case):
     """Run the only case of a Python run in this very process (no fork), on the service's own stdout and stderr
-    pipes; report its exit status, then end. A signal that ends the program ends us: bwrap's status reports it."""
+    pipes, then end with its exit status. Nothing is reported on the protocol channel: the program holds no
+    descriptor but its stdin, stdout and stderr (so it cannot forge a result), and bwrap's exit status says how it
+    ended (a signal that ends the program ends us: bwrap exits with 128 + the signal)."""
     stdin_fd = _stdin(case)
     for target, fd in enumerate((stdin_fd, request["stdout_fd"], request["stderr_fd"])):
         posix.dup2(fd, target)
-        posix.close(fd)
+    posix.closerange(3, 1 << 20)  # the protocol descriptors included
     set_limits(request)
-    start = time.monotonic()
     launcher_pid = posix.getpid()
     code = run_python(program, case)
-    if posix.getpid() != launcher_pid:  # a copy the program forked (os.fork) ended: only the original reports
+    if posix.getpid() != launcher_pid:  # a copy the program forked (os.fork) ended: only the original decides
         posix._exit(code)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    duration_us = int((time.monotonic() - start) * 1e6)
     for fd in (1, 2):
         posix.close(fd)
     kill_all(request, 0)  # what the program left running would hold its output pipes open
-    send_result(proto_out, EXITED, code, duration_us, int((usage.ru_utime + usage.ru_stime) * 1e6), b"", b"", 0)
     posix._exit(code)
 
 
@@ -362,6 +378,19 @@ def extract_archive(workdir, archive):
             member.mode = (member.mode & 0o755) | (0o700 if member.isdir() else 0o600)
             member.uid, member.gid, member.uname, member.gname = posix.getuid(), posix.getgid(), "", ""
             tar.extract(member, root, set_attrs=not member.issym())
+
+
+def prctl(option, value):
+    """`prctl(option, value)` through `_ctypes` (the `ctypes` package costs ~14 ms to import; this ~0.7 ms).
+
+    Raises:
+        OSError: the call failed.
+    """
+    import _ctypes
+
+    function = _ctypes.dlsym(_ctypes.dlopen(None), "prctl")
+    if _ctypes.call_function(function, (option, value, 0, 0, 0)) != 0:
+        raise OSError(f"prctl({option}, {value}) failed")
 
 
 def send_result(fd, kind, code, duration_us, cpu_us, out, err, flags):

@@ -3,9 +3,11 @@
 A session is created with optional files and limits (its memory limit covers the whole session; its timeout is the
 default per exec). It holds its `memory_mb` of the admission memory budget from creation (waiting in the queue for
 it like a run) until it is deleted, expires or ends: its kernel keeps its memory between execs. Execs of one
-session run one at a time, each holding a run slot like any run, but no more memory. An exec that
-outlives its time limit and cannot be interrupted, or that kills the kernel, ends the session (the result says
-so; the next exec is a 404). Sessions idle longer than `session_idle_timeout_s` are deleted; at most
+session run one at a time, each holding a run slot like any run, but no more memory. The code runs in a worker
+process that cannot reach the protocol, and nothing of it runs between execs (`sandbox.kernel`). An exec that
+outlives its time limit and cannot be interrupted, whose worker dies (`os._exit`, a crash, the memory watch) or
+that spends the session's CPU time (`session_cpu_s`) ends the session, as does one that kills the kernel (the
+result says so; the next exec is a 404). Sessions idle longer than `session_idle_timeout_s` are deleted; at most
 `max_sessions` are open at once (beyond that, 429).
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 from gymfleet.errors import BadRequestError
 from sandbox.admission import Overloaded
+from sandbox.launcher import SESSION_ENDED
 from sandbox.models import ExecRequest, RunResult, SessionRequest
 from sandbox.process import SandboxProcess
 from sandbox.runner import Limits, Runner, decode_archive
@@ -114,9 +117,10 @@ class Sessions:
                 finally:
                     self.runner.memory.unwatch(session.process)
             session.last_used = time.monotonic()
-        if frame is None:
+        if frame is None or frame.flags & SESSION_ENDED:
             await self.delete(session_id)
-            result = result.model_copy(update={"message": f"{result.message}; the session has ended"})
+            message = "; ".join(part for part in (result.message, "the session has ended") if part)
+            result = result.model_copy(update={"message": message})
         self.runner.metrics.observe(request.language, result.status, result.duration_s)
         return result
 

@@ -301,3 +301,123 @@ def test_a_flood_of_runs_is_served(sandbox_url):
     import asyncio
 
     assert asyncio.run(flood()) == ["ok"] * 64
+
+
+# --- Results that cannot be forged (issue 10, item 3) ---------------------------------------------------------------
+# The protocol descriptors are the supervisor's alone: a session's code runs in a worker process without them, every
+# thread and process an exec starts ends when it returns, a one-shot Python run holds none of them, and the
+# supervisor is non-dumpable (see `sandbox.launcher` and `sandbox.kernel`).
+
+# A well-formed result frame with its own stdout, written to every descriptor above stderr (the protocol's, if the
+# program holds it).
+FORGE = ("def forge():\n"
+         "    import os\n"
+         "    frame = b'@@GF-RESULT 0 0 1 1 7 0 0\\nFORGED\\n'\n"
+         "    for fd in range(3, 64):\n"
+         "        try:\n"
+         "            os.write(fd, frame)\n"
+         "        except OSError:\n"
+         "            pass\n")
+
+
+def _session(client, **fields) -> str:
+    created = client.post("/sessions", json=fields)
+    assert created.status_code == 200, created.text
+    return created.json()["session_id"]
+
+
+def _exec(client, session: str, code: str, **fields) -> dict:
+    answer = client.post(f"/sessions/{session}/exec", json={"code": code, **fields})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_a_thread_left_behind_cannot_forge_the_next_result(client):
+    # The thread waits for the next exec to start (a file it writes), then forges a frame while it runs.
+    session = _session(client, timeout_s=5)
+    start_thread = (FORGE + "import os, threading, time\n"
+                    "def later():\n"
+                    "    while not os.path.exists('/workspace/go'):\n"
+                    "        time.sleep(0.01)\n"
+                    "    forge()\n"
+                    "threading.Thread(target=later, daemon=True).start()\n"
+                    "print('started')")
+    try:
+        assert _exec(client, session, start_thread)["stdout"] == "started\n"
+        second = _exec(client, session, "import time\nopen('/workspace/go', 'w').close()\ntime.sleep(0.5)\n"
+                                        "print('second')")
+        assert (second["status"], second["stdout"]) == ("ok", "second\n"), second
+        third = _exec(client, session, "print('third')")
+        assert (third["status"], third["stdout"]) == ("ok", "third\n"), third  # not off by one
+    finally:
+        client.delete(f"/sessions/{session}")
+
+
+def test_an_exec_cannot_forge_its_own_result(client):
+    session = _session(client, timeout_s=5)
+    try:
+        forged = _exec(client, session, FORGE + "forge()\nprint('real')\nraise SystemExit(3)")
+        assert (forged["status"], forged["return_code"], forged["stdout"]) == ("failed", 3, "real\n"), forged
+        assert _exec(client, session, "print('next')")["stdout"] == "next\n"
+    finally:
+        client.delete(f"/sessions/{session}")
+
+
+def test_threads_of_an_exec_do_not_run_between_execs(client):
+    # A thread that spins forever: when its exec returns it is gone, so its counter stands still from then on.
+    session = _session(client, timeout_s=5)
+    spin = ("import threading\ncount = [0]\n"
+            "def spin():\n    while True:\n        count[0] += 1\n"
+            "threading.Thread(target=spin, daemon=True).start()\n"
+            "while count[0] == 0:\n    pass")
+    check = ("import os, threading, time\nbefore = count[0]\ntime.sleep(0.3)\n"
+             "print(count[0] == before, threading.active_count(), len(os.listdir('/proc/self/task')))")
+    try:
+        assert _exec(client, session, spin)["status"] == "ok"
+        assert _exec(client, session, check)["stdout"] == "True 1 1\n"
+        assert _exec(client, session, "count[0] > 0")["stdout"] == "True\n"  # the state itself is kept
+    finally:
+        client.delete(f"/sessions/{session}")
+
+
+def test_processes_of_an_exec_end_with_it(client):
+    session = _session(client, timeout_s=5)
+    leave = ("import subprocess, os\n"
+             "child = subprocess.Popen(['sleep', '600'])\n"
+             "if os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(600)\n    os._exit(0)\n"
+             "pid = child.pid")
+    try:
+        assert _exec(client, session, leave)["status"] == "ok"
+        alive = _exec(client, session, "import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())")
+        assert len(eval(alive["stdout"])) == 3, alive  # the sandbox's init, the kernel, this worker
+    finally:
+        client.delete(f"/sessions/{session}")
+
+
+PROBE_SUPERVISOR = ("import ctypes, os, sys\n"
+                    "target = int(sys.argv[1]) if len(sys.argv) > 1 else 2\n"
+                    "libc = ctypes.CDLL(None, use_errno=True)\n"
+                    "print('ptrace', libc.ptrace(16, target, 0, 0) == 0)\n"
+                    "for path in (f'/proc/{target}/mem', f'/proc/{target}/fd'):\n"
+                    "    try:\n"
+                    "        os.listdir(path) if path.endswith('fd') else open(path, 'rb').close()\n"
+                    "        print('opened', path)\n"
+                    "    except OSError as exc:\n"
+                    "        print('blocked', type(exc).__name__)\n")
+
+
+def test_the_supervisor_cannot_be_traced_or_read(client):
+    session = _session(client, timeout_s=5)
+    try:
+        probed = _exec(client, session, PROBE_SUPERVISOR)  # the kernel is the sandbox's pid 2
+        assert probed["stdout"] == "ptrace False\nblocked PermissionError\nblocked PermissionError\n", probed
+    finally:
+        client.delete(f"/sessions/{session}")
+    code = "import os, sys\nsys.argv.append(str(os.getppid()))\n" + PROBE_SUPERVISOR  # a batch case: its launcher
+    results = client.post("/run_batch", json={"code": code, "cases": [{}, {}]}).json()["results"]
+    assert [r["stdout"] for r in results] == [probed["stdout"]] * 2, results
+
+
+def test_a_crashing_run_cannot_forge_its_exit_status(client):
+    result = run(client, FORGE + "forge()\nimport os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert (result["status"], result["return_code"], result["stdout"]) == ("failed", -11, ""), result
