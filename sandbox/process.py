@@ -11,8 +11,9 @@ is `ProtocolError`, which the caller reports as the program's fault).
 
 Direct mode (one Python case): the launcher runs the program itself instead of forking (a fork of the interpreter
 costs about a millisecond of copied pages), so the program's stdout and stderr are pipes read here, truncated
-at `max_output`; the launcher reports the exit status afterwards, and when a signal ends the program (and with it
-the launcher) bwrap's exit status, 128 + the signal, says which.
+at `max_output`; the program holds no protocol descriptor, so no frame comes after the ready line: bwrap's exit
+status is the outcome (the program's status, or 128 + the signal that ended it; 129-192 read as signals, so a
+normal exit with one of those codes is reported as that signal).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ RESULT_TAG = b"@@GF-RESULT"
 STDERR_KEEP_BYTES = 16384
 HEADER_MAX_BYTES = 256
 KILL_GRACE_S = 2.0
+MAX_SIGNAL = 64
 OUTSIDE_KILL_WAIT_S = 1.0
 """How long a sandbox whose channel closed is given to exit before its exit status is read (`killed_from_outside`)."""
 
@@ -178,7 +180,7 @@ class SandboxProcess:
         if frame is None:
             await self.stop(grace_s=2.0)
             code = self.popen.returncode
-            kind, code = (SIGNALED, code - 128) if code > 128 else (EXITED, code)
+            kind, code = (SIGNALED, code - 128) if 128 < code <= 128 + MAX_SIGNAL else (EXITED, code)
             frame = Frame(kind, code, duration_s, 0.0, b"", b"", 0)
         elif frame.kind == SETUP_FAILED:
             return frame

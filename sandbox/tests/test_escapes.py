@@ -421,3 +421,13 @@ def test_the_supervisor_cannot_be_traced_or_read(client):
 def test_a_crashing_run_cannot_forge_its_exit_status(client):
     result = run(client, FORGE + "forge()\nimport os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
     assert (result["status"], result["return_code"], result["stdout"]) == ("failed", -11, ""), result
+
+
+@pytest.mark.parametrize(("code", "status", "return_code"), [
+    ("import sys; sys.exit(-1)", "failed", 255), ("import sys; sys.exit(200)", "failed", 200),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGABRT)", "failed", -6),
+], ids=["exit-255", "exit-200", "abort"])
+def test_a_runs_status_comes_from_its_exit(client, code, status, return_code):
+    # With no result frame, a single run's outcome is the sandbox's exit status: codes past every signal are exits.
+    result = run(client, code)
+    assert (result["status"], result["return_code"]) == (status, return_code), result
