@@ -393,8 +393,7 @@ class Fleet:
         _signal_group(child.process, signal.SIGKILL)  # its workers (num_workers > 1) would still hold the port
         child.process.wait()
         time.sleep(0.1)  # let the log pump drain the last lines
-        while child.crashes and now - child.crashes[0] > RESTART_WINDOW_S:
-            child.crashes.popleft()
+        _forget_old_crashes(child, now)
         what = f"server {name!r} exited unexpectedly with {how}"
         if port_taken:
             what = f"server {name!r} could not listen: port {child.instance.port} is taken ({how})"
@@ -451,7 +450,9 @@ class Fleet:
     def _status(self, child: _Child) -> str:
         if child.state in ("running", "starting") and child.process.poll() is not None:
             # Dead, and the watcher has not handled it yet: say what it will do.
-            budget_left = self._started and not self._stopping and len(child.crashes) < self.max_restarts
+            now = time.monotonic()  # the head server's thread: read the crashes, leave them to the watcher
+            recent = [at for at in list(child.crashes) if now - at <= RESTART_WINDOW_S]
+            budget_left = self._started and not self._stopping and len(recent) < self.max_restarts
             return "restarting" if budget_left else "failed"
         return child.state
 
@@ -510,6 +511,12 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True
     return True
+
+
+def _forget_old_crashes(child: _Child, now: float) -> None:
+    """Drop `child`'s crashes older than `RESTART_WINDOW_S`: they no longer count against its budget."""
+    while child.crashes and now - child.crashes[0] > RESTART_WINDOW_S:
+        child.crashes.popleft()
 
 
 def _restart_budget(config: GlobalConfig) -> int:
