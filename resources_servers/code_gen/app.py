@@ -2,9 +2,12 @@
 
 ## Task fields
 - `verifier_metadata.unit_tests`: `{inputs: [str], outputs: [str], fn_name: str | null}` (LiveCodeBench format;
-  a JSON string of that object is accepted too). With `fn_name` null each input is the program's stdin and each
-  output its expected stdout; with `fn_name` set each input holds the function's arguments as JSON, one per line,
-  and each output the expected return value as JSON (a method of `class Solution` when the code defines one).
+  a JSON string of that object, nesting at most 100 levels, is accepted too). With `fn_name` null each input is the
+  program's stdin and each output its expected stdout; with `fn_name` set each input holds the function's arguments
+  as JSON, one per line, and each output the expected return value as JSON, at most 100 levels deep (a method of
+  `class Solution` when the code defines one). An input or output may also be a list of lines (strings or numbers),
+  joined with newlines. A row breaking these rules (unequal counts, a deeper value, invalid JSON or a lone surrogate
+  in the string) is a 422 naming `verifier_metadata.unit_tests`.
 - `verifier_metadata.difficulty` (optional): echoed as `difficulty`.
 - Any other field (`hash_id`, `dataset`, `source`, ...) is echoed untouched.
 
@@ -16,17 +19,20 @@ sandbox (`sandbox/`), each in a fresh process with `unit_test_timeout_secs` of C
 test's processes together), after a grader header that pre-imports the usual contest modules (`math`,
 `collections`, `heapq`, ...; recursion limit 50000); the first failing test decides (the first test runs alone,
 the rest only if it passes). Stdin tests run the code as the main program and compare its stdout line by line
-after stripping the output and each line, a line matching exactly or token by token as decimals (`1.0` = `1`).
-Call tests import the code as a module (not `__main__`), call the function (or the `Solution` method) with the
-JSON arguments and compare its return value: equal JSON values (tuples as lists), or floats within 1e-5 relative;
-what the code prints is ignored. Expected outputs never enter the sandbox. A `<think>`/`</think>` tag in the answer
-(or more than one of either in the reasoning summary) scores `reasoning_format_penalty` without running.
+after stripping the output and each line, a line matching exactly or token by token as decimals (`1.0` = `1`; a
+NaN token, quiet or signaling, matches only as the same text). Call tests import the code as a module (not
+`__main__`), call the function (or the `Solution` method) with the JSON arguments and compare its return value:
+equal JSON values (tuples as lists, `1` = `1.0`; a string never equals a number, `"6"` is not `6`), or numbers
+within 1e-5 relative; a value nesting deeper than 100 levels is a wrong answer; what the code prints is ignored.
+Whatever a program prints or returns grades to a reward, never an error. Expected outputs never enter the sandbox.
+A `<think>`/`</think>` tag in the answer (or more than one of either in the reasoning summary) scores
+`reasoning_format_penalty` without running.
 Response fields: `verdict` (`passed`, `empty`, `no_code`, `think_tag_leak`, `wrong_answer`, `timeout`,
 `runtime_error`, `memory_limit`), `failed_test` (index) and `metadata` (what failed: expected vs got, stderr,
-status), `tests_passed`, `tests_total`, plus NeMo-Gym's `extracted_model_output`, `extracted_model_code`, `result`
-(per test run: true, -2 wrong answer, -3 time limit, -4 runtime error), `unit_tests_time_taken`,
-`reasoning_format_violation_rate`, `difficulty`. A sandbox that fails (unreachable, 5xx) makes the row a
-`sandbox_failed` failure, never a 0.
+status, and a wrong answer's `reason`), `tests_passed`, `tests_total`, plus NeMo-Gym's `extracted_model_output`,
+`extracted_model_code`, `result` (per test run: true, -2 wrong answer, -3 time limit, -4 runtime error),
+`unit_tests_time_taken`, `reasoning_format_violation_rate`, `difficulty`. A sandbox that fails (unreachable, 5xx)
+makes the row a `sandbox_failed` failure, never a 0.
 
 ## Config
 - `sandbox`: the sandbox instance (`{type: sandbox_servers, name: sandbox}` or its name); `sandbox_url` instead
@@ -40,15 +46,18 @@ None.
 
 ## Version history
 - v1: NeMo-Gym/LiveCodeBench row format and grading rules, run in the bubblewrap sandbox.
+- v2: call-based results compare by JSON type (NeMo-Gym's `float(pred)` fallback accepted the string `"6"` for `6`;
+  the tolerance now applies to numbers only); output no comparison can parse (`sNaN`, values nested thousands deep)
+  is a wrong answer, and a row nested too deep a 422, where v1 answered HTTP 500.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gymfleet import answers
@@ -57,7 +66,15 @@ from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyReq
 from gymfleet.sandbox_client import RunResult, SandboxClient
 from gymfleet.server import ServerRef
 from gymfleet.wire import Response
-from resources_servers.code_gen.checker import Grade, call_program, grade, leaks_think_tags, prelude_for
+from resources_servers.code_gen.checker import (
+    MAX_JSON_DEPTH,
+    Grade,
+    call_program,
+    grade,
+    json_nests_deeper,
+    leaks_think_tags,
+    prelude_for,
+)
 
 
 class CodeGenConfig(ResourcesServerConfig):
@@ -86,14 +103,26 @@ class UnitTests(BaseModel):
     @classmethod
     def _lines(cls, values: Any) -> Any:
         if isinstance(values, list):
-            return ["\n".join(map(str, v)) if isinstance(v, list) else v for v in values]
+            return [_joined_lines(value) if isinstance(value, list) else value for value in values]
         return values
 
     @model_validator(mode="after")
-    def _paired(self) -> UnitTests:
+    def _usable(self) -> UnitTests:
         if len(self.inputs) != len(self.outputs) or not self.inputs:
             raise ValueError(f"need as many outputs as inputs, and some: {len(self.inputs)} vs {len(self.outputs)}")
+        if self.fn_name is not None:  # the grader parses these expected values as JSON
+            for index, output in enumerate(self.outputs):
+                if json_nests_deeper(output):
+                    raise ValueError(f"outputs[{index}] nests deeper than {MAX_JSON_DEPTH} levels; "
+                                     "expected return values must be JSON no deeper than that")
         return self
+
+
+def _joined_lines(lines: list[Any]) -> str:
+    """A test written as a list of lines: the lines joined (numbers as their text)."""
+    if any(isinstance(line, list | dict) for line in lines):
+        raise ValueError("each input and output is a string or a list of lines (strings or numbers), not nested lists")
+    return "\n".join(map(str, lines))
 
 
 class VerifierMetadata(BaseModel):
@@ -104,7 +133,17 @@ class VerifierMetadata(BaseModel):
     @field_validator("unit_tests", mode="before")
     @classmethod
     def _decode(cls, value: Any) -> Any:
-        return json.loads(value) if isinstance(value, str) else value
+        """A JSON string of the tests is parsed as the request body is (orjson: UTF-8 only, no lone surrogates),
+        after checking its nesting, so no string can make the parser recurse too deep."""
+        if not isinstance(value, str):
+            return value
+        if json_nests_deeper(value):
+            raise ValueError(f"the unit_tests JSON string nests deeper than {MAX_JSON_DEPTH} levels; "
+                             "give {inputs: [str], outputs: [str], fn_name} as an object or a JSON string of one")
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"the unit_tests string is not valid JSON: {exc}") from None
 
 
 class CodeGenRequest(VerifyRequest):

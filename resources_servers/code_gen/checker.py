@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from functools import cache
+from itertools import accumulate
 from typing import Any
 
 from gymfleet.sandbox_client import RunResult
@@ -29,6 +30,14 @@ IDENTIFIER = re.compile(r"[^\W\d]\w*")
 RESULT_MARKER = "\n@@gymfleet-call-result@@"
 NEMO_CODES = {"wrong_answer": -2, "timeout": -3, "runtime_error": -4, "memory_limit": -4}
 EXCERPT_CHARS = 300
+# Deepest JSON the grader parses (returned values, expected values, a row's `unit_tests`): contest answers nest a
+# few levels; the parser and `==` recurse once per level, so a deeper value is a wrong answer or a 422, not a crash.
+MAX_JSON_DEPTH = 100
+# A JSON string, or an unterminated one up to the end. Possessive and never failing once at a quote, so the scan is
+# linear on any text (a plain `"(?:[^"\\]|\\.)*"` retries from every quote of `"\"\"\...`: quadratic).
+_JSON_STRING = re.compile(r'"(?:[^"\\]++|\\.?)*+"?', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def leaks_think_tags(output_text: str, reasoning_text: str) -> bool:
@@ -78,44 +87,90 @@ _gf_answer.flush()
 
 def stdout_matches(got: str, expected: str) -> bool:
     """Line-wise comparison: same number of lines (after stripping the whole output and each line); each line equal,
-    or all of its whitespace-separated tokens equal as decimals (`1.0` matches `1`)."""
+    or all of its whitespace-separated tokens equal as decimals (`1.0` matches `1`). Total: any text is a bool."""
+    return stdout_mismatch(got, expected) is None
+
+
+def stdout_mismatch(got: str, expected: str) -> str | None:
+    """Why `got` does not match `expected` as `stdout_matches()` compares them, or None when it does. Never raises:
+    a token that is no finite-or-infinite decimal (`sNaN`, `NaN`, `1e99999999999999999999`, text) makes its line
+    compare as text only."""
     got_lines = [line.strip() for line in got.strip().split("\n")]
     expected_lines = [line.strip() for line in expected.strip().split("\n")]
     if len(got_lines) != len(expected_lines):
-        return False
-    return all(a == b or _same_decimals(a, b) for a, b in zip(got_lines, expected_lines, strict=True))
+        return f"{len(got_lines)} lines printed, {len(expected_lines)} expected"
+    for number, (a, b) in enumerate(zip(got_lines, expected_lines, strict=True), 1):
+        if a != b and not _same_decimals(a, b):
+            return f"line {number} differs"
+    return None
 
 
 def _same_decimals(got: str, expected: str) -> bool:
-    got_values, expected_values = _decimals(got), _decimals(expected)
-    return got_values is not None and got_values == expected_values
+    got_values = _decimals(got)
+    if got_values is None:
+        return False
+    expected_values = _decimals(expected)
+    return expected_values is not None and got_values == expected_values
 
 
 def _decimals(line: str) -> list[Decimal] | None:
+    """The line's tokens as decimals, or None when one is not a number. A NaN (quiet or signaling) is not one: it
+    equals nothing, and comparing a signaling NaN raises. Equality of the rest is exact and cheap at any exponent."""
     try:
-        return [Decimal(token) for token in line.split()]
+        values = [Decimal(token) for token in line.split()]
     except (InvalidOperation, ValueError):
         return None
+    return None if any(value.is_nan() for value in values) else values
 
 
 def call_result_matches(got_stdout: str, expected: str) -> bool:
-    """The value after the driver's last marker equals the expected JSON: `==`, or as floats within 1e-5 relative
-    (1e-8 absolute)."""
+    """The value after the driver's last marker equals the expected JSON: equal as Python values (tuples came back
+    as lists; `1 == 1.0`), the same JSON text, or both numbers within 1e-5 relative (1e-8 absolute). A string
+    never equals a number (`"6"` is not `6`). Total: any text is a bool."""
+    return call_result_mismatch(got_stdout, expected) is None
+
+
+def call_result_mismatch(got_stdout: str, expected: str) -> str | None:
+    """Why the call driver's output does not match `expected` as `call_result_matches()` compares them, or None when
+    it does. Never raises: a value nesting deeper than `MAX_JSON_DEPTH` is not parsed at all."""
     raw = call_value_text(got_stdout)
     if raw is None:
-        return False
+        return "the call printed no result"
+    if json_nests_deeper(raw):
+        return f"the returned value nests deeper than {MAX_JSON_DEPTH} levels"
     try:
         got = json.loads(raw)
-    except ValueError:
-        return False
+    except ValueError:  # also a number of more than 4300 digits
+        return "the returned value is not JSON"
+    if json_nests_deeper(expected):
+        return f"the expected value nests deeper than {MAX_JSON_DEPTH} levels"
     want = _json_or_text(expected)
+    return None if _same_value(got, want) else "the returned value differs"
+
+
+def _same_value(got: Any, want: Any) -> bool:
+    """The spec's `==` / same `json.dumps` / `allclose(float, float)`, the float branch for numbers only. The
+    values nest at most `MAX_JSON_DEPTH` deep, so neither `==` nor `json.dumps` can recurse too far."""
     if got == want or json.dumps(got) == json.dumps(want):
         return True
+    if not (isinstance(got, int | float) and isinstance(want, int | float)):
+        return False
     try:
         a, b = float(got), float(want)
-    except (TypeError, ValueError):
+    except OverflowError:  # an integer past float's range: only `==` could match it
         return False
     return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= 1e-8 + 1e-5 * abs(b)
+
+
+def json_nests_deeper(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `text` opens more than `limit` arrays/objects inside each other, counting the brackets outside JSON
+    strings. That bounds the depth `json.loads` would recurse to on any text, valid JSON or not, so callers check it
+    first (the parser recurses once per level, a RecursionError past ~1000). Linear in `text`; a text with at most
+    `limit` brackets is not scanned at all."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > limit
 
 
 def call_value_text(stdout: str) -> str | None:
@@ -145,11 +200,12 @@ class Grade:
 
 
 def grade(results: list[RunResult], expected: list[str], call_based: bool, total: int) -> Grade:
-    """Grade sandbox results in test order; the first failure decides (later results are ignored)."""
+    """Grade sandbox results in test order; the first failure decides (later results are ignored). A wrong answer's
+    `detail` says why (`reason`)."""
     codes: list[bool | int] = []
     time_s = sum(result.duration_s for result in results)
     for index, (result, want) in enumerate(zip(results, expected, strict=False)):
-        verdict = _verdict(result, want, call_based)
+        verdict, reason = _verdict(result, want, call_based)
         if verdict == "passed":
             codes.append(True)
             continue
@@ -158,23 +214,27 @@ def grade(results: list[RunResult], expected: list[str], call_based: bool, total
         detail = {"test": index, "status": result.status, "message": result.message, "expected": _excerpt(want),
                   "got": _excerpt(got if got is not None else result.stdout),
                   "stderr": _excerpt(result.stderr, tail=True)}
+        if reason is not None:
+            detail["reason"] = reason
         return Grade(0.0, verdict, codes, index, detail, time_s)
     if len(codes) < total:  # the sandbox reported fewer cases than asked for: the program broke the run
         return Grade(0.0, "runtime_error", codes, len(codes), {"message": "the run ended early"}, time_s)
     return Grade(1.0, "passed", codes, None, {}, time_s)
 
 
-def _verdict(result: RunResult, expected: str, call_based: bool) -> str:
+def _verdict(result: RunResult, expected: str, call_based: bool) -> tuple[str, str | None]:
+    """The test's verdict and, for a wrong answer, why."""
     if result.status == "timeout":
-        return "timeout"
+        return "timeout", None
     if result.status == "oom":
-        return "memory_limit"
+        return "memory_limit", None
     if result.status != "ok":
-        return "runtime_error"
+        return "runtime_error", None
     if result.stdout_truncated:  # what was cut is unknown; a cut stderr (debug output) does not matter
-        return "wrong_answer"
-    matches = call_result_matches if call_based else stdout_matches
-    return "passed" if matches(result.stdout, expected) else "wrong_answer"
+        return "wrong_answer", "the output was cut at the sandbox's output limit"
+    mismatch = call_result_mismatch if call_based else stdout_mismatch
+    reason = mismatch(result.stdout, expected)
+    return ("passed", None) if reason is None else ("wrong_answer", reason)
 
 
 def _excerpt(text: str, tail: bool = False) -> str:

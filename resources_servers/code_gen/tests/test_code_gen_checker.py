@@ -9,6 +9,7 @@ from resources_servers.code_gen.checker import (
     RESULT_MARKER,
     call_result_matches,
     grade,
+    json_nests_deeper,
     leaks_think_tags,
     prelude_for,
     stdout_matches,
@@ -26,8 +27,27 @@ from resources_servers.code_gen.checker import (
     ("", "0", False),
     ("a b", "a  b", False),
     ("1\r\n2\r\n", "1\n2\n", True),
+    ("sNaN", "5", False),
+    ("5", "sNaN", False),
+    ("sNaN", "sNaN", True),
+    ("sNaN 1", "sNaN 1.0", False),
+    ("NaN", "NaN", True),
+    ("nan", "NaN", False),
+    ("Infinity", "inf", True),
+    ("1e999999999", "1e999999999", True),
+    ("1e999999999", "1E+999999999", True),
+    ("1e999999999", "1e-999999999", False),
+    ("1e99999999999999999999", "1e99999999999999999999", True),
+    ("1e99999999999999999999", "1e99999999999999999999 ", True),
+    ("1e99999999999999999999", "1e099999999999999999999", False),
+    ("1_000", "1000", True),
+    ("\udc80", "\udc80", True),
+    ("\udc80 1", "\udc81 1", False),
 ], ids=["exact", "whitespace", "decimal-padding", "exponent", "line-count", "not-tolerant", "case", "empty",
-        "inner-space", "crlf"])
+        "inner-space", "crlf", "snan-for-number", "number-for-snan", "snan-as-text", "snan-and-decimal",
+        "nan-as-text", "nan-spelling", "infinity", "huge-exponent", "huge-exponent-spelling",
+        "huge-vs-tiny-exponent", "exponent-past-decimal-range", "past-range-as-text", "past-range-spelling",
+        "underscores", "lone-surrogate", "lone-surrogates-differ"])
 def test_stdout_matches(got, expected, same):
     assert stdout_matches(got, expected) is same
 
@@ -40,10 +60,53 @@ def test_stdout_matches(got, expected, same):
     ('"abc"', '"abc"', True),
     ("true", "true", True),
     ("[1, 2]", "[2, 1]", False),
-    ("0.5", '"0.5"', True),
-], ids=["list", "int-float", "float-close", "float-far", "string", "bool", "order", "string-number"])
+    ("0.5", '"0.5"', False),
+    ('"6"', "6", False),
+    ("6", '"6"', False),
+    ('"6"', '"6"', True),
+    ("[6.0, 2]", "[6, 2]", True),
+    ("[0.30000000000000004]", "[0.3]", False),
+    ("NaN", "NaN", True),
+    ("[NaN]", "[NaN]", True),
+    ("Infinity", "1e400", True),
+    ("1" + "0" * 400, "1e400", False),
+    ("1" + "0" * 400, "1" + "0" * 400, True),
+    ("1" * 5000, "1" * 5000, False),
+    ("{}", "[]", False),
+    ('{"a": [1]}', '{"a": [1.0]}', True),
+    ("null", "null", True),
+    ("null", "0", False),
+    ('"abc"', "abc", True),
+    ("[[1]", "[[1]]", False),
+    ("[" * 5000 + "]" * 5000, "[]", False),
+    ("[" * 100 + "]" * 100, "[" * 100 + "]" * 100, True),
+    ("[" * 101 + "]" * 101, "[" * 101 + "]" * 101, False),
+    ('["' + "[" * 5000 + '"]', '["' + "[" * 5000 + '"]', True),
+], ids=["list", "int-float", "float-close", "float-far", "string", "bool", "order", "float-for-string",
+        "string-for-number", "number-for-string", "string-number-as-string", "nested-int-float",
+        "nested-float-not-tolerant", "nan", "nested-nan", "infinity", "int-past-float-range", "huge-int",
+        "too-many-digits", "object-vs-array", "object-int-float", "null", "null-vs-zero", "expected-not-json",
+        "not-json", "deep-result", "at-the-depth-bound", "past-the-depth-bound", "brackets-in-a-string"])
 def test_call_result_matches(value, expected, same):
     assert call_result_matches(f"debug print{RESULT_MARKER}{value}\n", expected) is same
+
+
+@pytest.mark.parametrize(("text", "deeper"), [
+    ("[" * 101, True),
+    ("[" * 100 + "]" * 100, False),
+    ("{" * 101, True),
+    ('[{"a": ' * 51, True),
+    ("[]" * 1000, False),
+    ('"' + "[" * 101, False),
+    ("[" * 101 + '"', True),
+    ('["\\"' + "[" * 200 + '"]', False),
+    ('["\\\\"' + "[" * 200, True),
+    ('"\\' * 20_000 + "[" * 200, False),
+    ("[" * 101 + '"\\' * 20_000, True),
+], ids=["open", "at-the-bound", "objects", "mixed", "flat", "in-unterminated-string", "before-a-quote",
+        "escaped-quote", "escaped-backslash", "after-escaped-quotes", "before-escaped-quotes"])
+def test_json_nests_deeper(text, deeper):
+    assert json_nests_deeper(text) is deeper
 
 
 def test_call_result_needs_the_drivers_marker():
