@@ -106,18 +106,21 @@ def stdout_mismatch(got: str, expected: str) -> str | None:
 
 
 def _same_decimals(got: str, expected: str) -> bool:
-    got_values = _decimals(got)
-    if got_values is None:
+    got_tokens, expected_tokens = got.split(), expected.split()
+    if len(got_tokens) != len(expected_tokens):  # before parsing any of a program's (maybe huge) tokens
         return False
-    expected_values = _decimals(expected)
-    return expected_values is not None and got_values == expected_values
+    expected_values = _decimals(expected_tokens)
+    if expected_values is None:
+        return False
+    got_values = _decimals(got_tokens)
+    return got_values is not None and got_values == expected_values
 
 
-def _decimals(line: str) -> list[Decimal] | None:
-    """The line's tokens as decimals, or None when one is not a number. A NaN (quiet or signaling) is not one: it
+def _decimals(tokens: list[str]) -> list[Decimal] | None:
+    """The tokens as decimals, or None when one is not a number. A NaN (quiet or signaling) is not one: it
     equals nothing, and comparing a signaling NaN raises. Equality of the rest is exact and cheap at any exponent."""
     try:
-        values = [Decimal(token) for token in line.split()]
+        values = [Decimal(token) for token in tokens]
     except (InvalidOperation, ValueError):
         return None
     return None if any(value.is_nan() for value in values) else values
