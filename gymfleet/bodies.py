@@ -19,15 +19,34 @@ from gymfleet.errors import first_errors, too_many_errors
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+MAX_DEPTH = 253
+"""Deepest nesting a body may have: orjson reads 1024 levels but writes at most 253, and every body is echoed."""
+
+
 async def read_json(request: Request) -> Any:
-    """The request body as JSON, or a 422 (`json_invalid`) naming the position of the error."""
+    """The request body as JSON, or a 422 (`json_invalid`, `json_too_deep`) naming what is wrong."""
     raw = await request.body()
     try:
-        return orjson.loads(raw)
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise RequestValidationError(
             [{"type": "json_invalid", "loc": ("body", exc.pos), "msg": f"JSON decode error: {exc.msg}"}]
         ) from exc
+    # Only a body with that many brackets can nest that deep (a C-speed count); writing it back is the exact check.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _too_deep(data):
+        raise RequestValidationError(
+            [{"type": "json_too_deep", "loc": ("body",),
+              "msg": f"the body nests deeper than {MAX_DEPTH} levels of arrays and objects; flatten it"}]
+        )
+    return data
+
+
+def _too_deep(data: Any) -> bool:
+    try:
+        orjson.dumps(data)
+    except TypeError:  # "Recursion limit reached"
+        return True
+    return False
 
 
 def validate(model: type[ModelT], data: Any) -> ModelT:

@@ -169,3 +169,19 @@ def test_a_client_that_hangs_up_mid_body_is_one_quiet_log_line(url, server_logs)
     assert not [r for r in records if r.exc_info], "no traceback"
     assert len([r for r in records if "disconnect" in r.getMessage().lower()]) == 1
     assert httpx.get(url + "/", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("depth", [300, 1000])
+def test_a_body_nested_deeper_than_can_be_echoed_is_a_422(url, depth):
+    """orjson reads 1024 levels but writes 253: a deep extra field must not become a 500 when the row is echoed."""
+    deep = "[" * depth + "]" * depth
+    body = '{"responses_create_params": {"input": "hi"}, "response": {"output": []}, "extra": ' + deep + "}"
+    answer = httpx.post(url + "/verify", content=body, timeout=30)
+    assert answer.status_code == 422, answer.text[:300]
+    assert answer.json()["detail"][0]["type"] == "json_too_deep"
+
+
+def test_a_body_with_many_brackets_but_shallow_is_served(url):
+    body = {"responses_create_params": {"input": "hi"}, "response": {"output": []}, "extra": [[1]] * 500}
+    answer = httpx.post(url + "/verify", json=body, timeout=30)
+    assert answer.status_code == 200 and answer.json()["extra"] == [[1]] * 500
