@@ -45,6 +45,19 @@ def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
         sock.close()
 
 
+NEWER_RESPONSES_PARAMS: dict[str, Any] = {
+    "context_management": [{"type": "compaction", "compact_threshold": 20000}],
+    "prompt_cache_retention": "24h",
+    "prompt_cache_options": {"ttl": "30m"},
+    "stream_options": {"include_obfuscation": False},
+    "moderation": {"model": "omni-moderation-latest"},
+    "image": {"context_compression": "auto"},
+    "access_programs": {"cyber": "standard"},
+    "background_options": {"completion_window": "soonest"},
+}
+"""Responses API parameters newer `openai` clients send that gymfleet's `ResponseCreateParams` does not declare."""
+
+
 def make_response(
     text: str | None = None,
     *,

@@ -12,6 +12,7 @@ import pytest
 import gymfleet.convert
 from gymfleet.convert import chat_extras, chat_to_response, place_reasoning, responses_to_chat, split_reasoning
 from gymfleet.errors import BadRequestError
+from gymfleet.testing import NEWER_RESPONSES_PARAMS
 from gymfleet.wire import Response
 
 TOKENS = {"prompt_token_ids": [1, 2], "generation_token_ids": [3, 4], "generation_log_probs": [-0.1, -0.2]}
@@ -152,16 +153,7 @@ def test_docstring_examples():
     assert doctest.testmod(gymfleet.convert).failed == 0
 
 
-NEWER_PARAMS = {  # parameters of the Responses API that gymfleet's own model does not declare
-    "context_management": [{"type": "compaction", "compact_threshold": 20000}],
-    "prompt_cache_retention": "24h",
-    "prompt_cache_options": {"ttl": "30m"},
-    "stream_options": {"include_obfuscation": False},
-    "moderation": {"model": "omni-moderation-latest"},
-    "image": {"context_compression": "auto"},
-    "access_programs": {"cyber": "standard"},
-    "background_options": {"completion_window": "soonest"},
-}
+NEWER_PARAMS = NEWER_RESPONSES_PARAMS  # parameters of the Responses API gymfleet's own model does not declare
 
 
 @pytest.fixture

@@ -10,19 +10,10 @@ from openai.types.responses.response_create_params import ResponseCreateParamsBa
 from pydantic import ValidationError
 
 from gymfleet.prepare_data import check_row, placeholder_response
+from gymfleet.testing import NEWER_RESPONSES_PARAMS
 from gymfleet.wire import KNOWN_PARAMS, ResponseCreateParams
 
-NEWER_PARAMS = {
-    "context_management": [{"type": "compaction", "compact_threshold": 20000}],
-    "prompt_cache_retention": "24h",
-    "prompt_cache_options": {"ttl": "30m"},
-    "stream_options": {"include_obfuscation": False},
-    "moderation": {"model": "omni-moderation-latest"},
-    "image": {"context_compression": "auto"},
-    "access_programs": {"cyber": "standard"},
-    "background_options": {"completion_window": "soonest"},
-    "a_parameter_from_a_future_release": {"any": ["json", 1]},
-}
+NEWER_PARAMS = {**NEWER_RESPONSES_PARAMS, "a_parameter_from_a_future_release": {"any": ["json", 1]}}
 
 
 def test_parameters_gymfleet_does_not_declare_are_kept_as_sent():
