@@ -29,11 +29,11 @@ import inspect
 import logging
 import math
 import typing
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response as StarletteResponse
 
 from gymfleet.aggregate import aggregate_metrics
@@ -88,7 +88,7 @@ class AggregateMetricsRequest(BaseModel):
     """`/aggregate_metrics` body."""
 
     model_config = ConfigDict(extra="allow")
-    verify_responses: list[dict[str, Any]]
+    verify_responses: Annotated[list[dict[str, Any]], Field(fail_fast=True)]
 
 
 FAILURE_CLASSES: dict[type[Exception], str] = {

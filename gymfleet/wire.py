@@ -217,13 +217,13 @@ class ResponseCreateParams(BaseModel):
     temperature: float | None = None
     text: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]], Field(fail_fast=True)] | None = None
     top_logprobs: int | None = None
     top_p: float | None = None
     truncation: str | None = None
     user: str | None = None
     background: bool | None = None
-    include: list[str] | None = None
+    include: Annotated[list[str], Field(fail_fast=True)] | None = None
     conversation: str | dict[str, Any] | None = None
     stream: Literal[False] | None = None
     """Gymfleet servers answer whole responses, never event streams: `stream: true` is refused."""

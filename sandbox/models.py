@@ -75,7 +75,7 @@ class RunRequest(_Program):
     """`POST /run`: one program, one input."""
 
     stdin: str | None = None
-    args: list[str] = []
+    args: list[str] = Field(default=[], fail_fast=True)
 
 
 class Case(BaseModel):
@@ -83,13 +83,13 @@ class Case(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     stdin: str | None = None
-    args: list[str] = []
+    args: list[str] = Field(default=[], fail_fast=True)
 
 
 class BatchRequest(_Program):
     """`POST /run_batch`: one program run once per case, in one sandbox, each case in a fresh process."""
 
-    cases: list[Case] = Field(min_length=1)
+    cases: list[Case] = Field(min_length=1, fail_fast=True)
     stop_on_failure: bool = False
     """Stop after the first case whose status is not `ok`."""
     prelude: str | None = None

@@ -76,18 +76,30 @@ def test_many_wrong_typed_items_are_a_small_422_that_counts_them(url, route, mod
     assert f"{total} " in summary["msg"] and f"{total - len(listed)} more" in summary["msg"], summary
 
 
+def verify_body(metadata: dict) -> dict:
+    """A /verify body whose `metadata` (a mapping, validated key by key: no fail-fast) holds the errors."""
+    return {"responses_create_params": {"input": "hi", "metadata": metadata}, "response": {"output": []}}
+
+
 def test_the_first_errors_listed_are_the_real_ones(url):
-    data = {"verify_responses": [{"ok": 1}, 2, {"ok": 3}, *(["x"] * 100)]}
-    detail = httpx.post(url + "/aggregate_metrics", json=data, timeout=30).json()["detail"]
-    assert detail[0]["loc"] == ["body", "verify_responses", 1]
-    assert detail[1]["loc"] == ["body", "verify_responses", 3]
-    assert "dictionary" in detail[0]["msg"]
-    assert f"{_error_count(AggregateMetricsRequest, data)} " in detail[-1]["msg"]
+    data = verify_body({"a": "ok", "b": 2, "c": "ok", **{f"k{i}": i for i in range(100)}})
+    detail = httpx.post(url + "/verify", json=data, timeout=30).json()["detail"]
+    assert detail[0]["loc"] == ["body", "responses_create_params", "metadata", "b"]
+    assert detail[1]["loc"] == ["body", "responses_create_params", "metadata", "k0"]
+    assert "string" in detail[0]["msg"]
+    assert f"{_error_count(VerifyRequest, data)} " in detail[-1]["msg"]
 
 
 def test_a_few_errors_are_all_listed_without_a_summary(url):
-    detail = httpx.post(url + "/aggregate_metrics", json={"verify_responses": [1, 2, 3]}, timeout=30).json()["detail"]
-    assert [error["loc"] for error in detail] == [["body", "verify_responses", index] for index in range(3)]
+    detail = httpx.post(url + "/verify", json=verify_body({"x": 1, "y": 2, "z": 3}), timeout=30).json()["detail"]
+    assert [error["loc"][-1] for error in detail] == ["x", "y", "z"]
+
+
+def test_lists_of_wrong_items_stop_at_the_first(url):
+    """Item lists fail fast (the work, not only the answer, is bounded): one error for 250k wrong items."""
+    detail = httpx.post(url + "/aggregate_metrics", content=orjson.dumps({"verify_responses": [1] * ITEMS}),
+                        timeout=30).json()["detail"]
+    assert [error["loc"] for error in detail] == [["body", "verify_responses", 0]]
 
 
 def test_tool_with_many_bad_arguments_answers_a_short_error(url):

@@ -41,7 +41,7 @@ class ChatRequest(BaseModel):
     """`POST /v1/chat/completions` body."""
 
     model_config = ConfigDict(extra="ignore")
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, fail_fast=True)
     model: str | None = None
     tools: list[dict[str, Any]] | None = None
     max_tokens: int | None = Field(default=None, ge=1)
