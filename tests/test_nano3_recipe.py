@@ -1,4 +1,4 @@
-"""configs/nano3_rlvr.yaml as `ng_run` starts it: one fleet, seven environments, one rollout through each agent.
+"""configs/nano3_rlvr.yaml as `ng_run` starts it: one fleet, eight environments, one rollout through each agent.
 
 The policy is the scripted model (a real vLLM-compatible server), reached through the recipe's own `policy_model`
 (`vllm_model_for_training`, token capture on), exactly as NeMo-RL would point it at vLLM.
@@ -19,10 +19,11 @@ from gymfleet.testing import running_fleet
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs/nano3_rlvr.yaml"
 ENVS = ("math_with_judge", "code_gen", "instruction_following", "structured_outputs", "reasoning_gym", "calendar",
-        "mcqa")
+        "mcqa", "workplace_assistant")
 
 # One reply per environment, for the first row of its data/example.jsonl (matched on the last user message), each a
-# right answer; so every rollout must score 1.0 and any other reward points at the wiring.
+# right answer; so every rollout must score 1.0 and any other reward points at the wiring. workplace_assistant is
+# multi-step: the reference solution's tool call at the first turn, a closing message at the second.
 SCRIPT = [
     {"match": "sum of the first 20 positive odd integers",
      "reasoning": "The first n odd numbers add up to n squared.",
@@ -48,6 +49,10 @@ SCRIPT = [
              '{"event_id": 1, "event_name": "Budget review", "start_time": "10:00", "duration": 60}]'},
     {"match": "shortest orbital period",
      "text": "Mercury is closest to the Sun, so its year is shortest.\n\n\\boxed{B}"},
+    {"match": "Reply to Priya's latest email", "turn": 0,
+     "tool_calls": [{"name": "email_reply_email",
+                     "arguments": {"email_id": "00000138", "body": "Thanks, I will read it tonight."}}]},
+    {"match": "Reply to Priya's latest email", "turn": 1, "text": "I replied to Priya."},
 ]
 SCRIPTED_POLICY = {
     "scripted_llm": {"responses_api_models": {"scripted_model": {
@@ -71,7 +76,7 @@ def published():
         yield yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", timeout=30).json())
 
 
-def test_recipe_lists_the_seven_environments_and_the_training_policy():
+def test_recipe_lists_the_eight_environments_and_the_training_policy():
     recipe = yaml.safe_load(RECIPE.read_text())
     assert recipe["config_paths"][0] == "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
     for path in recipe["config_paths"]:
