@@ -11,15 +11,17 @@ counts words and sentences the same way. All of them are deterministic and need 
 - `nltk_words` / `iter_nltk_words`: NLTK's `word_tokenize` (Punkt sentences, then NLTK's improved Treebank
   tokenizer on each).
 - `detect_language`: langdetect with a fixed seed, so one text always gets one answer.
+- `sequence_similarity`: difflib's `SequenceMatcher` ratio of two strings (how alike two command lines are).
 
 NLTK (3.10.4) and langdetect are imported on first use (`load_models` does it eagerly, for a server's start-up).
-Every function is linear in the input. The NLTK ones are the slowest: about a second per megabyte of prose, up to ten
-for a megabyte made of nothing but sentence ends (Punkt decisions and short sentences are memoized, which is what
-makes repetitive degenerate outputs cheap).
+Every function except `sequence_similarity` (see its cost note) is linear in the input. The NLTK ones are the
+slowest: about a second per megabyte of prose, up to ten for a megabyte made of nothing but sentence ends (Punkt
+decisions and short sentences are memoized, which is what makes repetitive degenerate outputs cheap).
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from collections.abc import Iterator
@@ -35,6 +37,7 @@ __all__ = [
     "nltk_words",
     "punkt_sentences",
     "rule_sentences",
+    "sequence_similarity",
     "treebank_words",
     "word_count",
 ]
@@ -319,3 +322,35 @@ def load_models() -> None:
     _punkt()
     _treebank()
     _language_factory()
+
+
+# ---------------------------------------------------------------------------------------------- similarity
+
+
+def sequence_similarity(reference: str, candidate: str) -> float:
+    """Return difflib's `SequenceMatcher(None, reference, candidate).ratio()`: 2 * matched characters / total length.
+
+    The matched characters are those of the longest common blocks found recursively (Ratcliff/Obershelp), so the
+    ratio rewards shared runs in the same order: `ls -la` against `ls -al` is 0.833, while two strings with no
+    character in common score 0.0. Two empty strings score 1.0; one empty string scores 0.0 against any other.
+    difflib's "autojunk" heuristic is on (its default): when `candidate` is 200 characters or longer, characters
+    making up more than 1% of it (spaces, in long outputs) cannot start a match, so the argument order matters.
+
+    Cost: about linear in `candidate` when `reference` is short, but it grows with the product of the two lengths;
+    two unrelated 100,000-character strings take minutes, a 2,000-character reference against a megabyte of random
+    text about twenty seconds. Callers bound the lengths first.
+
+    Args:
+        reference: The expected text (NeMo-Gym's graders pass the gold first).
+        candidate: The text being graded.
+
+    Returns:
+        A float in [0, 1].
+
+    Examples:
+        >>> sequence_similarity("abcd", "bcde")
+        0.75
+        >>> sequence_similarity("", ""), sequence_similarity("", "ls\\n")
+        (1.0, 0.0)
+    """
+    return difflib.SequenceMatcher(None, reference, candidate).ratio()

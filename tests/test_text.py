@@ -120,3 +120,27 @@ def test_rule_sentences_is_fast_on_a_megabyte():
         started = time.thread_time()
         text.rule_sentences(value)
         assert time.thread_time() - started < 3, value[:8]
+
+
+@pytest.mark.parametrize(
+    ("reference", "candidate", "expected"),
+    [
+        ("ls -la\n", "ls -la\n", 1.0),
+        ("ls -la\n", "ls -al\n", 12 / 14),  # "ls -" + "a" (or "l") + "\n": 6 of 7 characters each side
+        ("abcd", "bcde", 6 / 8),
+        ("abc", "xyz", 0.0),
+        ("", "", 1.0),
+        ("", "ls\n", 0.0),
+        ("ls\n", "", 0.0),
+    ],
+    ids=["identical", "swapped-flags", "shifted", "disjoint", "both-empty", "reference-empty", "candidate-empty"],
+)
+def test_sequence_similarity(reference, candidate, expected):
+    assert text.sequence_similarity(reference, candidate) == pytest.approx(expected)
+
+
+def test_sequence_similarity_argument_order_matters_for_long_candidates():
+    long_text, short_text = "echo a a a a a\n" * 20, "echo b\n"  # 300 characters: autojunk applies to it as candidate
+    # As reference it is not junk-filtered: "echo " and "\n" match, 6 characters of 7 + 300.
+    assert text.sequence_similarity(long_text, short_text) == pytest.approx(12 / 307)
+    assert text.sequence_similarity(short_text, long_text) < text.sequence_similarity(long_text, short_text)
