@@ -16,7 +16,7 @@ STATUS_CASES = [
     ("import sys; sys.exit(3)", "python", "failed", 3),
     ("while True: pass", "python", "timeout", None),
     ("x = bytearray(8 << 30)", "python", "oom", 1),
-    ("grow = []\nwhile True: grow.append(bytearray(1 << 24))", "python", "oom", 1),
+    ("grow = []\nwhile True: grow.append(bytearray(1 << 26))", "python", "oom", 1),  # 64 MiB steps: quick under load
     ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "python", "killed", -9),
     ("import ctypes; ctypes.string_at(0)", "python", "failed", -11),
     ("echo hi", "bash", "ok", 0),
