@@ -128,9 +128,10 @@ class WorkplaceAssistantResponse(VerifyResponse):
 class Sessions:
     """Session id -> that rollout's `Workplace`, dropped when idle too long or when there are too many."""
 
-    def __init__(self, idle_s: float, limit: int):
+    def __init__(self, idle_s: float, limit: int, clock=time.monotonic):
         self.idle_s = idle_s
         self.limit = limit
+        self.clock = clock
         self._items: OrderedDict[str, tuple[Workplace, float]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -138,7 +139,7 @@ class Sessions:
 
     def put(self, key: str, workplace: Workplace) -> None:
         self._items.pop(key, None)
-        self._items[key] = (workplace, time.monotonic())
+        self._items[key] = (workplace, self.clock())
         self._expire()
 
     def get(self, key: str) -> Workplace | None:
@@ -146,7 +147,7 @@ class Sessions:
         entry = self._items.get(key)
         if entry is None:
             return None
-        self._items[key] = (entry[0], time.monotonic())
+        self._items[key] = (entry[0], self.clock())
         self._items.move_to_end(key)
         return entry[0]
 
@@ -154,7 +155,7 @@ class Sessions:
         self._items.pop(key, None)
 
     def _expire(self) -> None:
-        cutoff = time.monotonic() - self.idle_s
+        cutoff = self.clock() - self.idle_s
         while self._items:
             key, (_, used) = next(iter(self._items.items()))
             if used >= cutoff and len(self._items) <= self.limit:
