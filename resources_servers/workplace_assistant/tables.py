@@ -18,10 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-try:  # pandas parses non-ISO date strings with dateutil; use it the same way where it is installed
-    from dateutil import parser as _dateutil_parser
-except ImportError:  # pragma: no cover - dateutil ships with most Python installs
-    _dateutil_parser = None
+from dateutil import parser as _dateutil_parser  # pandas parses non-ISO date text with dateutil too
 
 NOW = "2023-11-30 23:59:00"
 """The environment's frozen clock: the `sent_datetime` of every email sent during a rollout."""
@@ -268,7 +265,7 @@ def parse_timestamp(value: Any) -> datetime:
             return _bounded(_iso(match), value)
         except ValueError:
             pass
-    if _dateutil_parser is not None and value.strip():
+    if value.strip():
         default = datetime(datetime.now().year, 1, 1)
         try:
             return _bounded(_dateutil_parser.parse(value, default=default), value)
