@@ -56,8 +56,8 @@ clamping; see the spec's §5).
 - The verify answer echoes every row field (NeMo-Gym drops fields its model does not declare) and adds
   `tables_differing`.
 - Date text is read as pandas reads it without pandas: ISO forms by hand, other forms through dateutil (which
-  pandas itself uses for them; a declared dependency); numbers are nanoseconds since the epoch. Month-name text without a year takes the
-  current year.
+  pandas itself uses for them; a declared dependency); numbers are nanoseconds since the epoch. Month-name text
+  without a year takes the current year.
 - The default tables are our own synthetic data, not WorkBench's.
 - No MCP exposure of the tools.
 
