@@ -1,0 +1,229 @@
+"""workplace_assistant under load: N rollouts of 6 tool calls each, all in flight at once, through `collect`.
+
+The fleet is started from the shipped config files (`vllm_model.yaml` + `workplace_assistant.yaml`) with a scripted
+upstream standing in for vLLM, each server its own process (`running_fleet`, as `ng_run` starts it). Rows are the
+environment's `data/example.jsonl` tasks with read-only calls put in front of their reference solution so each
+ground truth has exactly 6 calls; the scripted model replays it one call per turn (`turn: N` rules), then answers
+"Done.", so a rollout is 7 model calls, 6 tool calls, `/seed_session` and `/verify`, and scores 1.0. This process
+is `ng_collect_rollouts`: `gymfleet.collect.collect` with `num_samples_in_parallel` unset (every `/run` at once).
+
+    python bench/workplace_assistant_rollouts.py [--rollouts 2000]
+
+Prints one table: rollouts/s, p50/p99 latency of one `/run` (all are dispatched at t=0, so p50 is roughly half the
+wall time), errors (failed rollouts, rewards other than 1.0, trajectories without 6 tool calls), and the
+workplace_assistant server's RSS before the collection, at its peak (sampled every 0.1 s) and after it. Sessions are
+dropped at `/verify`, so "after" should come back near "before".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gymfleet import http  # noqa: E402
+from gymfleet.collect import RolloutCollectionConfig, collect  # noqa: E402
+from gymfleet.http import ServerClient  # noqa: E402
+from gymfleet.testing import running_fleet  # noqa: E402
+
+ENV = "workplace_assistant"
+AGENT = "workplace_assistant_simple_agent"
+EXAMPLE = ROOT / "resources_servers/workplace_assistant/data/example.jsonl"
+CONFIG_PATHS = ["responses_api_models/vllm_model/configs/vllm_model.yaml",
+                "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"]
+SCRIPTED = "scripted_llm.responses_api_models.scripted_model"
+CALLS_PER_ROLLOUT = 6
+READS = [  # read-only calls on the synthetic tables: replaying them changes nothing, so the reward stays 1.0
+    ("company_directory_find_email_address", {"name": "priya"}),
+    ("email_search_emails", {"query": "Roadmap"}),
+    ("calendar_search_events", {"query": "sync"}),
+    ("project_management_search_tasks", {"board": "Front end"}),
+    ("customer_relationship_manager_search_customers", {"status": "Won"}),
+    ("analytics_total_visits_count", {"time_min": "2023-11-01", "time_max": "2023-11-15"}),
+]
+
+
+def tasks() -> list[dict]:
+    """The example tasks, each ground truth padded in front with read-only calls to `CALLS_PER_ROLLOUT` calls."""
+    rows = [json.loads(line) for line in EXAMPLE.read_text().splitlines() if line.strip()]
+    for row in rows:
+        pad = CALLS_PER_ROLLOUT - len(row["ground_truth"])
+        reads = [{"name": name, "arguments": json.dumps(args)} for name, args in READS[:pad]]
+        row["ground_truth"] = reads + row["ground_truth"]
+    return rows
+
+
+def script(rows: list[dict]) -> list[dict]:
+    """Scripted-model rules: each task's ground-truth calls one per turn, then a closing message."""
+    rules = []
+    for row in rows:
+        match = re.escape(row["responses_create_params"]["input"][-1]["content"])
+        calls = row["ground_truth"]
+        rules += [{"match": match, "turn": turn, "tool_calls": [call]} for turn, call in enumerate(calls)]
+        rules.append({"match": match, "turn": len(calls), "text": "Done."})
+    return rules
+
+
+def fleet_extra(rules: list[dict]) -> dict:
+    """Merged over the config files: the scripted upstream, and max_steps above the 7 model calls a rollout takes."""
+    return {
+        "scripted_llm": {"responses_api_models": {"scripted_model": {"entrypoint": "app.py", "rules": rules}}},
+        "policy_base_url": f"http://${{{SCRIPTED}.host}}:${{{SCRIPTED}.port}}/v1",
+        "policy_api_key": "dummy_key", "policy_model_name": "scripted",
+        AGENT: {"responses_api_agents": {"simple_agent": {"max_steps": CALLS_PER_ROLLOUT + 4}}},
+    }
+
+
+def write_rows(path: Path, rows: list[dict], count: int) -> None:
+    """`count` rows cycling through `rows`, each with its own `id` (so each is its own task)."""
+    with path.open("w") as handle:
+        for index in range(count):
+            handle.write(json.dumps({**rows[index % len(rows)], "id": index}) + "\n")
+
+
+class TimedClient(ServerClient):
+    """A `ServerClient` that records how long each `/run` took (dispatch to answer)."""
+
+    def __init__(self, config: dict):
+        super().__init__(config)
+        self.latencies: list[float] = []
+
+    async def post(self, server: str, path: str, **kwargs):
+        started = time.perf_counter()
+        try:
+            return await super().post(server, path, **kwargs)
+        finally:
+            if path == "/run":
+                self.latencies.append(time.perf_counter() - started)
+
+
+class RSSSampler:
+    """Samples one process's RSS (with its children) every `interval_s` in a background thread; keeps the peak."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1):
+        self.process, self.interval_s, self.peak = psutil.Process(pid), interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def rss(self) -> int:
+        processes = [self.process, *self.process.children(recursive=True)]
+        return sum(process.memory_info().rss for process in processes)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            self._stop.wait(self.interval_s)
+
+
+async def server_pid(head_port: int, name: str) -> int:
+    """The pid the head server's `/server_instances` reports for instance `name`."""
+    try:
+        response = await http.request("GET", f"http://127.0.0.1:{head_port}/server_instances")
+        response.raise_for_status()
+        return next(row["pid"] for row in response.json() if row["process_name"] == name)
+    finally:
+        await http.close()
+
+
+def short_rollouts(path: Path) -> int:
+    """Results in `path` whose trajectory does not hold exactly `CALLS_PER_ROLLOUT` tool calls."""
+    short = 0
+    for line in path.read_text().splitlines():
+        items = json.loads(line)["response"]["output"]
+        short += sum(item["type"] == "function_call" for item in items) != CALLS_PER_ROLLOUT
+    return short
+
+
+async def run(config: RolloutCollectionConfig, head_port: int, sampler_pid: int):
+    """Collect under RSS sampling; returns (summary, client, wall seconds, sampler)."""
+    try:
+        client = TimedClient((await ServerClient.from_head("127.0.0.1", head_port)).config)
+        with RSSSampler(sampler_pid) as sampler:
+            started = time.perf_counter()
+            summary = await collect(config, client, progress=False)
+            wall_s = time.perf_counter() - started
+        return summary, client, wall_s, sampler
+    finally:
+        await http.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--settle-s", type=float, default=2.0, help="wait before the 'after' RSS sample")
+    args = parser.parse_args()
+
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65535), hard))
+    os.environ.setdefault("GYMFLEET_LOG_LEVEL", "WARNING")  # the fleet's processes inherit it
+    rows = tasks()
+    mib = 1024 * 1024
+    with tempfile.TemporaryDirectory() as scratch, running_fleet(CONFIG_PATHS, fleet_extra(script(rows))) as fleet:
+        data = Path(scratch) / "rows.jsonl"
+        write_rows(data, rows, args.rollouts)
+        config = RolloutCollectionConfig(input_jsonl_fpath=str(data), output_jsonl_fpath=f"{scratch}/out.jsonl",
+                                         agent_name=AGENT, num_samples_in_parallel=None)
+        head_port = fleet.config.head_port
+        pid = asyncio.run(server_pid(head_port, ENV))
+        before = psutil.Process(pid).memory_info().rss
+        summary, client, wall_s, sampler = asyncio.run(run(config, head_port, pid))
+        time.sleep(args.settle_s)
+        after = sampler.rss()
+        crashed = fleet_statuses(head_port)
+        short = short_rollouts(Path(config.output_jsonl_fpath))
+    rewards = Counter(reward for _, _, reward in summary.rewards)
+    errors = summary.failed + sum(count for reward, count in rewards.items() if reward != 1.0) + short
+    latencies = client.latencies
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+    print(f"\n{args.rollouts} rollouts x {CALLS_PER_ROLLOUT} tool calls, all in flight at once; wall {wall_s:.1f}s; "
+          f"{os.cpu_count()} cores\n")
+    print("| rollouts | rollouts/s | p50 latency | p99 latency | errors | RSS before | RSS peak | RSS after |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.rollouts} | {summary.ok / wall_s:.0f} | {quantiles[49]:.1f} s | {quantiles[98]:.1f} s | "
+          f"{errors} | {before / mib:.0f} MiB | {sampler.peak / mib:.0f} MiB | {after / mib:.0f} MiB |")
+    if summary.failure_classes or set(rewards) - {1.0} or short:
+        print(f"failures: {dict(summary.failure_classes)}; rewards: {dict(rewards)}; "
+              f"results without {CALLS_PER_ROLLOUT} tool calls: {short}")
+    if crashed:
+        print(f"servers not running or restarted: {crashed}")
+
+
+def fleet_statuses(head_port: int) -> list[str]:
+    """Instances that are not running, or restarted during the run (from the head's `/server_instances`)."""
+    async def fetch():
+        try:
+            response = await http.request("GET", f"http://127.0.0.1:{head_port}/server_instances")
+            return response.json()
+        finally:
+            await http.close()
+
+    return [f"{row['process_name']} {row['status']} restarts={row['restarts']}" for row in asyncio.run(fetch())
+            if row["status"] != "running" or row["restarts"]]
+
+
+if __name__ == "__main__":
+    main()
