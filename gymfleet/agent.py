@@ -4,21 +4,55 @@ Routes: `POST /run` (a dataset row in; the resources server's verify answer out)
 episode without verification), `POST /aggregate_metrics`. Subclasses implement `run` and `respond`.
 Inner calls that fail (model or resources server down, timeouts) surface as HTTP 502 with `error_type` naming the
 failure class, never as a hang and never as a reward.
+
+## Admission: rollouts start in arrival order, at most `max_concurrent_rollouts` at a time
+A trainer posts a whole step's rollouts at once (NeMo-RL: 4,096, no semaphore). Started all together they share
+the fleet's CPU and the upstream in lockstep and all finish at the end, so an asynchronous trainer gets nothing to
+train on until the batch is done. So each agent process admits `/run` and `/v1/responses` requests through one
+strictly first-in-first-out queue (`Admission`) with at most `max_concurrent_rollouts` in progress: the rest wait
+inside the agent, holding their connection; none is dropped or refused. Results then stream back in arrival order at
+the same throughput (`bench/nemo_rl_rollouts.py --max-concurrent-rollouts 0,256`).
+
+- The bound is per agent worker process: with `num_workers: N` the agent admits up to N times as many.
+- A waiting request has no deadline of its own: its caller's deadline covers the wait (and a caller that gives up
+  closes its connection, which ends the wait).
+- A caller that disconnects while waiting gives up its place: no work is done for it (answered 499, which nobody
+  reads, and counted in `gymfleet_rollouts_abandoned_total`). Work already admitted runs to its end.
+- `/v1/responses` shares the queue with `/run`: an episode costs the upstream what a rollout does, and a probe of
+  the agent by hand must not jump a training step's queue. `/aggregate_metrics` is never queued.
+- `max_concurrent_rollouts: 0` (or null) admits everything at once, as NeMo-Gym does.
+
+`GET /metrics` adds `gymfleet_rollouts_in_progress`, `gymfleet_rollouts_waiting` (gauges),
+`gymfleet_rollouts_admission_limit` (0: unbounded), `gymfleet_rollout_wait_seconds` (histogram of the time a
+request waited for its turn) and `gymfleet_rollouts_abandoned_total`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response as StarletteResponse
 
 from gymfleet.aggregate import aggregate_metrics
 from gymfleet.bodies import read_json, validate
+from gymfleet.metrics import LATENCY_BUCKETS_S
 from gymfleet.resources import AggregateMetricsRequest
 from gymfleet.server import JSONResponse, Server, ServerConfig, add_route
 from gymfleet.wire import ResponseCreateParams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONCURRENT_ROLLOUTS = 256
+"""Rollouts one agent worker runs at a time by default; see `AgentServerConfig.max_concurrent_rollouts`."""
 
 
 class AgentServerConfig(ServerConfig):
@@ -27,6 +61,17 @@ class AgentServerConfig(ServerConfig):
     skip_verification: bool = False
     """Return the episode with `reward = skip_verification_reward` instead of calling `/verify`."""
     skip_verification_reward: float = 0.0
+    max_concurrent_rollouts: int | None = Field(default=DEFAULT_MAX_CONCURRENT_ROLLOUTS, ge=0)
+    """Most `/run` and `/v1/responses` requests in progress at once in each agent worker process (`num_workers`
+    multiplies it); later ones wait their turn in arrival order (see the module docstring). 0 or null: no bound.
+
+    Why 256: on a 2-core box the whole fleet (agent, model server, environment, scripted upstream) serves about
+    110-120 rollouts/s whatever the bound, from 64 up to unbounded, so 256 keeps it saturated with room to spare while
+    4,096 posted at once stream back in ~16 waves (`bench/nemo_rl_rollouts.py`). Size it to what the upstream serves
+    at once behind this agent: a GPU-bound policy needs about (rollouts/s the policy sustains) x (seconds one rollout
+    takes) in progress, e.g. 1,024 for one vLLM data-parallel rank with `max_num_seqs: 1024`; several environments'
+    agents share the policy, so each needs its share only. Too low starves the upstream (throughput falls); too high
+    brings back the lockstep (every admitted rollout finishes at about the same time)."""
 
 
 class RunRequest(BaseModel):
@@ -36,10 +81,98 @@ class RunRequest(BaseModel):
     responses_create_params: ResponseCreateParams
 
 
+class Admission:
+    """A strictly first-in-first-out admission queue with at most `limit` holders (`limit` None: no bound).
+
+    A freed slot is handed to the oldest waiter directly (the holder count does not drop and rise again), and a
+    newcomer enters at once only when nobody waits, so no caller can overtake one that is waiting (which
+    `asyncio.Semaphore` does not promise across Python versions). Waiters that give up are skipped, never handed a
+    slot; one that is handed a slot as it gives up passes the slot on.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit or None
+        self.in_progress = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._abandoned = 0
+        """Waiters still in `_waiters` that gave up (skipped when a slot is handed on)."""
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters) - self._abandoned
+
+    def try_enter(self) -> bool:
+        """Take a slot if one is free and nobody waits for one."""
+        if self.limit is None or (self.in_progress < self.limit and not self._waiters):
+            self.in_progress += 1
+            return True
+        return False
+
+    async def enter(self, give_up: Callable[[], Awaitable[Any]] | None = None) -> bool:
+        """Wait for a slot in arrival order. True: the caller holds a slot (and must `leave`). False: the awaitable
+        `give_up()` (called only if the caller has to wait) finished first, and the caller holds nothing.
+        Cancelling the caller gives up its place as well."""
+        if self.try_enter():
+            return True
+        slot = asyncio.get_running_loop().create_future()
+        self._waiters.append(slot)
+        watcher = asyncio.ensure_future(give_up()) if give_up is not None else None
+        try:
+            if watcher is None:
+                await slot
+            else:
+                await asyncio.wait((slot, watcher), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: give the place up (or pass on a slot handed over meanwhile)
+            self._abandon(slot)
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if watcher is not None and watcher.done() and not watcher.cancelled():
+            if watcher.exception() is not None:  # the caller's connection broke some other way: it is gone too
+                log.warning("watching a waiting caller failed: %r", watcher.exception())
+            self._abandon(slot)
+            return False
+        return True
+
+    def leave(self) -> None:
+        """Give a slot back: to the oldest waiter still waiting, else to the pool."""
+        while self._waiters:
+            slot = self._waiters.popleft()
+            if slot.done():  # a waiter that gave up
+                self._abandoned -= 1
+                continue
+            slot.set_result(None)
+            return
+        self.in_progress -= 1
+
+    def _abandon(self, slot: asyncio.Future[None]) -> None:
+        if slot.done() and not slot.cancelled():  # handed a slot just as it gave up: pass it on
+            self.leave()
+        else:
+            slot.cancel()
+            self._abandoned += 1
+
+
 class AgentServer(Server):
     """Base class of agents."""
 
     config: AgentServerConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.admission = Admission(self.config.max_concurrent_rollouts)
+        registry = self.metrics.registry
+        Gauge("gymfleet_rollouts_in_progress", "Rollouts (/run, /v1/responses) admitted and running",
+              registry=registry).set_function(lambda: self.admission.in_progress)
+        Gauge("gymfleet_rollouts_waiting", "Rollouts waiting for their turn (max_concurrent_rollouts)",
+              registry=registry).set_function(lambda: self.admission.waiting)
+        Gauge("gymfleet_rollouts_admission_limit", "max_concurrent_rollouts of this worker (0: unbounded)",
+              registry=registry).set(self.admission.limit or 0)
+        self._waited = Histogram("gymfleet_rollout_wait_seconds", "Time a rollout waited for its turn",
+                                 buckets=LATENCY_BUCKETS_S, registry=registry)
+        self._abandoned = Counter("gymfleet_rollouts_abandoned", "Rollouts whose caller left while they waited",
+                                  registry=registry)
 
     async def run(self, body: RunRequest, raw: dict[str, Any], cookies: dict[str, str]) -> tuple[dict, dict]:
         """One rollout; returns (verify result, cookies to re-emit)."""
@@ -52,17 +185,39 @@ class AgentServer(Server):
     async def aggregate(self, verify_responses: list[dict[str, Any]]) -> dict[str, Any]:
         return aggregate_metrics(verify_responses)
 
+    @asynccontextmanager
+    async def admitted(self, request: Request) -> AsyncIterator[bool]:
+        """Hold a rollout slot for the block; yields False (holding nothing) if the caller left while waiting."""
+        started = time.perf_counter()
+        if not await self.admission.enter(lambda: _disconnected(request)):
+            self._abandoned.inc()
+            log.info("%s %s: the caller left while waiting for its turn; nothing was run",
+                     request.method, request.url.path)
+            yield False
+            return
+        self._waited.observe(time.perf_counter() - started)
+        try:
+            yield True
+        finally:
+            self.admission.leave()
+
     def routes(self, app: FastAPI) -> None:
         async def run_route(request: Request) -> StarletteResponse:
             raw = await read_json(request)
             body = validate(RunRequest, raw)
-            result, cookies = await self.run(body, raw, dict(request.cookies))
+            async with self.admitted(request) as admitted:
+                if not admitted:
+                    return StarletteResponse(status_code=499)  # nobody reads it; it counts in /metrics
+                result, cookies = await self.run(body, raw, dict(request.cookies))
             return _with_cookies(JSONResponse(result), cookies)
 
         async def responses_route(request: Request) -> StarletteResponse:
             raw = await read_json(request)
             validate(ResponseCreateParams, raw)
-            response, cookies = await self.respond(raw, dict(request.cookies))
+            async with self.admitted(request) as admitted:
+                if not admitted:
+                    return StarletteResponse(status_code=499)
+                response, cookies = await self.respond(raw, dict(request.cookies))
             return _with_cookies(JSONResponse(response), cookies)
 
         async def aggregate_route(request: Request) -> StarletteResponse:
@@ -72,6 +227,13 @@ class AgentServer(Server):
         add_route(app, "/run", run_route)
         add_route(app, "/v1/responses", responses_route)
         add_route(app, "/aggregate_metrics", aggregate_route)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes its connection (the body is read already, so the next ASGI message is the
+    disconnect: uvicorn sends it when the connection drops)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _with_cookies(response: StarletteResponse, cookies: dict[str, str]) -> StarletteResponse:

@@ -1,0 +1,264 @@
+"""Rollout admission (`gymfleet.agent.Admission`, `max_concurrent_rollouts`) on real servers.
+
+A real simple_agent, a real scripted model and a real environment whose `/verify` the test can hold open per row
+(`GatedServer`), so which rollouts are in progress at any moment is decided by the test, not by timing. The
+environment records the order rollouts reach it (`/seed_session`) and finish (`/verify`): a rollout that never
+reached it did no work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agents.simple_agent.app import SimpleAgent
+from gymfleet.agent import Admission
+from gymfleet.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
+from gymfleet.testing import serve
+from responses_api_models.scripted_model.app import ScriptedModel
+
+HANG_BOUND_S = 60.0
+"""Bound on every wait below: it only catches a hang, it times nothing."""
+
+
+class GatedServer(ResourcesServer):
+    """Records each row's `idx` as its rollout starts (`/seed_session`) and ends (`/verify`); with `gated`, a row's
+    `/verify` answers only once the test has `release`d its idx."""
+
+    def __init__(self, *args, gated: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gated = gated
+        self.started: list[int] = []
+        self.finished: list[int] = []
+        self.active = self.peak = 0
+        self._released: set[int] = set()
+
+    def release(self, *indices: int) -> None:
+        self._released.update(indices)
+
+    async def seed_session(self, body: SeedSessionRequest) -> dict:
+        self.started.append(body.model_extra["idx"])
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        return {}
+
+    async def verify(self, body: VerifyRequest) -> VerifyResponse:
+        idx = body.model_extra["idx"]
+        deadline = time.monotonic() + HANG_BOUND_S
+        while self.gated and idx not in self._released:
+            assert time.monotonic() < deadline, f"row {idx} was never released"
+            await asyncio.sleep(0.005)
+        self.active -= 1
+        self.finished.append(idx)
+        return VerifyResponse.echo(body, reward=1.0)
+
+
+RULES = [{"match": "(?i)slow", "text": "a slow answer", "delay_s": 0.2}]
+
+
+@contextlib.contextmanager
+def _fleet(max_concurrent_rollouts, *, gated: bool = True):
+    env = GatedServer({"name": "gated", "domain": "other"}, gated=gated)
+    model = ScriptedModel({"name": "llm", "rules": RULES, "default": {"text": "an answer"}})
+    with serve(env.create_app()) as env_url, serve(model.create_app()) as model_url:
+        def block(kind, impl, url):
+            return {kind: {impl: {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1])}}}
+
+        config = {"gated": block("resources_servers", "gated", env_url),
+                  "llm": block("responses_api_models", "scripted_model", model_url)}
+        agent = SimpleAgent({"name": "agent", "resources_server": "gated", "model_server": "llm",
+                             "max_concurrent_rollouts": max_concurrent_rollouts}, config)
+        with serve(agent.create_app()) as agent_url, ThreadPoolExecutor(16) as pool:
+            yield agent_url, env, pool
+
+
+def _row(idx: int, text: str = "hello") -> dict:
+    return {"responses_create_params": {"input": [{"role": "user", "content": text}]}, "idx": idx}
+
+
+def _post(url: str, row: dict) -> httpx.Response:
+    return httpx.post(f"{url}/run", json=row, timeout=HANG_BOUND_S)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """Every sample of the agent's `/metrics` by name (labels ignored: summed)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+def _wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + HANG_BOUND_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting until {what}"
+        time.sleep(0.01)
+
+
+def _queued(url: str) -> tuple[float, float]:
+    values = _metrics(url)
+    return values["gymfleet_rollouts_in_progress"], values["gymfleet_rollouts_waiting"]
+
+
+def _send_in_order(url: str, pool: ThreadPoolExecutor, indices) -> list:
+    """Post one row per idx, each only once the agent has counted the one before: the arrival order is `indices`."""
+    held = sum(_queued(url))
+    futures = []
+    for count, idx in enumerate(indices, start=int(held) + 1):
+        futures.append(pool.submit(_post, url, _row(idx)))
+        _wait_until(lambda count=count: sum(_queued(url)) == count, f"the agent holds {count} requests")
+    return futures
+
+
+def test_at_most_the_bound_run_and_the_rest_start_in_arrival_order():
+    with _fleet(2) as (url, env, pool):
+        futures = _send_in_order(url, pool, range(6))
+        assert env.started == [0, 1], "only the first two arrivals reached the environment"
+        assert _queued(url) == (2, 4)
+        assert _metrics(url)["gymfleet_rollouts_admission_limit"] == 2
+        # Finish the later of the two first: the slot goes to the oldest waiter (2), not to whoever asks first.
+        for finish, expected_start in ((1, [0, 1, 2]), (0, [0, 1, 2, 3]), (3, [0, 1, 2, 3, 4]),
+                                       (2, [0, 1, 2, 3, 4, 5])):
+            env.release(finish)
+            started = len(expected_start)
+            _wait_until(lambda n=started: len(env.started) == n, f"{started} rollouts start")
+            assert env.started == expected_start
+        env.release(4, 5)
+        results = [future.result() for future in futures]
+        assert [r.status_code for r in results] == [200] * 6
+        assert [r.json()["idx"] for r in results] == list(range(6)) and all(r.json()["reward"] == 1.0 for r in results)
+        assert env.peak == 2
+        _wait_until(lambda: _queued(url) == (0, 0), "the queue drains")
+        assert _metrics(url)["gymfleet_rollout_wait_seconds_count"] == 6
+
+
+def test_with_a_slow_model_no_more_than_the_bound_run_and_the_first_admitted_finish_first():
+    with _fleet(2, gated=False) as (url, env, pool):
+        results = list(pool.map(lambda idx: _post(url, _row(idx, "slow please")), range(8)))
+        assert [r.status_code for r in results] == [200] * 8
+        assert all(r.json()["response"]["output"][-1]["content"][0]["text"] == "a slow answer" for r in results)
+        assert sorted(env.started) == list(range(8)) and sorted(env.finished) == list(range(8))
+        assert env.peak <= 2
+        # With at most two in progress, the k-th rollout to finish is one of the first k+2 to have started.
+        for k, idx in enumerate(env.finished):
+            assert idx in env.started[: k + 2], f"{idx} finished {k}th but started {env.started.index(idx)}th"
+
+
+def test_a_caller_that_leaves_while_waiting_gives_up_its_place_and_nothing_runs_for_it():
+    with _fleet(2) as (url, env, pool):
+        futures = _send_in_order(url, pool, [0, 1, 2])
+        body = json.dumps(_row(3)).encode()
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as leaver:
+            leaver.sendall(b"POST /run HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            _wait_until(lambda: _queued(url) == (2, 2), "the leaver waits behind 2")
+        _wait_until(lambda: _metrics(url).get("gymfleet_rollouts_abandoned_total") == 1, "the leaver is given up")
+        assert _queued(url) == (2, 1), "the leaver held no slot, so none was freed"
+        futures += _send_in_order(url, pool, [4])
+        env.release(0)
+        _wait_until(lambda: len(env.started) == 3, "a third rollout starts")
+        env.release(1)
+        _wait_until(lambda: len(env.started) == 4, "a fourth rollout starts")
+        assert env.started == [0, 1, 2, 4], "the leaver (3) was skipped and never reached the environment"
+        env.release(2, 4)
+        assert [future.result().status_code for future in futures] == [200] * 4
+        assert 3 not in env.finished and env.peak == 2
+        assert _metrics(url)["gymfleet_rollout_wait_seconds_count"] == 4
+
+
+def test_unbounded_admits_everything_at_once():
+    with _fleet(0) as (url, env, pool):
+        futures = [pool.submit(_post, url, _row(idx)) for idx in range(5)]
+        _wait_until(lambda: len(env.started) == 5, "all five start before any finishes")
+        assert _queued(url) == (5, 0)
+        assert _metrics(url)["gymfleet_rollouts_admission_limit"] == 0
+        env.release(*range(5))
+        assert [future.result().status_code for future in futures] == [200] * 5
+        assert env.peak == 5
+
+
+def test_v1_responses_queues_with_run():
+    with _fleet(1) as (url, env, pool):
+        held = _send_in_order(url, pool, [0])
+        params = {"input": [{"role": "user", "content": "hi"}]}
+        episode = pool.submit(httpx.post, f"{url}/v1/responses", json=params, timeout=HANG_BOUND_S)
+        _wait_until(lambda: _queued(url) == (1, 1), "the episode waits behind the rollout")
+        assert not episode.done()
+        env.release(0)
+        assert episode.result().status_code == 200 and held[0].result().status_code == 200
+        assert episode.result().json()["output"][-1]["content"][0]["text"] == "an answer"
+
+
+# ------------------------------------------------------------------------------- the queue itself, on one loop
+
+
+def test_a_freed_slot_goes_to_the_oldest_waiter_and_no_newcomer_overtakes_it():
+    async def scenario():
+        admission = Admission(1)
+        assert admission.try_enter()
+        order: list[str] = []
+
+        async def waiter(name):
+            assert await admission.enter()
+            order.append(name)
+            admission.leave()
+
+        tasks = [asyncio.create_task(waiter(name)) for name in ("first", "second")]
+        await asyncio.sleep(0)
+        assert admission.waiting == 2
+        admission.leave()  # handed to "first", which has not run yet
+        assert not admission.try_enter(), "a newcomer must not take the slot handed to a waiter"
+        await asyncio.gather(*tasks)
+        assert order == ["first", "second"]
+        assert (admission.in_progress, admission.waiting) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_cancelled_as_it_is_handed_a_slot_passes_it_on():
+    async def scenario():
+        admission = Admission(1)
+        assert admission.try_enter()
+        first = asyncio.create_task(admission.enter())
+        second = asyncio.create_task(admission.enter())
+        await asyncio.sleep(0)
+        admission.leave()  # the slot is handed to `first`...
+        first.cancel()  # ...which is cancelled before it runs
+        assert await second is True
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert (admission.in_progress, admission.waiting) == (1, 0)
+        admission.leave()
+        assert (admission.in_progress, admission.waiting) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_that_gives_up_holds_nothing():
+    async def scenario():
+        admission = Admission(1)
+        assert admission.try_enter()
+        gone = asyncio.Event()
+        waiter = asyncio.create_task(admission.enter(gone.wait))
+        behind = asyncio.create_task(admission.enter())
+        await asyncio.sleep(0)
+        assert admission.waiting == 2
+        gone.set()
+        assert await waiter is False
+        assert (admission.in_progress, admission.waiting) == (1, 1)
+        admission.leave()
+        assert await behind is True
+        admission.leave()
+        assert (admission.in_progress, admission.waiting) == (0, 0)
+
+    asyncio.run(scenario())
