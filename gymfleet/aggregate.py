@@ -3,14 +3,27 @@
 For every numeric top-level field of the results (booleans count as 0/1; keys starting with `_` skipped) and every
 numeric `response.usage` field, `agent_metrics` holds `mean/<k>`, `max/<k>`, `min/<k>`, `median/<k>` and `std/<k>`
 (sample standard deviation; 0 with fewer than two values). `group_level_metrics` holds the same per
-`_ng_task_index`. `key_metrics` are the `mean/*` entries. Rows tagged `_ng_failure_class` are excluded.
+`_ng_task_index`. `key_metrics` are the `mean/*` entries. Rows tagged `_ng_failure_class` are excluded from all of
+these.
+
+Two more numbers in `agent_metrics` and two more top-level keys (NeMo-Gym's keys and shapes are unchanged):
+
+- `agent_metrics["infra_failure_count"]` and `agent_metrics["infra_failure_share"]`: how many of the given rows are
+  infrastructure failures (`_ng_failure_class`, superseded ones not counted) and their share of all rows. The share
+  is only as good as the rows passed in: a caller that passes successful rows only gets 0.
+- `infra_failures`: the same per environment (`reward_provenance.environment`) and agent (`agent_ref.name`):
+  `[{environment, agent, rollouts, infra_failures, infra_failure_share, failure_classes: {class: n}}]`; a row with
+  neither key counts under `null`.
+- `provenance`: rows per reward provenance (`gymfleet.provenance`): `[{environment, instance, version, config_hash,
+  rows, mean_reward, infra_failures}]` (`rows`: scored rows; rows without `reward_provenance` are not listed), so a
+  mix of environment versions or configs in one file shows.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")
@@ -68,7 +81,79 @@ def aggregate_metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
         {"_ng_task_index": task, **describe(columns)} for task, columns in sorted(groups.items(), key=_task_order)
     ]
     key_metrics = {key: value for key, value in agent_metrics.items() if key.startswith("mean/")}
-    return {"agent_metrics": agent_metrics, "key_metrics": key_metrics, "group_level_metrics": group_level}
+    shares = infra_failures(results)
+    failed = sum(entry["infra_failures"] for entry in shares)
+    counted = sum(entry["rollouts"] for entry in shares)
+    agent_metrics["infra_failure_count"] = float(failed)
+    agent_metrics["infra_failure_share"] = failed / counted if counted else 0.0
+    return {"agent_metrics": agent_metrics, "key_metrics": key_metrics, "group_level_metrics": group_level,
+            "infra_failures": shares, "provenance": provenance_counts(results)}
+
+
+def _provenance_of(result: dict[str, Any]) -> dict[str, Any]:
+    provenance = result.get("reward_provenance")
+    return provenance if isinstance(provenance, dict) else {}
+
+
+def infra_failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (environment, agent): rollouts, infrastructure failures among them, their share, and failures by class.
+
+    Rows marked `_ng_superseded` (a failure whose rollout later succeeded) are not counted.
+    """
+    rows = [result for result in results if not result.get("_ng_superseded")]
+    environment_of_agent: dict[Any, Any] = {}
+    for result in rows:
+        environment = _provenance_of(result).get("environment")
+        if environment is not None:
+            environment_of_agent.setdefault(_agent_of(result), environment)
+    groups: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for result in rows:
+        agent = _agent_of(result)
+        # a failure before /verify (the agent or the model failed) has no provenance: its agent's environment
+        environment = _provenance_of(result).get("environment", environment_of_agent.get(agent))
+        group = groups.setdefault((environment, agent), {"environment": environment, "agent": agent, "rollouts": 0,
+                                                          "infra_failures": 0, "failure_classes": Counter()})
+        group["rollouts"] += 1
+        if failure_class := result.get("_ng_failure_class"):
+            group["infra_failures"] += 1
+            group["failure_classes"][str(failure_class)] += 1
+    return [
+        {**group, "infra_failure_share": group["infra_failures"] / group["rollouts"],
+         "failure_classes": dict(sorted(group["failure_classes"].items()))}
+        for group in groups.values()
+    ]
+
+
+def _agent_of(result: dict[str, Any]) -> Any:
+    ref = result.get("agent_ref")
+    return ref.get("name") if isinstance(ref, dict) else None
+
+
+PROVENANCE_GROUP = ("environment", "instance", "version", "config_hash")
+
+
+def provenance_counts(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scored rows, their mean reward and infrastructure failures per reward provenance (first-seen order)."""
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for result in results:
+        provenance = _provenance_of(result)
+        if not provenance or result.get("_ng_superseded"):
+            continue
+        key = tuple(provenance.get(field) for field in PROVENANCE_GROUP)
+        group = groups.setdefault(key, {**dict(zip(PROVENANCE_GROUP, key, strict=True)), "rows": 0,
+                                        "reward_sum": 0.0, "infra_failures": 0})
+        if result.get("_ng_failure_class"):
+            group["infra_failures"] += 1
+            continue
+        reward = result.get("reward")
+        group["rows"] += 1
+        if isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward):
+            group["reward_sum"] += reward
+    return [
+        {**{k: v for k, v in group.items() if k != "reward_sum"},
+         "mean_reward": group["reward_sum"] / group["rows"] if group["rows"] else None}
+        for group in groups.values()
+    ]
 
 
 def _task_order(item: tuple[Any, Any]) -> tuple[int, Any]:

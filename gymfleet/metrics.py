@@ -22,7 +22,10 @@ Resources servers add, per environment (the instance name) and task (the row's f
   `_count` the mean reward);
 - `gymfleet_verify_results_total{environment, task, outcome}`: `outcome` is `scored` or the row's
   `_ng_failure_class`. Failure rows are never rewards: they count here, not in `gymfleet_reward`, so an
-  environment's infrastructure-failure share is `outcome != "scored"` over all.
+  environment's infrastructure-failure share is `outcome != "scored"` over all;
+- `gymfleet_infra_failure_share{environment}` (gauge): exactly that share, failure answers over all `/verify`
+  answers since the server started, computed from `gymfleet_verify_results_total` at each scrape (a broken judge
+  or sandbox shows here before it shows as a flat reward curve). Present once the server has answered a `/verify`.
 
 Label cardinality is bounded: at most `MAX_TASKS` task values per environment, `MAX_TARGETS` upstream targets and
 `MAX_FAILURE_CLASSES` outcome values (later ones count as `other`); values are cut to `MAX_LABEL_CHARS`.
@@ -39,7 +42,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
@@ -174,6 +177,7 @@ class ServerMetrics:
                 "gymfleet_verify_results", "/verify answers: scored, or the infrastructure failure class",
                 ["environment", "task", "outcome"], registry=self.registry,
             )
+            self.registry.register(_InfraShareCollector(self._results))
         tasks = self._tasks.get(environment)
         if tasks is None:
             tasks = self._tasks[environment] = BoundedLabel(MAX_TASKS)
@@ -198,6 +202,35 @@ def task_of(row: dict[str, Any]) -> str:
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
     return "none"
+
+
+INFRA_SHARE_HELP = (
+    "Share of /verify answers that were infrastructure failures (a _ng_failure_class row: judge, sandbox, inner "
+    "call, deadline) among all /verify answers of the environment since the server started"
+)
+
+
+class _InfraShareCollector:
+    """`gymfleet_infra_failure_share{environment}`, computed from `gymfleet_verify_results_total` at each scrape."""
+
+    def __init__(self, results: Counter) -> None:
+        self.results = results
+
+    def collect(self) -> Iterator[Metric]:
+        answers: dict[str, float] = {}
+        failures: dict[str, float] = {}
+        for metric in self.results.collect():
+            for sample in metric.samples:
+                if not sample.name.endswith("_total"):
+                    continue
+                environment = sample.labels["environment"]
+                answers[environment] = answers.get(environment, 0.0) + sample.value
+                if sample.labels["outcome"] != SCORED:
+                    failures[environment] = failures.get(environment, 0.0) + sample.value
+        family = GaugeMetricFamily("gymfleet_infra_failure_share", INFRA_SHARE_HELP, labels=["environment"])
+        for environment, total in sorted(answers.items()):
+            family.add_metric([environment], failures.get(environment, 0.0) / total if total else 0.0)
+        yield family
 
 
 class _RestartsCollector:

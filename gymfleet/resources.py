@@ -27,6 +27,12 @@ failure rows in `gymfleet_failures_total{failure_class, hop}` (the hop: the inst
 `judge`/`sandbox` when the error does not say, `local` for a verify past its deadline), never as rewards.
 `/openapi.json` shows `/verify` with the environment's own request and response classes (the latter or a
 `VerifyFailureRow`), `/seed_session` and each tool with their argument and return types.
+
+Provenance (`gymfleet.provenance`): every `/verify` answer, failure rows included, carries `reward_provenance`:
+`{environment, instance, version, config_hash, libraries, judge?}`, computed once per server (`reward_provenance()`,
+cached). A subclass declares the libraries that decide its rewards in `reward_libraries` (distribution names, e.g.
+`("math-verify", "sympy")`; `gymfleet` is always added); its version is the last `- vN:` entry of its module
+docstring's `## Version history`; its judge, if any, is found from `self.judge` (a `JudgeClient`).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from gymfleet.aggregate import aggregate_metrics
 from gymfleet.bodies import read_json, validate
 from gymfleet.errors import MAX_REPORTED_ERRORS, JudgeError, SandboxError, TransportError, first_errors
 from gymfleet.metrics import LOCAL_HOP, target_of
+from gymfleet.provenance import PROVENANCE_KEY
+from gymfleet.provenance import reward_provenance as compute_provenance
 from gymfleet.server import JSONResponse, Server, ServerConfig, add_route, release_freed_memory
 from gymfleet.wire import Response, ResponseCreateParams
 
@@ -134,6 +142,15 @@ class ResourcesServer(Server):
     config: ResourcesServerConfig
     reverify_mode: ClassVar[Literal["stateless", "unsupported", "unknown"]] = "unknown"
     """Whether `/verify` can be re-run on a stored rollout without its session (for `gym eval reverify`)."""
+    reward_libraries: ClassVar[tuple[str, ...]] = ()
+    """Distributions (pip names) whose versions decide this environment's rewards, for `reward_provenance`."""
+    _provenance: dict[str, Any] | None = None
+
+    def reward_provenance(self) -> dict[str, Any]:
+        """The `reward_provenance` every `/verify` answer carries (`gymfleet.provenance`); computed once."""
+        if self._provenance is None:
+            self._provenance = compute_provenance(self)
+        return self._provenance
 
     async def verify(self, body: VerifyRequest) -> VerifyResponse:
         raise NotImplementedError(f"{type(self).__name__} must implement verify()")
@@ -152,6 +169,7 @@ class ResourcesServer(Server):
             raw = await read_json(request)
             body = validate(verify_model, raw)
             row = await self._verify_row(body, raw, timeout_s)
+            row[PROVENANCE_KEY] = self.reward_provenance()  # replaces a stored row's when re-verified
             self.metrics.record_verify(environment, row)
             return JSONResponse(row)
 

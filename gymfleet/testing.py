@@ -129,7 +129,9 @@ def check_resources_server(url: str, rows: list[dict[str, Any]], texts: list[str
 
     For each row: `/seed_session` answers 200 and sets a cookie; `/verify` with a response (`texts[i]`, default an
     empty answer) answers 200, echoes every row field unchanged, returns a finite float `reward`, and gives the same
-    reward twice (determinism). Also `GET /` is live, `/reverify_mode` answers a known mode, `/metrics` is
+    reward twice (determinism), and carries a `reward_provenance` whose `version` is not `v0` (the module
+    docstring's `## Version history` must have a `- vN:` entry; `gymfleet.provenance`).
+    Also `GET /` is live, `/reverify_mode` answers a known mode, `/metrics` is
     Prometheus text, `/aggregate_metrics` accepts the results, and a body that is not a row is a 422.
     """
     import httpx
@@ -156,6 +158,12 @@ def check_resources_server(url: str, rows: list[dict[str, Any]], texts: list[str
                 assert isinstance(reward, float | int) and math.isfinite(reward), f"row {index}: reward {reward!r}"
                 rewards.append(reward)
             assert rewards[0] == rewards[1], f"row {index}: /verify not deterministic: {rewards}"
+            provenance = result.get("reward_provenance")
+            assert isinstance(provenance, dict), f"row {index}: /verify answer has no reward_provenance"
+            assert provenance.get("version") not in (None, "v0"), (
+                f"row {index}: reward_provenance version is {provenance.get('version')!r}: the environment module's "
+                "docstring needs a `## Version history` section with a `- v1: ...` entry"
+            )
             results.append(result)
         aggregated = client.post("/aggregate_metrics", json={"verify_responses": results})
         assert aggregated.status_code == 200 and "agent_metrics" in aggregated.json(), "aggregate_metrics"

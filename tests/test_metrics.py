@@ -149,6 +149,36 @@ def test_rewards_count_per_environment_and_task_and_failure_rows_are_not_rewards
     assert value(after, "gymfleet_upstream_requests_total", target="judge_model", outcome="connection_error") >= 1
 
 
+def test_infra_failure_share_gauge_is_failures_over_all_verify_answers(env_url):
+    before = scrape(env_url)
+    rows = [_row(category="algebra", score=1.0)] * 3 + [_row(category="algebra", behave="judge_down")]
+    with httpx.Client(base_url=env_url, timeout=10) as client:
+        results = [client.post("/verify", json=row).json() for row in rows]
+    assert sum(bool(r.get("_ng_failure_class")) for r in results) == 1
+    after = scrape(env_url)
+    answers = value(after, "gymfleet_verify_results_total", environment="scored_env")
+    failures = answers - value(after, "gymfleet_verify_results_total", environment="scored_env", outcome="scored")
+    assert answers - value(before, "gymfleet_verify_results_total", environment="scored_env") == 4
+    assert failures >= 1
+    share = value(after, "gymfleet_infra_failure_share", environment="scored_env")
+    assert share == pytest.approx(failures / answers)
+    assert 0 < share < 1
+    text = httpx.get(env_url + "/metrics", timeout=10).text
+    assert "# HELP gymfleet_infra_failure_share Share of /verify answers that were infrastructure failures" in text
+    assert "# TYPE gymfleet_infra_failure_share gauge" in text
+
+
+def test_infra_failure_share_is_zero_for_an_environment_without_failures():
+    server = ScoredServer({"name": "healthy_env", "domain": "other"})
+    with serve(server.create_app()) as url:
+        assert "gymfleet_infra_failure_share" not in httpx.get(url + "/metrics", timeout=10).text  # no answer yet
+        assert httpx.post(url + "/verify", json=_row(score=1.0), timeout=10).status_code == 200
+        assert value(scrape(url), "gymfleet_infra_failure_share", environment="healthy_env") == 0.0
+        assert ("gymfleet_infra_failure_share", frozenset({("environment", "healthy_env")})) in scrape(url)
+        httpx.post(url + "/verify", json=_row(behave="judge_down"), timeout=10)
+        assert value(scrape(url), "gymfleet_infra_failure_share", environment="healthy_env") == 0.5
+
+
 @pytest.mark.parametrize(
     ("row", "task"),
     [

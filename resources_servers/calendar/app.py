@@ -117,6 +117,7 @@ class CalendarServer(ResourcesServer):
 
     config: CalendarConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     async def verify(self, body: CalendarRequest) -> CalendarResponse:
         expected = {event_id: event.expected() for event_id, event in body.exp_cal_state.items()}

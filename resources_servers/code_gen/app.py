@@ -173,6 +173,7 @@ class CodeGenServer(ResourcesServer):
 
     config: CodeGenConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)

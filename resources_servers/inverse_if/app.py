@@ -176,6 +176,7 @@ class InverseIfServer(RubricJudgeServer):
     """Grades a reply against per-criterion PASS/FAIL judgements with per-row judge prompts."""
 
     config: InverseIfConfig
+    reward_libraries = ()
     labels = ('result=PASS', 'result=FAIL', PASS, FAIL)
 
     def __init__(self, *args: Any, **kwargs: Any):

@@ -325,6 +325,7 @@ class JailbreakDetectionServer(ResourcesServer):
 
     config: JailbreakDetectionConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -183,6 +183,7 @@ class MathWithJudgeServer(ResourcesServer):
 
     config: MathWithJudgeConfig
     reverify_mode = "stateless"
+    reward_libraries = ("math-verify", "sympy", "latex2sympy2_extended")
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -96,6 +96,7 @@ class MCQAServer(ResourcesServer):
 
     config: MCQAConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     async def verify(self, body: MCQARequest) -> MCQAResponse:
         regex: Any = body.template_metadata.output_regex if body.template_metadata else None

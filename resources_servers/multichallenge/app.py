@@ -198,6 +198,7 @@ class MultichallengeServer(RubricJudgeServer):
     """Grades a conversation's final reply against yes/no rubric questions with an LLM judge."""
 
     config: MultichallengeConfig
+    reward_libraries = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -194,6 +194,7 @@ class NsToolsServer(ResourcesServer):
 
     config: NsToolsConfig
     reverify_mode = "stateless"  # the reward reads the response only; the session's state is never consulted
+    reward_libraries = ()
 
     def __init__(self, *args: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -154,6 +154,7 @@ class OverRefusalDetectionServer(ResourcesServer):
 
     config: OverRefusalDetectionConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

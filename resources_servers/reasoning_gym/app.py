@@ -81,6 +81,7 @@ class ReasoningGymServer(ResourcesServer):
 
     config: ReasoningGymConfig
     reverify_mode = "stateless"
+    reward_libraries = ("reasoning-gym", "sympy")
 
     async def verify(self, body: ReasoningGymRequest) -> ReasoningGymResponse:
         task = body.metadata["source_dataset"]

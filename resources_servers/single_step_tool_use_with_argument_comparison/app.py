@@ -177,6 +177,7 @@ class SingleStepServer(ResourcesServer):
 
     config: SingleStepConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     async def verify(self, body: SingleStepRequest) -> SingleStepResponse:
         reward, category, reason = score(

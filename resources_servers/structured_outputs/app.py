@@ -100,6 +100,7 @@ class StructuredOutputsServer(ResourcesServer):
 
     config: StructuredOutputsConfig
     reverify_mode = "stateless"
+    reward_libraries = ("jsonschema", "referencing", "PyYAML", "xmltodict")
 
     async def verify(self, body: StructuredOutputsRequest) -> StructuredOutputsResponse:
         config = self.config

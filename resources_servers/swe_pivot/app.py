@@ -238,6 +238,7 @@ class SwePivotServer(ResourcesServer):
 
     config: SwePivotConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     async def verify(self, body: SwePivotRequest) -> SwePivotResponse:
         fields = grade(body.expected_call(), body.response, self.config)

@@ -289,6 +289,7 @@ class SWEBenchServer(ResourcesServer):
 
     config: SWEBenchConfig
     reverify_mode = "unsupported"  # the diff lives in the session, which /verify closes
+    reward_libraries = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -193,6 +193,7 @@ class SwerlGenServer(ResourcesServer):
 
     config: SwerlGenConfig
     reverify_mode = "stateless"
+    reward_libraries = ()
 
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)

@@ -118,6 +118,7 @@ class TerminalPivotServer(ResourcesServer):
 
     config: TerminalPivotConfig
     reverify_mode = "stateless"
+    reward_libraries = ("jsonschema",)
 
     async def verify(self, body: TerminalPivotRequest) -> TerminalPivotResponse:
         rules = Rules(self.config.require_matching_completion, self.config.max_keystroke_chars)

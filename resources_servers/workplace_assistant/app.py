@@ -193,6 +193,7 @@ class WorkplaceAssistantServer(ResourcesServer):
 
     config: WorkplaceAssistantConfig
     reverify_mode = "stateless"  # the reward replays the calls; it never reads the session
+    reward_libraries = ("python-dateutil",)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
