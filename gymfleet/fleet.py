@@ -72,6 +72,8 @@ from gymfleet.launch import (
     write_resolved,
 )
 from gymfleet.progress import Progress
+from gymfleet.zygote import EXIT_UNKNOWN, ForkedProcess, Zygote, ZygoteError
+from gymfleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
 
 if TYPE_CHECKING:  # imported where used, so `ng_run` names the model endpoints it waits for within a second
     import uvicorn
@@ -103,6 +105,10 @@ ENDPOINT_ANNOUNCE_AFTER_S = 0.5
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")
 ENDPOINT_REPORT_EVERY_S = 10.0
 """Seconds between "still waiting for" lines about a model endpoint."""
+SERVER_START_CHOICES = ("zygote", "spawn")
+"""`server_start`: fork each server from the pre-imported zygote (default), or start a fresh interpreter each."""
+ZYGOTE_RESTARTS = 3
+"""Zygotes started again after one dies, per fleet; past that, servers start as fresh interpreters."""
 
 
 class ServerCrashedError(GymfleetError, RuntimeError):
@@ -114,7 +120,7 @@ class _Child:
     """One supervised server instance; kept across restarts (its `process` is replaced)."""
 
     instance: ServerInstance
-    process: subprocess.Popen
+    process: subprocess.Popen | ForkedProcess
     start_time: float
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     restarts: int = 0
@@ -163,6 +169,11 @@ class Fleet:
         """Probes the model endpoints while the fleet starts (see `_EndpointWatch`)."""
         self._progress: Progress | None = None
         """The progress shown while the fleet starts (lines from `_say` go above its bar)."""
+        self.server_start = _server_start(config)
+        """How servers start: `zygote` (forked from one pre-imported parent) or `spawn` (a fresh interpreter each)."""
+        self._zygote: Zygote | None = None
+        self._zygote_starts = 0
+        self._zygote_lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------ start
 
@@ -184,9 +195,14 @@ class Fleet:
             raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
         self._endpoints = _EndpointWatch.for_config(self.config, self._say)
         try:
-            self.validate()
             self._write_workdir()
-            self._start_head()
+            if self.server_start == "zygote":
+                self._start_zygote()  # it imports everything while this process starts the head server
+                self._start_head()
+                self._validate_in_zygote()
+            else:
+                self.validate()
+                self._start_head()
             self._check_ports_free()
             for instance in self.config.instances.values():
                 self._spawn(instance)
@@ -247,14 +263,89 @@ class Fleet:
         self._say(f"started {instance.name} ({instance.server_type}/{instance.impl}) on {instance.url}, "
                   f"pid {child.process.pid}, log: {self.log_target(instance.name)}")
 
+    # ------------------------------------------------------------------------------------------ zygote
+
+    def _start_zygote(self) -> None:
+        """Start a zygote (`gymfleet.zygote`): a fresh interpreter that imports every server once, then forks them."""
+        self._zygote_starts += 1
+        self._zygote = Zygote(self._config_path, output=self._zygote_output, on_death=self._zygote_died)
+
+    def _zygote_output(self, line: str) -> None:
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.log_dir / "zygote.log", "a") as sink:
+                sink.write(line + "\n")
+        else:
+            self._say(f"(zygote) {line}")
+
+    def _validate_in_zygote(self) -> None:
+        """Validate every server in a child of the zygote (no second import of everything here); on any doubt,
+        `validate()` here, which raises the real error. A zygote that cannot serve leaves fresh interpreters."""
+        zygote = self._zygote
+        try:
+            error = zygote.validate(json.loads(self._secrets_env), dict(os.environ))
+        except ZygoteError as exc:
+            self._zygote_lost(zygote, str(exc))
+            self.validate()
+            return
+        if error is not None:
+            self.validate()  # raises the error, typed and with its YAML path
+            self._zygote_lost(zygote, f"failed to build a server where this process did not: {error}")
+
+    def _zygote_died(self, zygote: Zygote) -> None:
+        """The zygote exited on its own (its reader thread calls this)."""
+        self._zygote_lost(zygote, f"(pid {zygote.pid}) {zygote.death_text()}")
+
+    def _zygote_lost(self, zygote: Zygote, why: str) -> None:
+        """Replace a zygote that died or failed: start another (at most `ZYGOTE_RESTARTS` times, and only if it
+        had served), else start servers as fresh interpreters from now on. Says so once, either way."""
+        with self._zygote_lock:
+            if self._zygote is not zygote or self._stopping:
+                return
+            zygote.close()
+            if zygote.was_ready and self._zygote_starts <= ZYGOTE_RESTARTS:  # one dying at import would again
+                self._start_zygote()
+                then = (f"starting a new one ({self._zygote_starts - 1}/{ZYGOTE_RESTARTS}); running servers keep "
+                        "serving")
+            else:
+                self._zygote = None
+                then = "servers start as fresh interpreters from now on (as with server_start=spawn)"
+                if self.children:
+                    then += "; running servers keep serving"
+            self._say(f"the zygote {why}; {then}")
+
+    def _zygote_starting(self) -> bool:
+        """Whether a (re)started zygote is still importing: a restart waits for it rather than paying twice."""
+        zygote = self._zygote
+        if zygote is None or zygote.ready or not zygote.alive:
+            return False
+        if time.monotonic() - zygote.started_at > ZYGOTE_READY_TIMEOUT_S:
+            self._zygote_lost(zygote, f"(pid {zygote.pid}) was not ready within {ZYGOTE_READY_TIMEOUT_S:g}s")
+            return False
+        return True
+
     def log_target(self, name: str) -> str:
         """Where the output of server `name` goes: its log file under `nemo_gym_log_dir`, or this output."""
         if self.log_dir:
             return str(self.log_dir / f"{name}.log")
         return f"this output, lines prefixed ({name})"
 
-    def _popen(self, instance: ServerInstance) -> subprocess.Popen:
-        """The server process of `instance`, in its own process group, output piped to the supervisor."""
+    def _popen(self, instance: ServerInstance) -> subprocess.Popen | ForkedProcess:
+        """The server process of `instance`, in its own process group, output piped to the supervisor: forked by
+        the zygote, or (`server_start: spawn`, or no zygote left) a fresh interpreter."""
+        zygote = self._zygote
+        if zygote is not None:
+            from gymfleet.server import FLEET_TOKEN_ENV
+
+            env = {**os.environ, FLEET_TOKEN_ENV: self.token}
+            try:
+                return zygote.spawn(instance.name, json.loads(self._secrets_env), env)
+            except ZygoteError as exc:
+                self._zygote_lost(zygote, str(exc))
+        return self._spawn_popen(instance)
+
+    def _spawn_popen(self, instance: ServerInstance) -> subprocess.Popen:
+        """`instance` as a fresh interpreter: `python -m gymfleet.launch`."""
         command = [
             sys.executable,
             "-m",
@@ -516,6 +607,9 @@ class Fleet:
     def _respawn(self, child: _Child, now: float) -> None:
         """Start a dead server again on its own port, once the port is free (give up when it stays taken)."""
         instance = child.instance
+        if self._zygote_starting():
+            child.restart_at, child.deadline = now + POLL_INTERVAL_S, child.deadline + POLL_INTERVAL_S
+            return
         try:
             bind_socket(instance.host, instance.port, f"{instance.path}.port").close()
         except PortInUseError as exc:
@@ -579,6 +673,10 @@ class Fleet:
                 child.process.wait(2)
             except subprocess.TimeoutExpired:
                 log.error("process %s (%s) did not die", child.process.pid, child.instance.name)
+        with self._zygote_lock:
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
         if self._head is not None:
             self._head.should_exit = True
             if self._head_thread is not None:
@@ -649,8 +747,27 @@ def _exit_on_failure(config: GlobalConfig) -> bool:
     return value
 
 
+def _server_start(config: GlobalConfig) -> str:
+    """`server_start`: `zygote` (default) or `spawn`.
+
+    Raises:
+        ConfigError: any other value, naming the key and the choices.
+    """
+    value = config.data.get("server_start", SERVER_START_CHOICES[0])
+    if value not in SERVER_START_CHOICES:
+        raise ConfigError(
+            f"server_start: expected one of {', '.join(SERVER_START_CHOICES)}, got {value!r}",
+            path="server_start",
+            hint="Use +server_start=zygote (default: every server forked from one pre-imported parent, fast and "
+            "light) or +server_start=spawn (a fresh Python interpreter per server).",
+        )
+    return value
+
+
 def _exit_text(code: int) -> str:
     """`code -9 (SIGKILL)` for a process killed by a signal, `code 3` otherwise."""
+    if code == EXIT_UNKNOWN:
+        return "an unknown code (it was forked by a zygote that died before it, so nobody could collect it)"
     if code < 0:
         try:
             return f"code {code} ({signal.Signals(-code).name})"
@@ -659,7 +776,7 @@ def _exit_text(code: int) -> str:
     return f"code {code}"
 
 
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
+def _signal_group(process: subprocess.Popen | ForkedProcess, sig: int) -> None:
     try:
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):

@@ -26,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import select
 import shutil
 import signal
 import socket
@@ -192,21 +193,34 @@ def build_server(instance: ServerInstance, config: GlobalConfig | dict[str, Any]
     return cls(validated, data)
 
 
-def die_with_parent(parent_pid: int, interval_s: float = 0.5, workdir: Path | None = None) -> None:
+def die_with_parent(parent_pid: int, interval_s: float = 0.5, workdir: Path | None = None,
+                    supervisor_pidfd: int | None = None) -> None:
     """Stop this server (its whole process group, workers included) soon after the supervisor dies.
 
     A watchdog thread notices the supervisor is gone when this process is re-parented. Unlike the kernel's
     parent-death signal, this does not depend on which supervisor *thread* started us (NeMo-RL may start the fleet
-    from any thread), and it needs no `preexec_fn` (unsafe in a multi-threaded supervisor). A supervisor killed
+    from any thread), and it needs no `preexec_fn` (unsafe in a multi-threaded supervisor). A server forked by the
+    zygote (`gymfleet.zygote`) is the zygote's child, not the supervisor's: it watches `supervisor_pidfd` instead
+    (readable once the supervisor exits), so it outlives a dead zygote but not its supervisor. A supervisor killed
     outright cannot remove its work folder, so the first child to notice removes `workdir` (a `gymfleet-*` folder).
     """
-    if os.getppid() != parent_pid:
+    if supervisor_pidfd is not None:
+        def gone(timeout_s: float | None) -> bool:
+            return bool(select.select([supervisor_pidfd], [], [], timeout_s)[0])
+    else:
+        def gone(timeout_s: float | None) -> bool:
+            if os.getppid() != parent_pid:
+                return True
+            time.sleep(interval_s if timeout_s is None else timeout_s)
+            return os.getppid() != parent_pid
+
+    if gone(0):
         _remove_workdir(workdir)
         sys.exit(f"supervisor {parent_pid} is gone; not starting")
 
     def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(interval_s)
+        while not gone(None):
+            pass
         log.error("supervisor %s is gone; stopping", parent_pid)
         _remove_workdir(workdir)
         os.killpg(os.getpgrp(), signal.SIGTERM)
@@ -333,6 +347,28 @@ def _configure_logging(instance_name: str) -> None:
     )
 
 
+def serve_supervised(config_path: Path, instance_name: str, secrets: Secrets, *, parent_pid: int | None = None,
+                     workdir: Path | None = None, supervisor_pidfd: int | None = None) -> None:
+    """Serve one instance as the supervisor's child (blocking); exits with `EXIT_PORT_IN_USE` or 2 on failure.
+
+    What `python -m gymfleet.launch` runs, and what a server forked by the zygote runs (`gymfleet.zygote`).
+    """
+    _configure_logging(instance_name)
+    if parent_pid:
+        die_with_parent(parent_pid, workdir=workdir, supervisor_pidfd=supervisor_pidfd)
+    raise_nofile_limit()
+    try:
+        serve_instance(config_path, instance_name, secrets)
+    except PortInUseError as exc:
+        if not parent_pid:  # a supervisor reports the port itself, in one line on the user's terminal
+            print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_PORT_IN_USE)
+    except GymfleetError as exc:
+        log.error("%s", exc)
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Serve one gymfleet server instance.")
     parser.add_argument("--config", required=True, type=Path, help="resolved global config (JSON)")
@@ -341,20 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, help="the fleet's work folder, removed if the supervisor dies")
     args = parser.parse_args(argv)
     secrets = take_secrets()
-    _configure_logging(args.instance)
-    if args.parent_pid:
-        die_with_parent(args.parent_pid, workdir=args.workdir)
-    raise_nofile_limit()
-    try:
-        serve_instance(args.config, args.instance, secrets)
-    except PortInUseError as exc:
-        if not args.parent_pid:  # a supervisor reports the port itself, in one line on the user's terminal
-            print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_PORT_IN_USE)
-    except GymfleetError as exc:
-        log.error("%s", exc)
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    serve_supervised(args.config, args.instance, secrets, parent_pid=args.parent_pid, workdir=args.workdir)
 
 
 def write_resolved(data: dict[str, Any], path: Path) -> None:

@@ -1,0 +1,177 @@
+"""Fleet start-up: time to ready and memory of the Nano 3 fleet, fresh interpreters vs forked from the zygote.
+
+Starts `configs/nano3_rlvr.yaml` as a user does (`ng_run` as a subprocess) with its policy on an embedded scripted
+model (a `scripted_llm` instance in the fleet, as `configs/quickstart.yaml` has: no GPU, no network), once per mode
+and repeat, alternating: `server_start: spawn` (every server is `python -m gymfleet.launch`, importing its stack
+anew) and `server_start: zygote` (every server forked from one pre-imported `python -m gymfleet.zygote`). For each
+start it takes the time from `ng_run`'s launch to its `All N / N servers ready` line, then (after `--settle-s`) the
+memory of every process of the fleet (the supervisor, the zygote, every server and its workers) with psutil's
+`memory_full_info`:
+
+- RSS counts every page a process maps, shared ones included, so forked servers sharing the zygote's imports
+  (copy-on-write) are counted once per server: the RSS sum double-counts. It is what `top` shows.
+- PSS splits each shared page among the processes sharing it: the PSS sum is the fleet's real share of memory.
+- USS counts only the pages a process alone holds: what killing it would free.
+
+    python bench/fleet_startup.py [--repeats 1] [--settle-s 2] [--modes spawn,zygote]
+
+Prints one table: per mode, the median over repeats of the time to ready, the totals, and the per-server medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "configs/nano3_rlvr.yaml"
+READY_TIMEOUT_S = 300
+MIB = 1024 * 1024
+STARTED = re.compile(r"^started (\S+) .* pid (\d+),")
+# "started mcqa (resources_servers/mcqa) on http://127.0.0.1:10523, pid 4242, log: ..." -> mcqa, 4242
+
+
+def overlay(mode: str, folder: Path) -> Path:
+    """A config file: the Nano 3 recipe, its policy on an embedded scripted model, and `server_start: <mode>`."""
+    data = {
+        "config_paths": [str(RECIPE)],
+        "server_start": mode,
+        "scripted_llm": {"responses_api_models": {"scripted_model": {
+            "entrypoint": "app.py", "model": "scripted", "default": {"text": "I am not sure."}}}},
+        "policy_base_url": "http://${scripted_llm.responses_api_models.scripted_model.host}:"
+                           "${scripted_llm.responses_api_models.scripted_model.port}/v1",
+        "policy_api_key": "not-needed",
+        "policy_model_name": "scripted",
+    }
+    path = folder / f"nano3_{mode}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def memory(pid: int) -> tuple[float, float, float]:
+    """RSS, PSS and USS (MiB) of process `pid` and all its descendants (zeros if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0, 0.0, 0.0
+    rss = pss = uss = 0.0
+    for process in processes:
+        try:
+            info = process.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        rss, pss, uss = rss + info.rss / MIB, pss + info.pss / MIB, uss + info.uss / MIB
+    return rss, pss, uss
+
+
+def start_once(mode: str, folder: Path, settle_s: float) -> dict:
+    """Start the fleet once in `mode`; measure; stop it. Returns the measurements."""
+    config = overlay(mode, folder)
+    command = [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{config}]",
+               f"+head_server.port={free_port()}"]
+    began = time.monotonic()
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env={**os.environ, "GYMFLEET_LOG_LEVEL": "WARNING"})
+    servers: dict[str, int] = {}
+    lines: list[str] = []
+    try:
+        ready_s = None
+        deadline = began + READY_TIMEOUT_S
+        for line in process.stdout:
+            lines.append(line.rstrip())
+            if match := STARTED.match(line):
+                servers[match.group(1)] = int(match.group(2))
+            if "servers ready!" in line:
+                ready_s = time.monotonic() - began
+                break
+            if time.monotonic() > deadline:
+                break
+        if ready_s is None:
+            raise RuntimeError(f"{mode}: the fleet did not become ready:\n" + "\n".join(lines[-40:]))
+        time.sleep(settle_s)
+        total = memory(process.pid)
+        per_server = [memory(pid) for pid in servers.values()]
+        count = len(psutil.Process(process.pid).children(recursive=True)) + 1
+        return {"mode": mode, "ready_s": ready_s, "servers": len(servers), "processes": count, "total": total,
+                "per_server": [statistics.median(values) for values in zip(*per_server, strict=True)]}
+    finally:
+        with_signal(process, signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            with_signal(process, signal.SIGKILL, group=True)
+            process.wait()
+        if process.stdout:
+            process.stdout.close()
+
+
+def with_signal(process: subprocess.Popen, sig: int, group: bool = False) -> None:
+    try:
+        os.killpg(process.pid, sig) if group else process.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def table(results: list[dict]) -> str:
+    header = ("mode", "servers", "procs", "ready s", "RSS MiB*", "PSS MiB", "USS MiB", "server RSS*", "server PSS",
+              "server USS")
+    rows = [header]
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        runs = [r for r in results if r["mode"] == mode]
+        med = statistics.median
+        rows.append((
+            f"{mode} (x{len(runs)})",
+            str(runs[0]["servers"]),
+            str(runs[0]["processes"]),
+            f"{med(r['ready_s'] for r in runs):.1f}",
+            *(f"{med(r['total'][i] for r in runs):.0f}" for i in range(3)),
+            *(f"{med(r['per_server'][i] for r in runs):.1f}" for i in range(3)),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.append("ready s: from launching ng_run to its 'All N / N servers ready' line (median). Totals: every "
+                 "process of the fleet (supervisor, zygote, servers, workers); server*: per-server medians.")
+    lines.append("* RSS counts shared pages once per process: forked servers share the zygote's imports "
+                 "(copy-on-write), so the RSS sum double-counts; PSS splits shared pages, USS is private only.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--settle-s", type=float, default=2.0, help="wait after ready before measuring memory")
+    parser.add_argument("--modes", default="spawn,zygote")
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        for repeat in range(args.repeats):
+            for mode in modes:
+                result = start_once(mode, Path(folder), args.settle_s)
+                print(f"run {repeat + 1}/{args.repeats} {mode}: ready in {result['ready_s']:.1f} s, "
+                      f"RSS {result['total'][0]:.0f} MiB, PSS {result['total'][1]:.0f} MiB", flush=True)
+                results.append(result)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

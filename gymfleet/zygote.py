@@ -1,0 +1,522 @@
+"""Start servers by forking them from one pre-imported parent, the zygote (`ng_run`'s default, `server_start: zygote`).
+
+A fresh interpreter per server (`python -m gymfleet.launch`, `server_start: spawn`) imports fastapi, pydantic,
+uvicorn, aiohttp and its environment's libraries again: for the Nano 3 fleet that is most of its start-up time and
+of its memory. The zygote imports all of it once (the shared stack and the `app.py` of every instance in the
+config), calls `gc.freeze()` so the garbage collector does not touch (and so copy) the imported objects, and forks
+one child per server on request; the children share those pages copy-on-write.
+
+Why a fresh interpreter and not a fork of the supervisor: forking a multi-threaded process copies locks other
+threads may hold (logging, the import lock, malloc's) into a child with none of those threads. The supervisor has
+threads (head server, log pumps, endpoint probes), and its caller may too: NeMo-RL's Ray actor calls
+`RunHelper.start` with many threads running. So the supervisor starts `python -m gymfleet.zygote` with
+`subprocess` (safe from any thread), and only the zygote, single-threaded by construction, ever forks. A zygote
+whose imports start a Python thread refuses to serve (the fleet falls back to fresh interpreters).
+
+The supervisor and the zygote talk over a private Unix socket pair (`SOCK_SEQPACKET`: one JSON message per
+packet; file descriptors travel with `socket.send_fds`, SCM_RIGHTS):
+
+- zygote → supervisor `{"op": "ready"}` once everything is imported; `{"op": "exit", "pid", "code"}` when it
+  reaps a child (`code` as `subprocess.Popen.returncode`: negative for a signal);
+- supervisor → zygote `{"op": "spawn", "id", "instance", "env", "secrets"}` with the write end of the child's
+  output pipe, answered `{"op": "spawned", "id", "pid"}`; `{"op": "validate", "secrets", "env"}` with a pipe, on
+  which a throwaway child writes whether every server builds (`gymfleet.fleet.Fleet.validate` without importing
+  everything a second time).
+
+Each child starts its own session (process group), takes the pipe as stdout and stderr and /dev/null as stdin,
+gets the supervisor's environment of the moment plus the fleet token (`env`), its secrets in memory (never on disk,
+argv or even its environment), a fresh random seed (`random`, and `numpy.random` if imported), default signal
+handlers and fresh logging handlers; no event loop, aiohttp session or thread exists in the zygote to inherit.
+It then serves exactly as `python -m gymfleet.launch` does (`gymfleet.launch.serve_supervised`), `num_workers`,
+`EXIT_PORT_IN_USE` and all, and dies with the supervisor: it watches the supervisor's pidfd, which the zygote
+opened, so a child outlives its zygote but never its supervisor. The zygote exits when the supervisor closes the
+socket or dies; its children keep serving.
+
+On the supervisor's side a `ForkedProcess` stands in for `subprocess.Popen` (`pid`, `poll()`, `wait()`,
+`returncode`, `stdout`, `kill()`); exit codes come from the zygote. A child whose zygote died is watched through
+its own pidfd: its exit is seen, but its code is lost (`EXIT_UNKNOWN`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from gymfleet.errors import GymfleetError
+
+__all__ = ["EXIT_UNKNOWN", "ForkedProcess", "Zygote", "ZygoteError"]
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 180.0
+"""A zygote that has not imported everything within this long counts as failed."""
+REPLY_TIMEOUT_S = 30.0
+"""How long the supervisor waits for the zygote to answer a spawn (a fork takes milliseconds)."""
+VALIDATE_TIMEOUT_S = 120.0
+MAX_MESSAGE_BYTES = 1 << 20
+EXIT_UNKNOWN = -1000
+"""`returncode` of a forked server that exited after its zygote died: nobody could collect its exit code."""
+SHARED_MODULES = (
+    "asyncio", "json", "multiprocessing.spawn", "pydantic", "fastapi", "starlette.applications", "aiohttp",
+    "uvicorn", "uvicorn.config", "uvicorn.server", "uvicorn.lifespan.on", "uvicorn.loops.auto",
+    "uvicorn.loops.uvloop", "uvicorn.protocols.http.auto", "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.http.h11_impl", "uvicorn.protocols.websockets.auto", "gymfleet.server", "gymfleet.http",
+    "gymfleet.launch",
+)  # fmt: skip
+"""Imported first, whatever the config: what every server imports (uvicorn's `auto` modules load at serve time)."""
+
+
+class ZygoteError(GymfleetError, RuntimeError):
+    """The zygote died, did not get ready, or did not answer; the supervisor falls back to fresh interpreters."""
+
+
+# ------------------------------------------------------------------------------------------ messages
+
+
+def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    """The next message and the descriptors that came with it; `(None, [])` once the other side is gone."""
+    data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE_BYTES, 4)
+    return (json.loads(data) if data else None), fds
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd for `pid` (readable once it exits), or None on a kernel or Python without pidfd_open."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _exited(pidfd: int | None, pid: int) -> bool:
+    if pidfd is not None:
+        return bool(select.select([pidfd], [], [], 0)[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+# ------------------------------------------------------------------------------------------ supervisor side
+
+
+class ForkedProcess:
+    """A server the zygote forked, with the parts of `subprocess.Popen` the supervisor uses."""
+
+    def __init__(self, pid: int, stdout: IO[str], zygote: Zygote):
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self.args = f"<{pid} forked by zygote {zygote.pid}>"
+        self._zygote = zygote
+        self._pidfd = _open_pidfd(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            zygote_dead = not self._zygote.alive  # read first: every exit it reported is recorded by then
+            code = self._zygote.exit_code(self.pid)
+            if code is None and zygote_dead and _exited(self._pidfd, self.pid):
+                code = EXIT_UNKNOWN
+            if code is not None:
+                self.returncode = code
+                if self._pidfd is not None:
+                    os.close(self._pidfd)
+                    self._pidfd = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class Zygote:
+    """The supervisor's handle on one zygote process: starts it, asks it for children, hears of their exits.
+
+    Args:
+        config_path: the fleet's resolved (secret-free) config; every instance's entrypoint is imported from it.
+        output: called with each line the zygote prints (its own log lines, not its children's).
+        on_death: called once, from the reader thread, if the zygote exits before `close()`.
+    """
+
+    def __init__(self, config_path: Path, *, output: Callable[[str], None], on_death: Callable[[Zygote], None]):
+        self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.started_at = time.monotonic()
+        with theirs:
+            command = [sys.executable, "-m", "gymfleet.zygote", "--config", str(config_path), "--control-fd",
+                       str(theirs.fileno()), "--parent-pid", str(os.getpid())]
+            self.process = subprocess.Popen(
+                command, pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1, errors="replace",
+            )
+        self.pid = self.process.pid
+        self.tail: list[str] = []
+        self._output = output
+        self._on_death = on_death
+        self.was_ready = False
+        """Whether it ever got ready (imported everything); `ready` is whether it is ready and alive now."""
+        self._ready = threading.Event()
+        self._dead = threading.Event()
+        self._closing = False
+        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._exits: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._request_lock = threading.Lock()
+        self._next_id = 0
+        threading.Thread(target=self._read, name=f"zygote-{self.pid}", daemon=True).start()
+        threading.Thread(target=self._pump, name=f"log-zygote-{self.pid}", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead.is_set()
+
+    @property
+    def ready(self) -> bool:
+        return self.was_ready and self.alive
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._lock:
+            return self._exits.get(pid)
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Return once the zygote has imported everything.
+
+        Raises:
+            ZygoteError: it exited first (with its last lines), or took longer than `timeout_s`.
+        """
+        remaining = timeout_s - (time.monotonic() - self.started_at)
+        if not self._ready.wait(max(0.0, remaining)):
+            raise ZygoteError(f"the zygote (pid {self.pid}) was not ready within {timeout_s:g}s")
+        if not self.alive:
+            raise ZygoteError(f"the zygote (pid {self.pid}) {self.death_text()}")
+
+    def death_text(self) -> str:
+        """`exited with code 1; its last lines: ...` (once it is dead)."""
+        try:
+            code = self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+        lines = "".join(f"\n    {line}" for line in self.tail[-10:])
+        return f"exited with code {code}" + (f"; its last lines:{lines}" if lines else "")
+
+    def validate(self, secrets: list, env: dict[str, str]) -> str | None:
+        """Build every server once, in a throwaway child: None when all build, else the first error's text.
+
+        Raises:
+            ZygoteError: the zygote is gone, or the child died without an answer.
+        """
+        read_fd, write_fd = os.pipe()
+        with os.fdopen(read_fd, "rb") as answer:
+            try:
+                self._request({"op": "validate", "secrets": secrets, "env": env}, write_fd)
+            finally:
+                os.close(write_fd)
+            if not select.select([answer], [], [], VALIDATE_TIMEOUT_S)[0]:
+                raise ZygoteError(f"the zygote's validation gave no answer within {VALIDATE_TIMEOUT_S:g}s")
+            data = answer.read()
+        if not data:
+            raise ZygoteError("the zygote's validation child died without an answer")
+        result = json.loads(data)
+        return None if result["ok"] else result["error"]
+
+    def spawn(self, instance: str, secrets: list, env: dict[str, str]) -> ForkedProcess:
+        """Fork the server of `instance`; its output comes out of the returned process's `stdout`.
+
+        Raises:
+            ZygoteError: the zygote is gone or did not answer within `REPLY_TIMEOUT_S`.
+        """
+        read_fd, write_fd = os.pipe()
+        try:
+            reply = self._request({"op": "spawn", "instance": instance, "secrets": secrets, "env": env}, write_fd)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)  # the child holds its copy: EOF on our end is the child (and its workers) gone
+        stdout = os.fdopen(read_fd, "r", errors="replace")
+        return ForkedProcess(reply["pid"], stdout, self)
+
+    def _request(self, message: dict[str, Any], fd: int) -> dict[str, Any]:
+        with self._request_lock:
+            self.wait_ready()
+            self._next_id += 1
+            message["id"] = self._next_id
+            try:
+                _send(self._control, message, [fd])
+            except OSError as exc:
+                raise ZygoteError(f"the zygote (pid {self.pid}) cannot be reached: {exc}") from None
+            while True:
+                try:
+                    reply = self._replies.get(timeout=REPLY_TIMEOUT_S)
+                except queue.Empty:
+                    raise ZygoteError(f"the zygote (pid {self.pid}) did not answer within {REPLY_TIMEOUT_S:g}s") \
+                        from None
+                if reply is None:
+                    raise ZygoteError(f"the zygote (pid {self.pid}) {self.death_text()}")
+                if reply.get("id") == message["id"]:
+                    return reply
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message, _ = _receive(self._control)
+                if message is None:
+                    break
+                if message["op"] == "exit":
+                    with self._lock:
+                        self._exits[message["pid"]] = message["code"]
+                elif message["op"] == "ready":
+                    self.was_ready = True
+                    self._ready.set()
+                else:
+                    self._replies.put(message)
+        except (OSError, ValueError) as exc:  # a closed socket (close()) or a garbled message
+            if not self._closing:
+                log.error("zygote %s: reading its messages failed: %s", self.pid, exc)
+        self._dead.set()
+        self._ready.set()
+        self._replies.put(None)
+        if not self._closing:
+            self._on_death(self)
+
+    def _pump(self) -> None:
+        with contextlib.closing(self.process.stdout):
+            for line in self.process.stdout:
+                line = line.rstrip("\n")
+                self.tail = [*self.tail[-39:], line]
+                self._output(line)
+
+    def close(self, grace_s: float = 2.0) -> None:
+        """Stop the zygote (its children keep running: the supervisor stops them itself)."""
+        self._closing = True
+        with contextlib.suppress(OSError):
+            self._control.shutdown(socket.SHUT_RDWR)
+        try:
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._control.close()
+
+
+# ------------------------------------------------------------------------------------------ zygote side
+
+
+def preload(config_path: Path) -> list[str]:
+    """Import the shared stack and every instance's server class; returns the instances whose import failed.
+
+    A failed import is logged, not raised: that instance's child imports it again and fails with its own error.
+    """
+    from gymfleet.launch import load_config, load_server_class
+
+    for name in SHARED_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # optional accelerators (uvloop, httptools, websockets) may be missing
+            pass
+    failed = []
+    for instance in load_config(config_path, []).instances.values():
+        try:
+            load_server_class(instance)
+        except Exception as exc:  # noqa: BLE001 - reported by the instance's own child, with its YAML path
+            log.warning("zygote: could not import %s's server (%s); its server will import it itself",
+                        instance.name, exc)
+            failed.append(instance.name)
+    return failed
+
+
+def _python_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Pre-import a fleet's servers and fork them on request.")
+    parser.add_argument("--config", required=True, type=Path, help="the fleet's resolved config (JSON)")
+    parser.add_argument("--control-fd", required=True, type=int, help="this end of the supervisor's socket pair")
+    parser.add_argument("--parent-pid", required=True, type=int, help="the supervisor: exit when it does")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("GYMFLEET_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    control = socket.socket(fileno=args.control_fd)
+    supervisor = _open_pidfd(args.parent_pid)
+    if os.getppid() != args.parent_pid:  # checked after opening the pidfd: it is the supervisor's, not a reuse
+        sys.exit(f"zygote: supervisor {args.parent_pid} is gone; not starting")
+    preload(args.config)
+    if threads := _python_threads():
+        sys.exit(f"zygote: imports started threads {threads}; forking now is unsafe, so not serving")
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler, so SIGCHLD writes to the wakeup fd
+    _send(control, {"op": "ready", "pid": os.getpid()})
+    gc.collect()
+    gc.freeze()  # the imported objects move out of the collector's reach: children never copy their pages for it
+    _Loop(control, supervisor, args, (wake_r, wake_w)).run()
+
+
+class _Loop:
+    """The zygote's single thread: fork on request, reap children and report their exits."""
+
+    def __init__(self, control: socket.socket, supervisor: int | None, args: argparse.Namespace,
+                 wake: tuple[int, int]):
+        self.control, self.supervisor, self.args, self.wake = control, supervisor, args, wake
+
+    def run(self) -> None:
+        watched = [self.control, self.wake[0], *([self.supervisor] if self.supervisor is not None else [])]
+        while True:
+            readable = select.select(watched, [], [], None if self.supervisor is not None else 0.5)[0]
+            if self.wake[0] in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake[0], 4096)
+            self._reap()
+            if self.supervisor in readable or (self.supervisor is None and os.getppid() != self.args.parent_pid):
+                log.info("zygote: supervisor %s is gone; exiting (its servers stop themselves)", self.args.parent_pid)
+                return
+            if self.control in readable:
+                message, fds = _receive(self.control)
+                if message is None:
+                    return  # the supervisor closed the socket: the fleet stops
+                self._handle(message, fds)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            with contextlib.suppress(OSError):  # the supervisor may be gone already
+                _send(self.control, {"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def _handle(self, message: dict[str, Any], fds: list[int]) -> None:
+        [fd] = fds
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # or the child would write the zygote's buffered lines again
+        pid = os.fork()
+        if pid == 0:
+            self._child(message, fd)  # never returns
+        os.close(fd)
+        _send(self.control, {"op": "spawned", "id": message["id"], "pid": pid})
+
+    def _child(self, message: dict[str, Any], fd: int) -> None:
+        code: Any = 1
+        try:
+            self._become_child(message, fd)
+            if message["op"] == "validate":
+                code = _validate_child(self.args.config, message["secrets"], fd)
+            else:
+                from gymfleet.launch import serve_supervised
+
+                secrets = [(list(path), value) for path, value in message["secrets"]]
+                serve_supervised(self.args.config, message["instance"], secrets, parent_pid=self.args.parent_pid,
+                                 workdir=self.args.config.parent, supervisor_pidfd=self.supervisor)
+                code = 0
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:  # noqa: BLE001 - a forked child must never return into the zygote's loop
+            traceback.print_exc()
+            code = 1
+        finally:
+            if isinstance(code, str):  # sys.exit("message"), as the interpreter reports it
+                print(code, file=sys.stderr)
+                code = 1
+            code = 0 if code is None else code
+            with contextlib.suppress(Exception):
+                import atexit
+
+                atexit._run_exitfuncs()  # as the interpreter would at exit (logging's flush among them)
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code if isinstance(code, int) else 1)
+
+    def _become_child(self, message: dict[str, Any], fd: int) -> None:
+        """Undo what the child must not inherit from the zygote (see the module docstring)."""
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGPIPE else signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.control.close()
+        for end in self.wake:
+            os.close(end)
+        if message["op"] == "spawn":
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+            sys.stdout.reconfigure(line_buffering=True)
+        os.environ.clear()
+        os.environ.update(message["env"])
+        import random
+
+        random.seed()
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
+        root = logging.getLogger()
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+
+
+def _validate_child(config_path: Path, secrets: list, fd: int) -> int:
+    """Build every server of the config (what `Fleet.validate` does) and write the verdict to `fd`."""
+    from gymfleet.launch import build_server, load_config
+
+    try:
+        config = load_config(config_path, [(list(path), value) for path, value in secrets])
+        for instance in config.instances.values():
+            build_server(instance, config)
+        result: dict[str, Any] = {"ok": True}
+    except Exception as exc:  # noqa: BLE001 - the supervisor validates again itself, raising the real error
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    with os.fdopen(fd, "w") as answer:
+        answer.write(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    main()
