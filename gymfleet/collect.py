@@ -64,8 +64,10 @@ from gymfleet.wire import KNOWN_PARAMS, ResponseCreateParams
 
 log = logging.getLogger(__name__)
 
-RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
-"""`/run` is retried on connection failures only: any answer, even a 5xx, may mean the rollout ran."""
+RUN_RETRY = RetryPolicy(max_attempts=8, backoff_s=0.5, max_backoff_s=8.0, retry_statuses=frozenset())
+"""`/run` is retried only when it could not connect (nothing was sent): any answer, even a 5xx, or a connection lost
+after sending, may mean the rollout ran. The attempts (up to about 30 s of backoff in all) outlast an agent the
+fleet restarts after a crash (ARCHITECTURE decision 5b), so its rows wait for it instead of failing."""
 DETAIL_MAX_CHARS = 2000
 MAX_LISTED_ROWS = 50
 """Bad rows named one by one in a refusal; the rest are counted."""
@@ -611,8 +613,8 @@ async def collect(
         files["aggregate metrics"].unlink(missing_ok=True)  # the other three are rewritten below
     previous = read_results(files["rollouts"]) if config.resume_from_cache else []
     todo = _plan(rows, config, previous, summary)
-    with files["materialized inputs"].open("wb") as handle:
-        handle.writelines(orjson.dumps(row) + b"\n" for row in rows)
+    with _JsonlFile(files["materialized inputs"], "wb") as materialized:
+        materialized.write_lines(orjson.dumps(row) + b"\n" for row in rows)
     published = client.config.get("head_server")
     watch = _FleetWatch(config.stop_after_connection_failures,
                         head or (head_address(published) if isinstance(published, dict) else None))
@@ -632,7 +634,7 @@ async def collect(
     if not config.disable_aggregation and summary.stopped is None:  # a stopped run's resume aggregates
         summary.aggregate_metrics = await aggregate(client, by_agent)
         metrics_path = summary.output_paths["aggregate metrics"] = files["aggregate metrics"]
-        metrics_path.write_text(json.dumps(summary.aggregate_metrics, indent=2) + "\n")
+        _replace_file(metrics_path, (json.dumps(summary.aggregate_metrics, indent=2) + "\n").encode())
     return summary
 
 
@@ -680,8 +682,8 @@ async def _dispatch(
     stop = asyncio.Event()
     results: list[dict[str, Any]] = []
     reward_sum, reward_count = 0.0, 0
-    with summary.output_paths["rollouts"].open(mode) as ok_file, \
-            summary.output_paths["failures"].open(mode) as failed_file, \
+    with _JsonlFile(summary.output_paths["rollouts"], mode) as ok_file, \
+            _JsonlFile(summary.output_paths["failures"], mode) as failed_file, \
             Progress(len(todo), "Rollouts", unit="rollout", file=sys.stderr, enabled=progress,
                      every_s=PROGRESS_EVERY_S) as bar:
         pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop))
@@ -698,8 +700,7 @@ async def _dispatch(
                     continue
                 failed = bool(record.get("_ng_failure_class"))
                 target = failed_file if failed else ok_file
-                target.write(orjson.dumps(record) + b"\n")
-                target.flush()
+                target.write_lines([orjson.dumps(record) + b"\n"])
                 if not stop.is_set() and (reason := await watch.stop_reason(record)):
                     summary.stopped = reason
                     stop.set()
@@ -733,10 +734,81 @@ def _supersede_failures(path: Path, done: set[tuple[bytes, bytes]]) -> int:
         return 0
     for row in stale:
         row["_ng_superseded"] = True
-    scratch = path.with_name(path.name + ".tmp")
-    scratch.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in failures))
-    os.replace(scratch, path)
+    _replace_file(path, b"".join(orjson.dumps(row) + b"\n" for row in failures))
     return len(stale)
+
+
+class OutputError(GymfleetError):
+    """An output file could not be written (no space left, file too large, ...); what it held before is intact."""
+
+
+def _output_error(path: Path, exc: OSError, what: str) -> OutputError:
+    reason = f"{os.strerror(exc.errno)} [errno {exc.errno}]" if exc.errno else str(exc)
+    return OutputError(
+        f"cannot write {path}: {reason}. {what} Free space on that disk (or raise the file size limit), then rerun "
+        "with +resume_from_cache=true: it runs exactly the rollouts the output does not hold yet.")
+
+
+class _JsonlFile:
+    """An output file written a whole line at a time, unbuffered: each line is on disk once `write_lines` returns
+    (a crash loses no finished rollout), and a write that fails (disk full) is undone, so the file holds only
+    whole lines; the failure is an `OutputError` naming the file."""
+
+    CHUNK_BYTES = 1 << 20
+
+    def __init__(self, path: Path, mode: str) -> None:
+        self.path = path
+        try:
+            self._file = open(path, mode, buffering=0)
+        except OSError as exc:
+            raise _output_error(path, exc, "Nothing was written to it.") from None
+
+    def __enter__(self) -> _JsonlFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+
+    def write_lines(self, lines: Iterable[bytes]) -> None:
+        """Append `lines` (each ending in a newline), in chunks of whole lines."""
+        chunk: list[bytes] = []
+        size = 0
+        for line in lines:
+            chunk.append(line)
+            size += len(line)
+            if size >= self.CHUNK_BYTES:
+                self._append(b"".join(chunk))
+                chunk, size = [], 0
+        if chunk:
+            self._append(b"".join(chunk))
+
+    def _append(self, data: bytes) -> None:
+        fd = self._file.fileno()
+        start = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[self._file.write(view):]
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # shrinking a file needs no space
+                os.ftruncate(fd, start)
+            raise _output_error(self.path, exc, "The collection stopped; every line written before is whole (the "
+                                "one being written was removed).") from None
+
+
+def _replace_file(path: Path, content: bytes) -> None:
+    """Write `content` to `path` at once (a scratch file, then `os.replace`): a failed write leaves `path` as it was.
+
+    Raises:
+        OutputError: the scratch file could not be written (it is removed).
+    """
+    scratch = path.with_name(path.name + ".tmp")
+    try:
+        scratch.write_bytes(content)
+        os.replace(scratch, path)
+    except OSError as exc:
+        scratch.unlink(missing_ok=True)
+        raise _output_error(path, exc, "It is unchanged; every rollout is saved.") from None
 
 
 def _is_number(value: Any) -> bool:

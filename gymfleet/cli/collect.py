@@ -16,8 +16,11 @@ Before the first rollout every row is checked against its environment's request 
 A failed rollout is written to the failures file and does not stop the others; after a resume finishes it, its
 failure rows are marked `"_ng_superseded": true`. If the fleet dies (a run of connection failures, and the head
 server gone), nothing more is sent and the collection stops with one message.
+Every line is written whole: when an output cannot be written (disk full, file size limit), the line being written is
+removed and the collection stops with one message naming the file and the reason.
 Exit code: 0 when every rollout succeeded, 1 when some failed, 2 for a config or data error, 3 when the fleet went
-down (restart it and rerun with `+resume_from_cache=true`), 130 on Ctrl-C (finished rollouts are kept: rerun with
+down (restart it and rerun with `+resume_from_cache=true`), 4 when an output file could not be written (free space and
+rerun with `+resume_from_cache=true`), 130 on Ctrl-C (finished rollouts are kept: rerun with
 `+resume_from_cache=true`).
 """
 
@@ -30,6 +33,7 @@ from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.collect import (
     CollectionSummary,
+    OutputError,
     RolloutCollectionConfig,
     check_outputs,
     collect,
@@ -38,6 +42,8 @@ from gymfleet.collect import (
 )
 from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
 from gymfleet.errors import ConfigError, TransportError
+
+OUTPUT_ERROR_EXIT_CODE = 4
 
 
 async def _collect(config: RolloutCollectionConfig, host: str, port: int) -> CollectionSummary:
@@ -90,6 +96,9 @@ def _run(argv: list[str]) -> int:
     config = validate_fields(RolloutCollectionConfig, global_config.data, "")
     try:
         summary = asyncio.run(_collect(config, global_config.head_host, global_config.head_port))
+    except OutputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return OUTPUT_ERROR_EXIT_CODE
     except KeyboardInterrupt:
         print("Interrupted: finished rollouts are saved; rerun with +resume_from_cache=true to finish.",
               file=sys.stderr)
