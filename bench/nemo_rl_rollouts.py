@@ -6,11 +6,17 @@ standing in for vLLM, each its own process. This process is the trainer's Gym ac
 `POST /run` at once, with no semaphore, as NeMo-RL does (4096 = 256 prompts x 16 generations, one Super RLVR step).
 Every rollout is two model calls and one tool call, so one rollout is 10 HTTP requests inside the fleet.
 
-    python bench/nemo_rl_rollouts.py [--rollouts 4096] [--generations 16]
+    python bench/nemo_rl_rollouts.py [--rollouts 4096] [--generations 16] [--max-concurrent-rollouts 0,256]
 
-Prints one table: rollouts/s, p50/p99 latency from dispatch to result (all rows are dispatched at t=0, so p50 is
-roughly half the wall time), errors, and the peak RSS of the fleet's processes (sum over every child, sampled
-every 0.2 s) and of this client process.
+`--max-concurrent-rollouts` takes one or more agent bounds (`gymfleet.agent`; 0 = unbounded, NeMo-Gym's way;
+`default` = the agent's own default); each gets its own fresh fleet, one after the other, and one row of the
+table. Prints one table: rollouts/s, p50/p99 latency from dispatch to result (all rows are dispatched at t=0: with
+no bound every rollout progresses in lockstep and p50 is close to the wall time; with a bound results stream back
+and p50 falls towards half of it), p50 / wall, time to the first result and to the first complete group (all
+`--generations` rows of one prompt: what an asynchronous trainer can start on), errors, and the peak RSS of the
+fleet's processes (sum over every child, sampled every 0.2 s) and of this client process. The bound column is
+what the agent's `/metrics` says (`gymfleet_rollouts_admission_limit`), so a bound that did not reach the agent
+shows.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ AGENT = "example_weather_simple_agent"
 SCRIPTED = "scripted_llm.responses_api_models.scripted_model"
 
 
-def fleet_config(head_port: int) -> dict:
+def fleet_config(head_port: int, max_concurrent_rollouts: int | None = None) -> dict:
     conditions = sorted({condition for condition, _ in FORECASTS.values()})
     rules = [{"match": rf'"condition":\s*"{c}"', "match_in": "last_message", "text": f"The forecast says {c}."}
              for c in conditions]
@@ -59,6 +65,9 @@ def fleet_config(head_port: int) -> dict:
         "head_server": {"host": "0.0.0.0", "port": head_port}, "port_range_low": 5000, "port_range_high": 5999,
         "global_aiohttp_connector_limit_per_host": 16384, "global_aiohttp_connector_limit": 65536,
         "num_gpu_nodes": 0,
+        **({} if max_concurrent_rollouts is None else {
+            AGENT: {"responses_api_agents": {"simple_agent": {"max_concurrent_rollouts": max_concurrent_rollouts}}}
+        }),
     }
 
 
@@ -76,12 +85,16 @@ def nemo_rl_rows(count: int, generations: int) -> list[dict]:
 
 
 class PeakRSS:
-    """Samples the RSS of this process and of all its descendants (the fleet) in a background thread, and each
-    server's CPU time (for where the time goes)."""
+    """Samples, in a background thread, the RSS of this process and of all its descendants (the fleet), and per
+    server instance (`pids`: a server's pid -> its instance name, from the head server's `/server_instances`; a
+    server's worker processes count as its own) the peak RSS (summed over its processes), the peak open file
+    descriptors of one of its processes, and its CPU time."""
 
-    def __init__(self, interval_s: float = 0.2):
+    def __init__(self, pids: dict[int, str] | None = None, interval_s: float = 0.2):
         self.interval_s, self.client, self.fleet = interval_s, 0, 0
+        self.pids = dict(pids or {})
         self.per_server: Counter = Counter()
+        self.fds: Counter = Counter()
         self.cpu_s: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -94,74 +107,155 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
 
+    def _instance(self, process: psutil.Process) -> str | None:
+        for candidate in [process, *process.parents()]:
+            if candidate.pid in self.pids:
+                return self.pids[candidate.pid]
+        return None
+
     def _run(self):
         me = psutil.Process()
         while not self._stop.is_set():
             self.client = max(self.client, me.memory_info().rss)
-            total = 0
+            total, rss_now, cpu_now = 0, Counter(), Counter()
             for child in me.children(recursive=True):
                 try:
-                    rss, cmdline, cpu = child.memory_info().rss, child.cmdline(), child.cpu_times()
+                    rss, fds, cpu = child.memory_info().rss, child.num_fds(), child.cpu_times()
+                    name = self._instance(child)
                 except psutil.Error:
                     continue
                 total += rss
-                if "--instance" in cmdline:
-                    name = cmdline[cmdline.index("--instance") + 1]
-                    self.per_server[name] = max(self.per_server[name], rss)
-                    self.cpu_s[name] = cpu.user + cpu.system
+                if name is not None:
+                    rss_now[name] += rss
+                    cpu_now[name] += cpu.user + cpu.system
+                    self.fds[name] = max(self.fds[name], fds)
+            for name, rss in rss_now.items():
+                self.per_server[name] = max(self.per_server[name], rss)
+                self.cpu_s[name] = max(self.cpu_s.get(name, 0.0), cpu_now[name])
             self.fleet = max(self.fleet, total)
             self._stop.wait(self.interval_s)
 
 
-async def run(rows: list[dict], head: BaseServerConfig) -> tuple[list[float], Counter, float]:
-    latencies, errors = [], Counter()
+def instance_pids(head: BaseServerConfig) -> dict[int, str]:
+    """Each server's pid -> its instance name, from the head server (`GET /server_instances`)."""
+    import httpx
+
+    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
+    rows = httpx.get(f"http://{host}:{head.port}/server_instances", timeout=30).json()
+    return {row["pid"]: row["process_name"] for row in rows if row.get("pid")}
+
+
+class Stats:
+    """One run's numbers: completion times (s since dispatch), first complete group, errors."""
+
+    def __init__(self, rows: list[dict]):
+        self.latencies: list[float] = []
+        self.errors: Counter = Counter()
+        self.group_left = Counter(row["_ng_task_index"] for row in rows)
+        self.first_group_s: float | None = None
+        self.wall_s = 0.0
+
+    def quantile(self, q: int) -> float:
+        values = self.latencies
+        if not values:
+            return float("nan")
+        return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+
+
+async def run(rows: list[dict], head: BaseServerConfig) -> Stats:
+    stats = Stats(rows)
     start = time.perf_counter()
     try:
         for future in RolloutCollectionHelper().run_examples(examples=rows, head_server_config=head):
             try:
-                _, result = await future
+                row, result = await future
             except Exception as exc:  # a bench counts failures by kind
-                errors[f"{type(exc).__name__} {getattr(exc, 'status', '')}".strip()] += 1
+                stats.errors[f"{type(exc).__name__} {getattr(exc, 'status', '')}".strip()] += 1
                 continue
-            latencies.append(time.perf_counter() - start)
+            now = time.perf_counter() - start
+            stats.latencies.append(now)
+            stats.group_left[row["_ng_task_index"]] -= 1
+            if stats.first_group_s is None and stats.group_left[row["_ng_task_index"]] == 0:
+                stats.first_group_s = now
             if result.get("reward") != 1.0:
-                errors["reward != 1.0"] += 1
-        return latencies, errors, time.perf_counter() - start
+                stats.errors["reward != 1.0"] += 1
+        stats.wall_s = time.perf_counter() - start
+        return stats
     finally:
         await http.close()
+
+
+def admission_limit(rh: RunHelper) -> str:
+    """The bound the agent reports on its `/metrics` (0: unbounded)."""
+    import httpx
+
+    text = httpx.get(f"{rh.config.instance(AGENT).url}/metrics", timeout=30).text
+    line = next((line for line in text.splitlines() if line.startswith("gymfleet_rollouts_admission_limit ")), None)
+    return "?" if line is None else str(int(float(line.split()[1])) or "none")
+
+
+def one_setting(args: argparse.Namespace, bound: int | None) -> dict:
+    """A fresh fleet with the agent bounded at `bound` (None: its default), one batch of rollouts, its numbers."""
+    rh = RunHelper()
+    started = time.perf_counter()
+    rh.start(GlobalConfigDictParserConfig(initial_global_config_dict=fleet_config(free_port(), bound),
+                                          skip_load_from_cli=True))
+    try:
+        spin_up_s = time.perf_counter() - started
+        limit = admission_limit(rh)
+        rows = nemo_rl_rows(args.rollouts, args.generations)
+        with PeakRSS(instance_pids(rh.head_server_config)) as rss:
+            stats = asyncio.run(run(rows, rh.head_server_config))
+        rh.poll()
+    finally:
+        rh.shutdown()
+    return {"limit": limit, "spin_up_s": spin_up_s, "stats": stats, "rss": rss}
+
+
+def parse_bounds(text: str) -> list[int | None]:
+    bounds = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "default":
+            bounds.append(None)
+        elif item.isdigit():
+            bounds.append(int(item))
+        else:
+            raise SystemExit(f"--max-concurrent-rollouts: {item!r} is not a number or 'default' (e.g. 0,256)")
+    return bounds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=4096)
     parser.add_argument("--generations", type=int, default=16, help="rows per prompt group")
+    parser.add_argument("--max-concurrent-rollouts", default="0,default",
+                        help="comma-separated agent bounds to compare, one fleet each (0: unbounded; 'default')")
     args = parser.parse_args()
+    bounds = parse_bounds(args.max_concurrent_rollouts)
 
     os.environ.setdefault("GYMFLEET_LOG_LEVEL", "WARNING")  # the fleet's processes inherit it: no per-request INFO
-    rh = RunHelper()
-    started = time.perf_counter()
-    rh.start(GlobalConfigDictParserConfig(initial_global_config_dict=fleet_config(free_port()),
-                                          skip_load_from_cli=True))
-    try:
-        spin_up_s = time.perf_counter() - started
-        rows = nemo_rl_rows(args.rollouts, args.generations)
-        with PeakRSS() as rss:
-            latencies, errors, wall_s = asyncio.run(run(rows, rh.head_server_config))
-        rh.poll()
-    finally:
-        rh.shutdown()
+    runs = [one_setting(args, bound) for bound in bounds]
     mib = 1024 * 1024
-    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-    print(f"\nfleet up in {spin_up_s:.1f}s; {args.rollouts} rollouts in flight at once; wall {wall_s:.1f}s\n")
-    print("| rollouts | rollouts/s | p50 latency | p99 latency | errors | peak RSS fleet | peak RSS client |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {args.rollouts} | {len(latencies) / wall_s:.0f} | {quantiles[49]:.1f} s | {quantiles[98]:.1f} s | "
-          f"{sum(errors.values())} | {rss.fleet / mib:.0f} MiB | {rss.client / mib:.0f} MiB |")
-    servers = sorted(rss.per_server.items())
-    print("\nper server, peak RSS / CPU time: "
-          + ", ".join(f"{name} {value / mib:.0f} MiB / {rss.cpu_s.get(name, 0):.0f} s" for name, value in servers))
-    if errors:
-        print("errors: " + ", ".join(f"{kind} x{count}" for kind, count in errors.most_common()))
+    print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}; one fresh fleet per bound\n")
+    print("| max_concurrent_rollouts | rollouts/s | wall | p50 | p99 | p50 / wall | first result | first group "
+          "| errors | peak RSS fleet | peak RSS client | fleet up |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for one in runs:
+        stats, rss = one["stats"], one["rss"]
+        first = f"{stats.latencies[0]:.2f} s" if stats.latencies else "-"
+        group = f"{stats.first_group_s:.2f} s" if stats.first_group_s is not None else "-"
+        print(f"| {one['limit']} | {len(stats.latencies) / stats.wall_s:.0f} | {stats.wall_s:.1f} s "
+              f"| {stats.quantile(50):.1f} s | {stats.quantile(99):.1f} s | {stats.quantile(50) / stats.wall_s:.2f} "
+              f"| {first} | {group} | {sum(stats.errors.values())} | {rss.fleet / mib:.0f} MiB "
+              f"| {rss.client / mib:.0f} MiB | {one['spin_up_s']:.1f} s |")
+    for one in runs:
+        rss = one["rss"]
+        servers = sorted(rss.per_server.items())
+        print(f"\nbound {one['limit']}: per server, peak RSS / CPU time: "
+              + ", ".join(f"{name} {value / mib:.0f} MiB / {rss.cpu_s.get(name, 0):.0f} s" for name, value in servers))
+        if one["stats"].errors:
+            print("errors: " + ", ".join(f"{kind} x{count}" for kind, count in one["stats"].errors.most_common()))
 
 
 if __name__ == "__main__":
