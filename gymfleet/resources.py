@@ -33,6 +33,7 @@ Provenance (`gymfleet.provenance`): every `/verify` answer, failure rows include
 cached). A subclass declares the libraries that decide its rewards in `reward_libraries` (distribution names, e.g.
 `("math-verify", "sympy")`; `gymfleet` is always added); its version is the last `- vN:` entry of its module
 docstring's `## Version history`; its judge, if any, is found from `self.judge` (a `JudgeClient`).
+`GET /reward_provenance` answers the same object (`ng_reverify` keys its cache with it; not in `/openapi.json`).
 """
 
 from __future__ import annotations
@@ -184,6 +185,9 @@ class ResourcesServer(Server):
         async def reverify_mode_route(request: Request) -> StarletteResponse:
             return JSONResponse(self.reverify_mode)
 
+        async def provenance_route(request: Request) -> StarletteResponse:
+            return JSONResponse(self.reward_provenance())
+
         verify_answer = _return_type(type(self).verify, VerifyResponse)
         add_route(app, "/verify", verify_route, request=verify_model, response=verify_answer | VerifyFailureRow,
                   summary="Score one rollout: the row echoed with its reward")
@@ -195,6 +199,8 @@ class ResourcesServer(Server):
         add_route(app, "/reverify_mode", reverify_mode_route, methods=("GET",),
                   response=Literal["stateless", "unsupported", "unknown"],
                   summary="Whether /verify can be re-run on a stored rollout without its session")
+        # Outside the wire protocol (NeMo-Gym has no such route), so left out of /openapi.json.
+        app.add_route("/reward_provenance", provenance_route, methods=["GET"], include_in_schema=False)
         for name, method, model in self.tools():
             answer = _return_type(method, Any)
             add_route(app, f"/{name}", _tool_route(name, method, model), request=model,
