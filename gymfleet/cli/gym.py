@@ -12,7 +12,7 @@ Each command runs the same implementation as its `ng_*` name, with the same `+ke
     gym eval e2e         = ng_e2e_collect_rollouts  start a fleet, collect, stop it
     gym eval aggregate   = ng_aggregate_rollouts    aggregate metrics of a rollouts file
     gym eval profile     = ng_reward_profile        per-task pass@k / mean / variance
-    gym eval reverify    (not yet available: exit code 2)
+    gym eval reverify    = ng_reverify              re-score stored rollouts; which rewards changed, and why
     gym dataset collate  = ng_prepare_data          validate and collate datasets
     gym config dump      = ng_dump_config           print the resolved config
 
