@@ -325,13 +325,16 @@ class Zygote:
             for line in self.process.stdout:
                 line = line.rstrip("\n")
                 self.tail = [*self.tail[-39:], line]
-                self._output(line)
+                if not self._closing:
+                    self._output(line)
 
     def close(self, grace_s: float = 2.0) -> None:
         """Stop the zygote (its children keep running: the supervisor stops them itself)."""
         self._closing = True
         with contextlib.suppress(OSError):
             self._control.shutdown(socket.SHUT_RDWR)
+        if not self.was_ready:  # still importing: nothing to finish, and its config file may be gone already
+            self.process.kill()
         try:
             self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
@@ -350,13 +353,14 @@ def preload(config_path: Path) -> list[str]:
     """
     from gymfleet.launch import load_config, load_server_class
 
+    instances = load_config(config_path, []).instances.values()  # first: the file goes when the fleet stops
     for name in SHARED_MODULES:
         try:
             importlib.import_module(name)
         except ImportError:  # optional accelerators (uvloop, httptools, websockets) may be missing
             pass
     failed = []
-    for instance in load_config(config_path, []).instances.values():
+    for instance in instances:
         try:
             load_server_class(instance)
         except Exception as exc:  # noqa: BLE001 - reported by the instance's own child, with its YAML path

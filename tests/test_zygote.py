@@ -1,0 +1,202 @@
+"""Servers forked from the zygote (`server_start: zygote`, the default) behave as fresh interpreters did: they serve,
+come back after a crash, outlive a dead zygote, get their secrets without argv or disk, and their output reaches
+the fleet; `server_start: spawn` still starts fresh interpreters."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from gymfleet import fleet as fleet_module
+from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.errors import ConfigError
+from gymfleet.fleet import Fleet
+from gymfleet.testing import free_port, serve
+from gymfleet.zygote import ForkedProcess
+from responses_api_models.scripted_model.app import ScriptedModel
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = "configs/quickstart.yaml"
+VLLM_MODEL = "responses_api_models/vllm_model/configs/vllm_model.yaml"
+ROW = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
+AGENT_REF = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
+SECRET = "sk-zygote-secret-123"
+WAIT_S = 120
+"""Bound on waits for things that take seconds: it catches a hang, it times nothing."""
+
+
+def _config(config_paths: list[str], extra: dict[str, Any] | None):
+    initial = {"config_paths": config_paths, "head_server": {"host": "127.0.0.1", "port": free_port()},
+               **(extra or {})}
+    return parse_global_config(GlobalConfigDictParserConfig(initial_global_config_dict=initial,
+                                                            skip_load_from_cli=True))
+
+
+@contextmanager
+def fleet_with(extra: dict[str, Any] | None = None, config_paths: list[str] | None = None
+               ) -> Iterator[tuple[Fleet, io.StringIO]]:
+    """A started fleet (quickstart by default) and what it says."""
+    output = io.StringIO()
+    fleet = Fleet(_config(config_paths or [QUICKSTART], extra), output=output)
+    fleet.start(timeout_s=WAIT_S)
+    try:
+        yield fleet, output
+    finally:
+        fleet.shutdown()
+
+
+def wait_for(condition: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+    return value
+
+
+def zygotes() -> list[psutil.Process]:
+    """This process's zygote children (live ones)."""
+    return [child for child in psutil.Process().children()
+            if "gymfleet.zygote" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE]
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/", timeout=5).json() == {"status": "ok"}
+    except httpx.HTTPError:
+        return False
+
+
+def back_running(fleet: Fleet, name: str, restarts: int) -> bool:
+    row = fleet.process_table()[name]
+    return (row["status"], row["restarts"]) == ("running", restarts)
+
+
+def rollout_reward(fleet: Fleet) -> float:
+    answer = httpx.post(fleet.config.instance("mcqa_simple_agent").url + "/run",
+                        json={**ROW, "agent_ref": AGENT_REF}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["reward"]
+
+
+def test_every_server_is_forked_by_one_zygote_serves_and_its_output_reaches_the_fleet():
+    with fleet_with({"uvicorn_logging_show_200_ok": True}) as (fleet, output):
+        [zygote] = zygotes()
+        for name, child in fleet.children.items():
+            assert isinstance(child.process, ForkedProcess), name
+            process = psutil.Process(child.process.pid)
+            assert process.ppid() == zygote.pid, f"{name} is the zygote's child"
+            assert os.getpgid(process.pid) == process.pid, f"{name} leads its own process group"
+            assert answers(fleet.config.instance(name).url), name
+        assert rollout_reward(fleet) == 1.0
+        wait_for(lambda: '(mcqa) ' in output.getvalue() and '"POST /verify HTTP/1.1" 200' in output.getvalue(),
+                 "mcqa's access log line in the fleet's output, prefixed with its name")
+
+
+def test_a_killed_server_is_forked_again_by_the_zygote_and_serves():
+    with fleet_with() as (fleet, output):
+        [zygote] = zygotes()
+        old = fleet.children["mcqa"].process
+        os.kill(old.pid, signal.SIGKILL)
+        assert old.wait(10) == -signal.SIGKILL, "the zygote reports the exit code"
+        wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa running again after one restart")
+        new = fleet.children["mcqa"].process
+        assert isinstance(new, ForkedProcess) and new.pid != old.pid
+        assert psutil.Process(new.pid).ppid() == zygote.pid
+        assert rollout_reward(fleet) == 1.0
+        assert "server 'mcqa' exited unexpectedly with code -9 (SIGKILL)" in output.getvalue()
+
+
+def test_a_killed_zygote_is_replaced_while_servers_keep_serving_and_a_later_crash_is_restarted(tmp_path):
+    extra = {"nemo_gym_log_dir": str(tmp_path), "uvicorn_logging_show_200_ok": True}
+    with fleet_with(extra) as (fleet, output):
+        [first] = zygotes()
+        first.kill()  # not psutil's wait(): it would reap the zygote before the supervisor could read its code
+        wait_for(lambda: "starting a new one" in output.getvalue(), "the supervisor saying it starts a new zygote")
+        assert f"the zygote (pid {first.pid}) exited with code -9" in output.getvalue()
+        for name in fleet.children:
+            assert answers(fleet.config.instance(name).url), f"{name} keeps serving without its zygote"
+        [second] = wait_for(zygotes, "a new zygote")
+        assert second.pid != first.pid
+
+        old = fleet.children["mcqa"].process
+        os.kill(old.pid, signal.SIGKILL)
+        wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa restarted through the new zygote")
+        assert psutil.Process(fleet.children["mcqa"].process.pid).ppid() == second.pid
+        assert rollout_reward(fleet) == 1.0
+        said = output.getvalue()
+        assert "server 'mcqa' exited unexpectedly with an unknown code" in said, "its dead zygote had its code"
+        log = (tmp_path / "mcqa.log").read_text()
+        assert '"POST /verify HTTP/1.1" 200' in log, "the restarted server's output goes to its log file"
+
+
+def test_with_no_zygote_restarts_left_servers_start_as_fresh_interpreters(monkeypatch):
+    monkeypatch.setattr(fleet_module, "ZYGOTE_RESTARTS", 0)
+    with fleet_with() as (fleet, output):
+        [zygote] = zygotes()
+        zygote.kill()
+        wait_for(lambda: "fresh interpreters from now on" in output.getvalue(), "the fallback, said once")
+        assert not zygotes()
+        old = fleet.children["mcqa"].process
+        os.kill(old.pid, signal.SIGKILL)
+        wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa restarted as a fresh interpreter")
+        new = fleet.children["mcqa"].process
+        assert isinstance(new, subprocess.Popen)
+        assert "gymfleet.launch" in psutil.Process(new.pid).cmdline()
+        assert rollout_reward(fleet) == 1.0
+        assert output.getvalue().count("fresh interpreters from now on") == 1
+
+
+@pytest.fixture
+def recorder():
+    """A real scripted model that records the `Authorization` header of every request it gets."""
+    seen: list[str] = []
+    app = ScriptedModel({"name": "recorder", "default": {"text": "hello"}}).create_app()
+
+    async def recording(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append(dict(scope["headers"]).get(b"authorization", b"").decode())
+        await app(scope, receive, send)
+
+    with serve(recording) as url:
+        yield url, seen
+
+
+def test_secrets_reach_the_forked_server_and_never_its_argv_or_environment(recorder):
+    url, seen = recorder
+    extra = {"policy_base_url": url + "/v1", "policy_api_key": SECRET, "policy_model_name": "scripted"}
+    with fleet_with(extra, [VLLM_MODEL]) as (fleet, _):
+        model_url = fleet.config.instance("policy_model").url
+        seen.clear()  # the supervisor's readiness probe of the upstream carries no key
+        answer = httpx.post(model_url + "/v1/responses", json={"input": "hi"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert seen and set(seen) == {f"Bearer {SECRET}"}, "the server authenticates upstream with the real key"
+        [zygote] = zygotes()
+        for process in (psutil.Process(fleet.children["policy_model"].process.pid), zygote):
+            assert SECRET not in " ".join(process.cmdline())
+            assert SECRET not in json.dumps(process.environ())
+
+
+def test_server_start_spawn_starts_fresh_interpreters():
+    with fleet_with({"server_start": "spawn"}) as (fleet, _):
+        assert not zygotes()
+        for name, child in fleet.children.items():
+            assert isinstance(child.process, subprocess.Popen), name
+            assert "gymfleet.launch" in psutil.Process(child.process.pid).cmdline()
+        assert rollout_reward(fleet) == 1.0
+
+
+def test_a_bad_server_start_names_the_key_and_the_choices():
+    with pytest.raises(ConfigError, match=r"server_start: expected one of zygote, spawn, got 'fork'"):
+        Fleet(_config([QUICKSTART], {"server_start": "fork"}))
