@@ -63,6 +63,7 @@ __all__ = [
     "GLOBAL_KEYS",
     "BaseServerConfig",
     "HEAD_SERVER_KEY_NAME",
+    "PLACEMENTS",
     "RESERVED_KEYS",
     "SERVER_TYPES",
     "GlobalConfig",
@@ -101,14 +102,17 @@ RESERVED_KEYS = frozenset(
     }
 )  # fmt: skip
 # Global keys gymfleet reads besides RESERVED_KEYS (NeMo-Gym's): the policy endpoint every recipe interpolates,
-# the HTTP pool limits, the access log switch and the restart budget.
+# the HTTP pool limits, the access log switch, the restart budget, where servers run (`placement`, see
+# `gymfleet.ray_placement`) and how the fleet starts its server processes (`server_start`, read by `gymfleet.fleet`).
 GLOBAL_KEYS = frozenset(
     {
         "policy_base_url", "policy_api_key", "policy_model_name", "global_aiohttp_connector_limit",
         "global_aiohttp_connector_limit_per_host", "uvicorn_logging_show_200_ok", "restart_crashed_servers",
-        "exit_on_server_failure",
+        "exit_on_server_failure", "placement", "server_start",
     }
 )  # fmt: skip
+PLACEMENTS = ("local", "ray")
+"""Values of the top-level `placement` key: every server on this machine, or on a Ray cluster's nodes."""
 CLI_SOURCE = "the command line"
 DOMAINS = (
     "math", "coding", "agent", "knowledge", "instruction_following", "long_context", "safety", "games",
@@ -155,6 +159,16 @@ class ServerInstance:
     @property
     def num_workers(self) -> int:
         return int(self.fields.get("num_workers") or 1)
+
+    @property
+    def num_replicas(self) -> int:
+        """Copies of this server (`num_replicas`, default 1); more than one needs `placement: ray`."""
+        return int(self.fields.get("num_replicas") or 1)
+
+    @property
+    def ray_resources(self) -> dict | None:
+        """What each replica asks of its Ray node (`ray_resources`), or None for its server class's default."""
+        return self.fields.get("ray_resources")
 
     @property
     def url(self) -> str:
@@ -393,6 +407,7 @@ def _build(raw: dict, assign_ports: bool, root: Path) -> tuple[dict, dict[str, S
             hint="Set them on the command line: " + " ".join(f"++{path}=<value>" for path in missing),
         )
     found = _discover_instances(raw, strict=raw.get("error_on_almost_servers", True) is not False)
+    _check_placement(raw.get("placement"))
     _fill_hosts_and_ports(raw, found, assign_ports)
     data = resolve(raw)
     instances = {
@@ -402,6 +417,18 @@ def _build(raw: dict, assign_ports: bool, root: Path) -> tuple[dict, dict[str, S
     for inst in instances.values():
         _validate_instance(inst, instances)
     return data, instances
+
+
+def _check_placement(value: Any) -> None:
+    """`placement` is unset, `local` or `ray` (whether Ray can serve it is checked when the fleet starts)."""
+    if value is not None and value not in PLACEMENTS:
+        raise ConfigError(
+            f"placement: unknown value {value!r}; choices: {', '.join(PLACEMENTS)}."
+            + did_you_mean(str(value), PLACEMENTS),
+            path="placement",
+            hint="Use +placement=local (every server on this machine) or +placement=ray (on the Ray cluster's nodes, "
+            "see ray_head_node_address); leave it out to choose ray exactly when ray_head_node_address is set.",
+        )
 
 
 def _with_origin(error: ConfigError, origins: dict[str, list[str]]) -> ConfigError:

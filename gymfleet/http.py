@@ -25,13 +25,15 @@ base URL (a model server's vLLM or OpenAI endpoint, the sandbox).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import io
 import logging
 import random
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
@@ -321,31 +323,152 @@ def _connection_lost(method: str, url: str, exc: BaseException, *, forgone_retry
     return TransportError(message, url=url, failure_class="connection_error")
 
 
+_rollout_replicas: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "gymfleet_rollout_replicas", default=None
+)
+"""Instance name -> the replica URL this rollout (this request's task, and tasks it starts) talks to."""
+REPLICA_AVOID_S = 5.0
+"""A replica whose connection failed is not picked for new rollouts for this long (unless every replica failed)."""
+REFRESH_MIN_INTERVAL_S = 1.0
+"""A client asks the head server for the replicas' addresses at most this often (after connection failures)."""
+
+
+class _ReplicaLoad:
+    """This process's view of every replica URL: calls in flight and when a failed one may be picked again."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[str, int] = {}
+        self.avoid_until: dict[str, float] = {}
+        self.turn = 0
+
+    def pick(self, urls: list[str]) -> str:
+        """The healthy replica with the fewest calls in flight (turns taken among equals)."""
+        now = time.monotonic()
+        healthy = [url for url in urls if self.avoid_until.get(url, 0.0) <= now] or urls
+        self.turn += 1
+        rotated = healthy[self.turn % len(healthy):] + healthy[: self.turn % len(healthy)]
+        return min(rotated, key=lambda url: self.in_flight.get(url, 0))
+
+    def failed(self, url: str) -> None:
+        self.avoid_until[url] = time.monotonic() + REPLICA_AVOID_S
+
+
+_load = _ReplicaLoad()
+
+
+@contextlib.contextmanager
+def rollout_scope() -> Iterator[None]:
+    """Run the calls inside as one new rollout: its first call to each instance picks a replica, later ones reuse it.
+
+    Each request a server handles (and each task started from a context without a scope) begins a rollout by itself;
+    this is for a client that runs several rollouts one after another in one task.
+    """
+    token = _rollout_replicas.set({})
+    try:
+        yield
+    finally:
+        _rollout_replicas.reset(token)
+
+
 class ServerClient:
-    """Calls fleet servers by instance name, resolving URLs from the global config dict."""
+    """Calls fleet servers by instance name, resolving URLs from the global config dict.
+
+    An instance placed as several replicas (Ray placement: its config lists `replicas: [{host, port}, ...]`) is
+    resolved to one of them per rollout: the first call to the instance within a rollout (a request being handled
+    and the calls it makes, or a task started outside any; see `rollout_scope`) picks the replica with the fewest
+    calls in flight among those not recently failed, and later calls of the rollout to that instance go to the same
+    replica, since its sessions (seed_session, tools, verify; a sandbox session) live in that replica's memory. A
+    replica whose connection fails is avoided by new rollouts for `REPLICA_AVOID_S` and the client asks the head
+    server (`head_server` in the config) for the current addresses: a replica restarted elsewhere is found there.
+    The rollout's own call still fails (`TransportError`, `connection_error`): its session is gone with the replica.
+    """
 
     def __init__(self, config: dict[str, Any]):
         self.config = config
-        self._urls: dict[str, str] = {}
+        self._replicas: dict[str, list[str]] = {}
+        self._refresh: asyncio.Future | None = None
+        self._refreshed_at = 0.0
 
     def url_of(self, name: str) -> str:
-        """Base URL (`http://host:port`) of instance `name`."""
-        url = self._urls.get(name)
-        if url is None:
-            url = self._urls[name] = self._lookup(name)
-            metrics.name_instance(url, name)
+        """Base URL (`http://host:port`) of instance `name`: the replica this rollout uses (see the class docstring).
+        """
+        urls = self.urls_of(name)
+        if len(urls) == 1:
+            return urls[0]
+        chosen = _rollout_replicas.get()
+        if chosen is None:
+            chosen = {}
+            _rollout_replicas.set(chosen)
+        url = chosen.get(name)
+        if url is None or url not in urls:
+            url = chosen[name] = _load.pick(urls)
         return url
 
-    def _lookup(self, name: str) -> str:
+    def urls_of(self, name: str) -> list[str]:
+        """Base URLs of every replica of instance `name` (one, unless it is placed as several replicas)."""
+        urls = self._replicas.get(name)
+        if urls is None:
+            urls = self._replicas[name] = self._lookup(name)
+            for url in urls:
+                metrics.name_instance(url, name)
+        return urls
+
+    def _lookup(self, name: str) -> list[str]:
         block = self.config.get(name)
         if isinstance(block, dict) and name != "head_server":
             for type_block in block.values():
                 if isinstance(type_block, dict):
                     for impl_block in type_block.values():
                         if isinstance(impl_block, dict) and "port" in impl_block:
-                            return f"http://{_client_host(impl_block.get('host'))}:{impl_block['port']}"
+                            replicas = impl_block.get("replicas") or [impl_block]
+                            return [f"http://{_client_host(r.get('host'))}:{r['port']}" for r in replicas]
         known = sorted(key for key, value in self.config.items() if isinstance(value, dict) and key != "head_server")
         raise ServerRefError(f"unknown server {name!r}; known: {known}.{did_you_mean(name, known)}")
+
+    async def _call(self, method: str, server: str, path: str, **kwargs: Any) -> HttpResponse:
+        base = self.url_of(server)
+        _load.in_flight[base] = _load.in_flight.get(base, 0) + 1
+        try:
+            return await request(method, base + path, target=server, **kwargs)
+        except TransportError as exc:
+            if exc.failure_class == "connection_error":
+                self.replica_failed(server, base)
+            raise
+        finally:
+            _load.in_flight[base] -= 1
+
+    def replica_failed(self, name: str, base_url: str) -> None:
+        """Note that a connection to `base_url`, a replica of `name`, failed: new rollouts avoid it for a while and
+        the replicas' addresses are asked of the head server (for callers that send requests themselves)."""
+        if len(self.urls_of(name)) > 1:
+            _load.failed(base_url)
+            self._refresh_soon()
+
+    def _refresh_soon(self) -> None:
+        """Ask the head server for the replicas' addresses in the background (at most every few moments)."""
+        head = self.config.get("head_server")
+        now = time.monotonic()
+        if not isinstance(head, dict) or head.get("port") is None or now - self._refreshed_at < REFRESH_MIN_INTERVAL_S:
+            return
+        if self._refresh is not None and not self._refresh.done():
+            return
+        self._refreshed_at = now
+        self._refresh = asyncio.ensure_future(self._refresh_from_head(head["host"], int(head["port"])))
+
+    async def _refresh_from_head(self, host: str, port: int) -> None:
+        import yaml
+
+        try:
+            response = await request("GET", f"http://{_client_host(host)}:{port}/global_config_dict_yaml",
+                                     timeout_s=10.0, retry=NO_RETRY)
+            published = yaml.safe_load(response.raise_for_status().json())
+        except (TransportError, ValueError, yaml.YAMLError) as exc:
+            log.warning("could not refresh the replicas' addresses from the head server: %s", exc)
+            return
+        if isinstance(published, dict):
+            for name in list(self._replicas):
+                _copy_addresses(published.get(name), self.config.get(name))
+            self._replicas.clear()
 
     async def post(
         self,
@@ -357,14 +480,11 @@ class ServerClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retry: RetryPolicy = RetryPolicy(),
     ) -> HttpResponse:
-        """POST `json` to `path` on instance `server`."""
-        return await request(
-            "POST", self.url_of(server) + path, json=json, cookies=cookies, timeout_s=timeout_s, retry=retry,
-            target=server,
-        )
+        """POST `json` to `path` on instance `server` (on this rollout's replica of it)."""
+        return await self._call("POST", server, path, json=json, cookies=cookies, timeout_s=timeout_s, retry=retry)
 
     async def get(self, server: str, path: str, *, timeout_s: float = 30.0) -> HttpResponse:
-        return await request("GET", self.url_of(server) + path, timeout_s=timeout_s, target=server)
+        return await self._call("GET", server, path, timeout_s=timeout_s)
 
     @classmethod
     async def from_head(cls, host: str, port: int, *, timeout_s: float = 30.0) -> ServerClient:
@@ -376,6 +496,20 @@ class ServerClient:
         )
         response.raise_for_status()
         return cls(yaml.safe_load(response.json()))
+
+
+def _copy_addresses(published: Any, block: Any) -> None:
+    """Copy `host`, `port` and `replicas` of an instance from the head server's config into ours (only those: the
+    published config masks secrets)."""
+    if not isinstance(published, dict) or not isinstance(block, dict):
+        return
+    for server_type, impls in published.items():
+        ours = block.get(server_type)
+        if not isinstance(impls, dict) or not isinstance(ours, dict):
+            continue
+        for impl, fields in impls.items():
+            if isinstance(fields, dict) and isinstance(ours.get(impl), dict):
+                ours[impl].update({key: fields[key] for key in ("host", "port", "replicas") if key in fields})
 
 
 def _client_host(host: str | None) -> str:

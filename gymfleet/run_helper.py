@@ -8,12 +8,12 @@ check and `shutdown()` at the end (`spec/protocol.md` §6.2). Config semantics i
   that does not exist is fine;
 - `head_server: {host: "0.0.0.0", port: P}` binds the head server on every interface (clients reach it through
   the node address or 127.0.0.1); `default_host` and `port_range_low/high` place the servers;
-- `ray_head_node_address` (NeMo-RL passes its own cluster's GCS address) attaches this process to that Ray
-  cluster when the `ray` package is importable: `ray.init(address=..., ignore_reinit_error=True)`, a no-op inside
-  NeMo-RL's Gym actor, which is already connected. A cluster is never started, with or without the key (NeMo-Gym
-  starts a local one when the key is unset; gymfleet servers do not use Ray, so nothing needs one), and the
-  server processes do not connect to Ray. An address Ray cannot attach to is a `ConfigError` naming the key;
-  without the `ray` package the key is logged and ignored;
+- `ray_head_node_address` (NeMo-RL passes its own cluster's GCS address) places the servers on that Ray cluster's
+  nodes when the `ray` package is importable (`gymfleet.ray_placement`: each instance and its `num_replicas` as
+  Ray actors, the real addresses published by the head server); a cluster is never started. `placement: local`
+  keeps every server on this machine; `placement: ray` without an address uses the cluster this process is
+  connected to (NeMo-RL's Gym actor is). An address nothing answers at is a `ConfigError` naming the key; without
+  the `ray` package the key is logged once and every server runs locally;
 - `global_aiohttp_connector_limit[_per_host]` set every fleet process's HTTP pool limits (see
   `gymfleet.config.client_limits`); `uv_venv_dir`, `uv_cache_dir`, `skip_venv_if_present` are accepted and unused
   (one Python environment serves the whole fleet), and unknown top-level scalars (`num_gpu_nodes`) are ignored;
@@ -40,6 +40,7 @@ from gymfleet.config import (
 )
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import Fleet
+from gymfleet.ray_placement import RayFleet, make_fleet
 
 __all__ = ["RunHelper", "get_global_config_dict"]
 
@@ -54,7 +55,7 @@ class RunHelper:
 
     def __init__(self) -> None:
         self.config: GlobalConfig | None = None
-        self._fleet: Fleet | None = None
+        self._fleet: Fleet | RayFleet | None = None
 
     def start(self, global_config_dict_parser_config: GlobalConfigDictParserConfig | None = None) -> None:
         """Parse the config, start the head server and every server; return once all answer.
@@ -63,9 +64,10 @@ class RunHelper:
         server) answers, or right after validation with `dry_run: true`.
 
         Raises:
-            ConfigError: a bad config (named by its YAML path), model endpoints that never answered, or a
-                `ray_head_node_address` Ray cannot attach to. A port another process holds is its subclass
-                `PortInUseError` (also a RuntimeError), naming the port and the `++<path>.port=` override.
+            ConfigError: a bad config (named by its YAML path), model endpoints that never answered, a
+                `ray_head_node_address` Ray cannot attach to, or Ray resources the cluster cannot give. A port
+                another process holds is its subclass `PortInUseError` (also a RuntimeError), naming the port and
+                the `++<path>.port=` override.
             ServerCrashedError: a server died or did not come up; everything started is stopped again.
             RuntimeError: `start()` called twice.
         """
@@ -73,8 +75,7 @@ class RunHelper:
             raise RuntimeError("RunHelper.start() was already called; call shutdown() first")
         global _started
         config = parse_global_config(global_config_dict_parser_config)
-        _attach_ray(config.data.get("ray_head_node_address"))
-        fleet = Fleet(config)
+        fleet = make_fleet(config)
         if config.data.get("dry_run"):
             if not config.instances:
                 raise ConfigError("no server instances in the config: pass config_paths with at least one server")
@@ -124,24 +125,3 @@ def get_global_config_dict(
     before any, the config `global_config_dict_parser_config` describes (default: CLI overrides and env.yaml)."""
     config = _started or parse_global_config(global_config_dict_parser_config, assign_ports=False)
     return DictConfig(config.data)
-
-
-def _attach_ray(address: str | None) -> None:
-    """Connect this process to the Ray cluster at `address` (never start one); see the module docstring."""
-    if not address:
-        return
-    try:
-        import ray
-    except ImportError:
-        log.warning("ray_head_node_address=%s is set but Ray is not installed; going on without Ray "
-                    "(no gymfleet server needs it yet)", address)
-        return
-    try:
-        ray.init(address=str(address), ignore_reinit_error=True)
-    except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError, ... for a bad address
-        raise ConfigError(
-            f"cannot attach to the Ray cluster at ray_head_node_address={address!r}: {type(exc).__name__}: {exc}",
-            path="ray_head_node_address",
-            hint="Give the GCS address of a running cluster (host:port), or leave the key out.",
-        ) from exc
-    log.info("attached to the Ray cluster at %s", address)

@@ -9,6 +9,10 @@ state survives between `exec` calls. Any of them can start from a repository sna
 (or any tar archive's bytes) is unpacked into the workspace before `files` are written. Calls go through
 `gymfleet.http`: an overloaded sandbox's 429 is retried, honouring `Retry-After`, a bounded number of times.
 
+A sandbox placed as several replicas (Ray placement, `num_replicas`; `gymfleet.ray_placement`) is resolved by
+instance name per rollout (`gymfleet.http.ServerClient`): rollouts spread over the replicas, and a session stays on
+the replica that created it (its kernel and workspace live there) for all its `exec` calls and its deletion.
+
 Failure boundary (ARCHITECTURE decision 4): whatever the *program* does is a `RunResult` (a crash, a timeout, a
 memory bomb are statuses). Whatever goes wrong with the *sandbox* - unreachable, no answer in time, a 5xx, still
 overloaded after the retries, an answer that is not a result, a run whose sandbox the host killed (status
@@ -100,17 +104,17 @@ class SandboxClient:
 
     @property
     def url(self) -> str:
-        """The sandbox's base URL.
+        """The sandbox's base URL (with replicas: the one this rollout uses).
 
         Raises:
             SandboxError: the instance name is not in the config (say `sandbox_url`, or add a sandbox instance).
         """
-        if self._url is None:
-            try:
-                self._url = self._servers.url_of(self.server)
-            except ServerRefError as exc:
-                raise SandboxError(f"no sandbox to run code in: {exc}") from exc
-        return self._url
+        if self._url is not None:
+            return self._url
+        try:
+            return self._servers.url_of(self.server)
+        except ServerRefError as exc:
+            raise SandboxError(f"no sandbox to run code in: {exc}") from exc
 
     async def run(
         self,
@@ -161,10 +165,11 @@ class SandboxClient:
                 "prelude": prelude,
                 "stop_on_failure": stop_on_failure, "timeout_s": timeout_s, "memory_mb": memory_mb,
                 "max_output_bytes": max_output_bytes}
-        answer = await self._post("/run_batch", body, len(cases) * (_wall_s(timeout_s) + 3) + 30)
+        base = self.url
+        answer = await self._post("/run_batch", body, len(cases) * (_wall_s(timeout_s) + 3) + 30, base=base)
         results = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(results, list) or not 0 < len(results) <= len(cases):
-            raise SandboxError(f"malformed answer from the sandbox at {self.url}/run_batch: {str(answer)[:300]}")
+            raise SandboxError(f"malformed answer from the sandbox at {base}/run_batch: {str(answer)[:300]}")
         return [_result(item) for item in results]
 
     async def session(
@@ -182,17 +187,21 @@ class SandboxClient:
             SandboxError: the sandbox failed, or refused the seed (a bad archive).
         """
         body = {"files": files or {}, "archive": _b64(archive), "timeout_s": timeout_s, "memory_mb": memory_mb}
-        answer = await self._post("/sessions", body, 60)
+        base = self.url
+        answer = await self._post("/sessions", body, 60, base=base)
         if not isinstance(answer, dict) or not isinstance(answer.get("session_id"), str):
-            raise SandboxError(f"malformed answer from the sandbox at {self.url}/sessions: {str(answer)[:300]}")
-        return SandboxSession(self, answer["session_id"], timeout_s)
+            raise SandboxError(f"malformed answer from the sandbox at {base}/sessions: {str(answer)[:300]}")
+        return SandboxSession(self, answer["session_id"], timeout_s, base=base)
 
-    async def _post(self, path: str, body: dict[str, Any], run_time_s: float) -> Any:
-        url = self.url + path
+    async def _post(self, path: str, body: dict[str, Any], run_time_s: float, base: str | None = None) -> Any:
+        base = base or self.url
+        url = base + path
         try:
             response = await http.request("POST", url, json=body, timeout_s=run_time_s + self.queue_timeout_s,
                                           retry=self.retry)
         except TransportError as exc:
+            if exc.failure_class == "connection_error" and self._url is None:
+                self._servers.replica_failed(self.server, base)
             raise SandboxError(f"sandbox call failed: {exc}") from exc
         if response.status == 404 and "/sessions/" in path:
             raise SessionGoneError(f"sandbox session gone: {response.text[:300]}")
@@ -207,10 +216,12 @@ class SandboxClient:
 class SandboxSession:
     """A persistent sandbox: Python variables and workspace files survive between `exec` calls."""
 
-    def __init__(self, client: SandboxClient, session_id: str, timeout_s: float):
+    def __init__(self, client: SandboxClient, session_id: str, timeout_s: float, base: str | None = None):
         self.client = client
         self.id = session_id
         self.timeout_s = timeout_s
+        self.base = base or client.url
+        """The sandbox replica that holds this session: every call of the session goes there."""
 
     async def exec(
         self, code: str, language: str = "python", *, stdin: str | None = None, timeout_s: float | None = None
@@ -223,12 +234,13 @@ class SandboxSession:
         """
         limit = timeout_s or self.timeout_s
         body = {"code": code, "language": language, "stdin": stdin, "timeout_s": limit}
-        return _result(await self.client._post(f"/sessions/{self.id}/exec", body, _wall_s(limit) + 30))
+        return _result(await self.client._post(f"/sessions/{self.id}/exec", body, _wall_s(limit) + 30,
+                                               base=self.base))
 
     async def close(self) -> None:
         """Delete the session (a session that is already gone is fine)."""
         try:
-            await http.request("DELETE", f"{self.client.url}/sessions/{self.id}", timeout_s=30)
+            await http.request("DELETE", f"{self.base}/sessions/{self.id}", timeout_s=30)
         except TransportError as exc:
             raise SandboxError(f"could not delete sandbox session {self.id}: {exc}") from exc
 

@@ -65,6 +65,28 @@ FLEET_HEADER = "X-Gymfleet-Fleet"
 INSTANCE_HEADER = "X-Gymfleet-Instance"
 
 
+class RayResources(BaseModel):
+    """What one replica of a server asks of the Ray node it runs on (Ray's own actor options)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    num_cpus: float = Field(default=1.0, ge=0)
+    """Logical CPUs reserved on the node (Ray's `num_cpus`)."""
+    memory: int | str | None = None
+    """Memory reserved on the node: bytes, or a size such as `2GiB`, `512MiB`, `4GB` (Ray's `memory`)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom node resources, e.g. `{sandbox_node: 1}` to run only on nodes started with that resource."""
+
+
+class ReplicaAddress(BaseModel):
+    """Where one replica of a server listens (published by the head server under Ray placement)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    port: int
+
+
 class ServerConfig(BaseModel):
     """Fields every server instance accepts. Subclasses add their own; unknown keys are errors."""
 
@@ -78,6 +100,14 @@ class ServerConfig(BaseModel):
     port: int = 0
     num_workers: int | None = None
     """Worker processes behind one port (uvicorn workers)."""
+    num_replicas: int = Field(default=1, ge=1)
+    """Copies of this server, each with its own address, placed on a Ray cluster's nodes (`placement: ray`, see
+    `gymfleet.ray_placement`); clients spread rollouts over them, each rollout sticking to one."""
+    ray_resources: RayResources | None = None
+    """What each replica asks of its Ray node (`num_cpus`, `memory`, custom `resources`); None: the server class's
+    `ray_resources_default`. Ignored without Ray placement."""
+    replicas: list[ReplicaAddress] | None = None
+    """Every replica's address, filled in by the fleet under Ray placement (the first is `host`/`port`)."""
     domain: str | None = None
     """Resources servers' task domain (NeMo-Gym enum)."""
     verified: bool | None = None
@@ -110,6 +140,9 @@ class Server:
 
     config: ServerConfig
     config_class: ClassVar[type[ServerConfig]] = ServerConfig
+    ray_resources_default: ClassVar[dict[str, Any]] = {"num_cpus": 1}
+    """What each replica asks of its Ray node when the config gives no `ray_resources` (CPU-heavy servers, such as
+    the sandbox and the code environments, ask for more)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

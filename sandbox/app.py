@@ -106,6 +106,7 @@ class SandboxServer(Server):
     """Runs untrusted code."""
 
     config: SandboxConfig
+    ray_resources_default = {"num_cpus": 4}  # its runs are child processes: a replica wants cores of its own
 
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)

@@ -6,6 +6,10 @@ restarts. Each server gets `+restart_crashed_servers=N` restarts within 10 minut
 that, or does not come back, stops the whole fleet with one message (exit code 1). `+exit_on_server_failure=true`
 stops the fleet at the first crash.
 
+With `+ray_head_node_address=<head>:6379` (and Ray installed) or `+placement=ray`, every server instance and its
+`num_replicas` run as Ray actors on the cluster's nodes (`gymfleet.ray_placement`); the head server publishes their
+real addresses. `+placement=local` keeps them all on this machine.
+
 `+dry_run=true` resolves and validates the config (every server's fields against its config class, every server
 reference), prints the plan (each instance, where it would listen, what it talks to) and starts nothing.
 """
@@ -18,8 +22,9 @@ import sys
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.config import SERVER_TYPES, GlobalConfig, GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet import Fleet, ServerCrashedError
+from gymfleet.fleet import ServerCrashedError
 from gymfleet.launch import build_server
+from gymfleet.ray_placement import make_fleet
 
 
 def _run(argv: list[str]) -> int:
@@ -27,11 +32,12 @@ def _run(argv: list[str]) -> int:
         print(__doc__)
         return 0
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv))
-    reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers", "exit_on_server_failure"))
+    reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers", "exit_on_server_failure",
+                                           "placement", "server_start"))
     if config.data.get("dry_run"):
         print(dry_run(config), flush=True)
         return 0
-    fleet = Fleet(config)  # checks restart_crashed_servers and exit_on_server_failure
+    fleet = make_fleet(config)  # checks placement, restart_crashed_servers and exit_on_server_failure
 
     def stop(signum, frame):
         raise KeyboardInterrupt
@@ -64,10 +70,11 @@ def dry_run(config: GlobalConfig) -> str:
         raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
     for instance in config.instances.values():
         build_server(instance, config)
-    rows = [("INSTANCE", "TYPE", "IMPL", "LISTENS ON", "WORKERS", "USES")]
+    rows = [("INSTANCE", "TYPE", "IMPL", "LISTENS ON", "WORKERS", "REPLICAS", "USES")]
     for inst in config.instances.values():
         uses = ", ".join(sorted(set(_references(inst.fields)))) or "-"
-        rows.append((inst.name, inst.server_type, inst.impl, inst.url, str(inst.num_workers), uses))
+        rows.append((inst.name, inst.server_type, inst.impl, inst.url, str(inst.num_workers), str(inst.num_replicas),
+                     uses))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.append(f"head server: http://{config.head_host}:{config.head_port}")

@@ -7,7 +7,10 @@ head server's `/server_instances` lists it, plus `live` and, for model servers t
 view (starting, running, waiting for upstream, restarting, failed). LIVE is `yes` for a server that answers and
 whose upstream model endpoints answer too, `waiting for upstream` for a model server that answers but whose upstream
 does not yet (each such URL is listed below the table with how long so far and the timeout), `NO` otherwise.
-Exit code 0 when every instance is live, else 1.
+Under Ray placement (`gymfleet.ray_placement`) each instance's replicas follow it in the table, one row each
+(`<instance>#<n>`: its URL on its node, the server's pid, status, restarts and liveness, NODE its Ray node id); in
+JSON each instance has `replicas: [{host, port, node, status, restarts, pid, live}, ...]`, and an instance is live
+when every replica answers. Exit code 0 when every instance is live, else 1.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ def _status(argv: list[str]) -> int:
             url=head,
         ) from None
     for item in instances:
-        answers = _is_live(item["url"])
+        for replica in item.get("replicas") or []:
+            replica["live"] = _is_live(f"http://{replica['host']}:{replica['port']}")
+        answers = _is_live(item["url"]) and all(replica["live"] for replica in item.get("replicas") or [])
         item["upstream"] = _upstream_status(item) if answers else None
         item["live"] = answers and not _waits_for_upstream(item)
     if as_json:
@@ -94,10 +99,16 @@ def _live_text(item: dict) -> str:
 
 
 def _print_table(instances: list[dict], head: str) -> None:
-    rows = [("INSTANCE", "TYPE", "IMPL", "URL", "PID", "STATUS", "RESTARTS", "LIVE")]
+    placed = any(item.get("replicas") for item in instances)
+    rows = [("INSTANCE", "TYPE", "IMPL", "URL", "PID", "STATUS", "RESTARTS", "LIVE") + (("NODE",) if placed else ())]
     for item in instances:
         rows.append((item["process_name"], item["server_type"], item["name"], item["url"], str(item["pid"]),
-                     str(item.get("status", "-")), str(item.get("restarts", "-")), _live_text(item)))
+                     str(item.get("status", "-")), str(item.get("restarts", "-")), _live_text(item))
+                    + (("",) if placed else ()))
+        for index, replica in enumerate(item.get("replicas") or []):
+            rows.append((f"  {item['process_name']}#{index}", "", "", f"http://{replica['host']}:{replica['port']}",
+                         str(replica.get("pid")), str(replica.get("status", "-")), str(replica.get("restarts", "-")),
+                         "yes" if replica["live"] else "NO", str(replica.get("node") or "")[:12]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

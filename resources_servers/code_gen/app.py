@@ -172,6 +172,7 @@ class CodeGenServer(ResourcesServer):
     """Grades programs by running them in the sandbox."""
 
     config: CodeGenConfig
+    ray_resources_default = {"num_cpus": 2}  # Ray placement: grading fans out many sandbox calls per rollout
     reverify_mode = "stateless"
     reward_libraries = ()
 

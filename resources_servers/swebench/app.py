@@ -288,6 +288,7 @@ class SWEBenchServer(ResourcesServer):
     """Repositories in sandbox sessions, edited through tools, graded in a fresh sandbox."""
 
     config: SWEBenchConfig
+    ray_resources_default = {"num_cpus": 2}  # Ray placement: repository archives and diffs per rollout
     reverify_mode = "unsupported"  # the diff lives in the session, which /verify closes
     reward_libraries = ()
 

@@ -192,6 +192,7 @@ class SwerlGenServer(ResourcesServer):
     """Grades SEARCH/REPLACE fixes and reproduction scripts by running the task's repository in the sandbox."""
 
     config: SwerlGenConfig
+    ray_resources_default = {"num_cpus": 2}  # Ray placement: repository archives and patches per rollout
     reverify_mode = "stateless"
     reward_libraries = ()
 

@@ -1,0 +1,894 @@
+"""Run the fleet's servers on a Ray cluster's nodes: each instance as `num_replicas` Ray actors (ARCHITECTURE 3).
+
+Where servers run is the top-level `placement` key: `local` (every server a child process of `ng_run`, as
+`gymfleet.fleet.Fleet` does) or `ray`. Unset, it is `ray` when `ray_head_node_address` is set (NeMo-RL passes its
+cluster's address) and the `ray` package is importable, else `local`; an address without Ray installed is one
+warning and local placement. `placement: ray` without the package, or with no cluster to attach to (no
+`ray_head_node_address`, no `RAY_ADDRESS`, this process not connected), or an address where nothing answers, is a
+`ConfigError` saying how to fix it. `num_replicas` > 1 needs Ray placement (a `ConfigError` otherwise): local
+replicas would share one machine's CPUs, which `num_workers` already uses.
+
+`make_fleet(config)` returns the right supervisor; both have the same surface (`validate()`, `start(timeout_s)`,
+`poll()`, `run_forever()`, `shutdown()`, `process_table()`).
+
+Under Ray placement, per instance (its fields, next to `host`/`port`/`num_workers`):
+
+```yaml
+code_gen:
+  resources_servers:
+    code_gen:
+      num_replicas: 2                 # default 1
+      ray_resources: {num_cpus: 4, memory: 8GiB, resources: {cpu_node: 1}}   # default: the server class's
+```
+
+Each replica is a Ray actor reserving `ray_resources` (default: the server class's `ray_resources_default`; the
+sandbox and the code/SWE environments ask for more CPUs) in a bundle of a SPREAD placement group per instance, so
+replicas land on different nodes when the cluster has room, and only on nodes that have the resources asked for.
+Start-up has two phases because each server's config must hold every other server's address: first every actor
+binds a free port on its node's IP and reports `host:port`; then the config is completed with those addresses
+(each instance's `host`/`port` is its first replica, `replicas: [{host, port}, ...]` lists them all, and URLs that
+named a server's pre-assigned address, such as `policy_base_url: http://${scripted_llm...host}:${...port}/v1`, are
+rewritten to its first replica) and each actor serves its instance in a child process, `python -m
+gymfleet.launch`, from a private copy of that config on its own node (secrets masked on disk; the actor receives
+them as call arguments and hands them to the child in its environment, as `gymfleet.fleet` does). The head server
+runs in this process, listens on every interface when its host is a loopback one and publishes this node's IP, and
+serves the real addresses (`gymfleet.head`): `/server_instances` lists each instance's replicas (host, port, node,
+status, restarts), `/global_config_dict_yaml` the addresses clients spread rollouts over (`gymfleet.http`).
+
+A replica whose server process dies is started again by its actor on the same port; one whose actor dies (killed,
+or its node lost) gets a new actor in the same bundle, on a new port if need be, published through the head
+server. Restarts follow the local fleet's budget (`restart_crashed_servers` within 10 minutes per replica, backoff 1
+s, 2 s, 4 s, ...; `exit_on_server_failure`), each logged in one line and counted in `ng_status` and the head's
+`/metrics`; calls in flight to a dead replica fail as `connection_error`. `shutdown()` stops every server process,
+kills every actor and removes the placement groups; a server whose actor dies kills itself (`gymfleet.launch`'s
+parent watchdog), and Ray kills the actors of a driver that dies.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from secrets import token_hex
+from typing import IO, TYPE_CHECKING, Any
+
+from gymfleet.config import GlobalConfig, ServerInstance, validate_fields
+from gymfleet.errors import ConfigError, GymfleetError
+from gymfleet.fleet import (
+    RESTART_BACKOFF_CAP_S,
+    RESTART_BACKOFF_S,
+    RESTART_READY_TIMEOUT_S,
+    RESTART_WINDOW_S,
+    Fleet,
+    ServerCrashedError,
+    _restart_budget,
+)
+from gymfleet.launch import SECRETS_ENV, WORKDIR_PREFIX, bind_socket, load_server_class, split_secrets, write_resolved
+
+if TYPE_CHECKING:
+    import uvicorn
+
+__all__ = ["RayFleet", "make_fleet", "placement_of", "ray_options"]
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.5
+PLACEMENT_TIMEOUT_S = 60.0
+"""How long the cluster may take to find room for an instance's replicas before start-up fails naming them."""
+ACTOR_CALL_TIMEOUT_S = 60.0
+"""Deadline of one call to a replica's actor (bind, serve, status, restart); an actor that misses it counts as dead."""
+PORT_FREE_TIMEOUT_S = 10.0
+TAIL_LINES = 40
+LOOPBACK = ("127.0.0.1", "localhost", "0.0.0.0", "::", "::1", "")
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+# ---------------------------------------------------------------------------------------------- choosing
+
+
+def placement_of(config: GlobalConfig) -> str:
+    """`local` or `ray` for `config` (see the module docstring); warns once for an address without Ray.
+
+    Raises:
+        ConfigError: `placement: ray` without the `ray` package, naming the key and the install command.
+    """
+    value = config.data.get("placement")
+    address = config.data.get("ray_head_node_address")
+    if value == "local":
+        return "local"
+    if value is None and not address:
+        return "local"
+    if _ray_module() is not None:
+        return "ray"
+    if value == "ray":
+        raise ConfigError(
+            "placement: ray needs the ray package, which is not installed",
+            path="placement",
+            hint="pip install -e '.[ray]' (or pip install 'ray>=2.30'), or use +placement=local.",
+        )
+    log.warning("ray_head_node_address=%s is set but Ray is not installed; every server runs on this machine "
+                "(pip install -e '.[ray]' to place them on the cluster)", address)
+    return "local"
+
+
+def make_fleet(config: GlobalConfig, *, output: IO[str] | None = None) -> Fleet | RayFleet:
+    """The supervisor for `config`: a local `Fleet`, or a `RayFleet` under Ray placement.
+
+    Raises:
+        ConfigError: `placement` cannot be served (see `placement_of`), or `num_replicas` > 1 without Ray placement.
+    """
+    if placement_of(config) == "ray":
+        return RayFleet(config, output=output)
+    for instance in config.instances.values():
+        if instance.num_replicas > 1:
+            path = f"{instance.path}.num_replicas"
+            raise ConfigError(
+                f"{path}: {instance.num_replicas} replicas need Ray placement; this fleet runs on one machine",
+                path=path,
+                hint="Set +placement=ray (with +ray_head_node_address=<host:port> of a running Ray cluster), or "
+                "use num_workers for more processes behind one port on this machine.",
+            )
+    return Fleet(config, output=output)
+
+
+def _ray_module() -> Any:
+    try:
+        import ray
+    except ImportError:
+        return None
+    return ray
+
+
+def attach_ray(config: GlobalConfig) -> Any:
+    """Connect this process to the Ray cluster `config` names (never start one); returns the `ray` module.
+
+    Raises:
+        ConfigError: no cluster to attach to, or it does not answer, naming the key and the fix.
+    """
+    ray = _ray_module()
+    address = config.data.get("ray_head_node_address")
+    if address:
+        _check_reachable(str(address))
+        try:
+            ray.init(address=str(address), ignore_reinit_error=True)
+        except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError, ... for a bad address
+            raise ConfigError(
+                f"cannot attach to the Ray cluster at ray_head_node_address={address!r}: {type(exc).__name__}: "
+                f"{exc}",
+                path="ray_head_node_address",
+                hint="Give the GCS address of a running cluster (host:port), or use +placement=local.",
+            ) from exc
+        log.info("attached to the Ray cluster at %s", address)
+        return ray
+    if getattr(ray, "is_initialized", lambda: False)():
+        return ray
+    if not os.environ.get(RAY_ADDRESS_ENV):
+        raise ConfigError(
+            "placement: ray, but there is no Ray cluster to attach to: ray_head_node_address is not set, "
+            f"${RAY_ADDRESS_ENV} is empty and this process is not connected to Ray",
+            path="placement",
+            hint="Start a cluster (`ray start --head` on one node, `ray start --address=<head>:6379` on the others) "
+            "and set +ray_head_node_address=<head>:6379, or use +placement=local.",
+        )
+    _check_reachable(os.environ[RAY_ADDRESS_ENV], key=f"${RAY_ADDRESS_ENV}")
+    try:
+        ray.init(address="auto", ignore_reinit_error=True)
+    except Exception as exc:
+        raise ConfigError(
+            f"placement: ray: cannot attach to the Ray cluster at ${RAY_ADDRESS_ENV}="
+            f"{os.environ[RAY_ADDRESS_ENV]!r}: {type(exc).__name__}: {exc}",
+            path="placement",
+            hint="Fix $RAY_ADDRESS or set +ray_head_node_address=<head>:6379, or use +placement=local.",
+        ) from exc
+    return ray
+
+
+def _check_reachable(address: str, key: str = "ray_head_node_address") -> None:
+    """Fail fast when nothing listens at a `host:port` address (Ray itself retries for minutes)."""
+    match = re.fullmatch(r"(?:[a-z]+://)?\[?([^\]/]+?)\]?:(\d+)/?", address.strip())
+    if match is None or address.startswith("ray://"):
+        return
+    host, port = match.group(1), int(match.group(2))
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"no Ray cluster answers at {key}={address!r}: {exc.strerror or exc}",
+            path=key.lstrip("$"),
+            hint="Start the cluster first (`ray start --head --port=6379`), fix the address, or use "
+            "+placement=local.",
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------- resources
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+# "2GiB" -> 2 * 2**30, "4GB" / "4g" -> 4e9, "512" -> 512 bytes; "2 gigs" and "-1GiB" do not match.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def memory_bytes(value: int | str | None, path: str) -> int | None:
+    """`memory` of `ray_resources` in bytes: an integer, or a size such as `2GiB`, `512MiB`, `4GB`.
+
+    Examples:
+        >>> memory_bytes("2GiB", "x"), memory_bytes("1.5k", "x"), memory_bytes(1024, "x"), memory_bytes(None, "x")
+        (2147483648, 1500, 1024, None)
+
+    Raises:
+        ConfigError: anything else, naming `path`.
+    """
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    match = _SIZE.match(str(value)) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigError(f"{path}: expected bytes or a size such as 2GiB, 512MiB or 4GB; got {value!r}", path=path)
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    base = 1024 if "i" in unit else 1000
+    power = "bkmgt".index(unit[0]) if unit else 0
+    return int(number * (base**power if unit[:1] != "b" else 1))
+
+
+def ray_options(instance: ServerInstance, server_class: Any | None = None) -> dict[str, Any]:
+    """What each replica of `instance` reserves: `{num_cpus, memory, resources}` (Ray's actor options).
+
+    The instance's `ray_resources` fields override its server class's `ray_resources_default` one by one.
+
+    Raises:
+        ConfigError: an unknown or invalid field, named by its YAML path.
+    """
+    from gymfleet.server import RayResources
+
+    cls = server_class or load_server_class(instance)
+    merged = {**getattr(cls, "ray_resources_default", {}), **(instance.ray_resources or {})}
+    path = f"{instance.path}.ray_resources"
+    resources = validate_fields(RayResources, merged, path)
+    return {"num_cpus": resources.num_cpus, "memory": memory_bytes(resources.memory, f"{path}.memory"),
+            "resources": dict(resources.resources)}
+
+
+def _bundle(options: dict[str, Any]) -> dict[str, float]:
+    bundle = {"CPU": options["num_cpus"], "memory": options["memory"] or 0, **options["resources"]}
+    bundle = {key: value for key, value in bundle.items() if value}
+    return bundle or {"CPU": 0.001}  # Ray refuses an empty bundle; a replica asking for nothing gets a sliver
+
+
+# ---------------------------------------------------------------------------------------------- the actor
+
+
+class ReplicaProcess:
+    """A Ray actor that serves one replica of an instance from a child process on its node (`ray.remote`'d lazily,
+    so importing this module needs no Ray).
+
+    `bind()` reserves a free port on the node's IP and reports it; `serve()` writes the config on the node (secrets
+    masked) and starts `python -m gymfleet.launch` on that port; `poll()`, `respawn()` and `stop()` watch, restart
+    and end the server process.
+    """
+
+    def __init__(self, instance_name: str, index: int) -> None:
+        self.instance_name, self.index = instance_name, index
+        self.label = f"{instance_name}#{index}"
+        self.host, self.port = "", 0
+        self._sock: socket.socket | None = None
+        self._process: subprocess.Popen | None = None
+        self._data: dict[str, Any] = {}
+        self._secrets: list = []
+        self._token = ""
+        self._path = ""
+        self._workdir: str | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._lock = threading.Lock()
+
+    def bind(self, port: int = 0) -> dict[str, Any]:
+        """Reserve a port on this node's IP (held until `serve`); returns `{host, port, node, actor_pid}`."""
+        import ray
+
+        self.host = ray.util.get_node_ip_address()
+        self._sock = bind_socket(self.host, port, f"{self.instance_name}.port")
+        self.port = self._sock.getsockname()[1]
+        return {"host": self.host, "port": self.port, "node": ray.get_runtime_context().get_node_id(),
+                "actor_pid": os.getpid()}
+
+    def serve(self, data: dict[str, Any], secrets: list, token: str) -> int:
+        """Serve the instance from `data` (the fleet's config, secrets masked, this replica's address in its
+        instance) plus `secrets`; returns the server's pid."""
+        with self._lock:
+            self._data, self._secrets, self._token = data, secrets, token
+            self._workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")  # 0700
+            self._write_config()
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            return self._spawn()
+
+    def _write_config(self) -> None:
+        self._path = os.path.join(self._workdir, f"resolved_config_{self.port}.json")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path)
+        write_resolved(self._data, self._path)
+
+    def _spawn(self) -> int:
+        from gymfleet.server import FLEET_TOKEN_ENV
+
+        env = {**os.environ, SECRETS_ENV: json.dumps(self._secrets), FLEET_TOKEN_ENV: self._token}
+        command = [sys.executable, "-m", "gymfleet.launch", "--config", self._path, "--instance", self.instance_name,
+                   "--parent-pid", str(os.getpid()), "--workdir", self._workdir]
+        self._process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
+                                         errors="replace")
+        threading.Thread(target=self._pump, args=(self._process,), daemon=True).start()
+        return self._process.pid
+
+    def _pump(self, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            self._tail.append(line.rstrip("\n"))
+            print(f"({self.label}) {line.rstrip()}", flush=True)  # Ray forwards an actor's output to the driver
+        process.stdout.close()
+
+    def poll(self) -> dict[str, Any]:
+        """`{pid, returncode}` of the server process (returncode None while it runs)."""
+        process = self._process
+        return {"pid": process.pid if process else None, "returncode": process.poll() if process else None}
+
+    def tail(self) -> list[str]:
+        """The server's last output lines."""
+        return list(self._tail)
+
+    def respawn(self) -> dict[str, Any]:
+        """Start the server again: on its port once free, else on a new one; returns `{host, port, pid}`."""
+        with self._lock:
+            self._kill()
+            deadline = time.monotonic() + PORT_FREE_TIMEOUT_S
+            while True:
+                try:
+                    bind_socket(self.host, self.port, f"{self.instance_name}.port").close()
+                    break
+                except ConfigError:
+                    if time.monotonic() > deadline:
+                        sock = bind_socket(self.host, 0, f"{self.instance_name}.port")
+                        self.port = sock.getsockname()[1]
+                        sock.close()
+                        _set_address(self._data, self.instance_name, self.host, self.port)
+                        self._write_config()
+                        break
+                    time.sleep(0.2)
+            self._tail.clear()
+            return {"host": self.host, "port": self.port, "pid": self._spawn()}
+
+    def _kill(self, grace_s: float = 0.0) -> None:
+        process = self._process
+        if process is None:
+            return
+        if grace_s and process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(grace_s)
+        _signal_group(process.pid, signal.SIGKILL)  # workers of num_workers > 1 too
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(5)
+
+    def stop(self) -> None:
+        """Stop the server process (SIGTERM, then SIGKILL to its group) and remove the config folder."""
+        with self._lock:
+            self._kill(grace_s=5.0)
+            if self._sock is not None:
+                self._sock.close()
+            if self._workdir:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _set_address(data: dict[str, Any], name: str, host: str, port: int) -> None:
+    block = data[name]
+    fields = next(iter(next(iter(block.values())).values()))
+    fields["host"], fields["port"] = host, port
+
+
+# ---------------------------------------------------------------------------------------------- the fleet
+
+
+@dataclass
+class _Replica:
+    """One replica of an instance, kept across restarts (its actor or server process is replaced)."""
+
+    instance: ServerInstance
+    index: int
+    options: dict[str, Any]
+    actor: Any = None
+    host: str = ""
+    port: int = 0
+    node: str = ""
+    pid: int | None = None
+    start_time: float = 0.0
+    state: str = "starting"
+    """starting, running, restarting, failed (as a local fleet's servers)."""
+    restarts: int = 0
+    crashes: collections.deque = field(default_factory=collections.deque)
+    restart_at: float | None = None
+    new_actor: bool = False
+    """The pending restart needs a new actor (the old one died), not only a new server process."""
+    deadline: float = 0.0
+    failure: GymfleetError | None = None
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.instance.name}#{self.index}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class RayFleet:
+    """A fleet whose servers run as Ray actors on a cluster's nodes (see the module docstring)."""
+
+    def __init__(self, config: GlobalConfig, *, output: IO[str] | None = None, max_restarts: int | None = None):
+        self.config = config
+        self.output = output or sys.stdout
+        self.max_restarts = _restart_budget(config) if max_restarts is None else max_restarts
+        self.token = token_hex(16)
+        self.replicas: dict[str, list[_Replica]] = {}
+        self._options: dict[str, dict[str, Any]] = {}
+        self._groups: dict[str, Any] = {}
+        self._ray: Any = None
+        self._head: uvicorn.Server | None = None
+        self._head_thread: threading.Thread | None = None
+        self._head_socket: socket.socket | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._started = False
+        self._stopping = False
+
+    # ------------------------------------------------------------------------------------------ start
+
+    def validate(self) -> None:
+        """Attach to the cluster, and check every instance's fields and Ray resources (YAML paths on errors)."""
+        from gymfleet.launch import build_server
+
+        self._ray = attach_ray(self.config)
+        for instance in self.config.instances.values():
+            server = build_server(instance, self.config)
+            self._options[instance.name] = ray_options(instance, type(server))
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        """Place every replica, start the head server, serve, and return once every replica answers.
+
+        Raises:
+            ConfigError: a bad config, no cluster, or resources the cluster cannot give (named per instance).
+            ServerCrashedError: a server died or did not answer within `timeout_s`; everything is stopped again.
+        """
+        if not self.config.instances:
+            raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
+        try:
+            self.validate()
+            self._place(timeout_s)
+            self._start_head()
+            self._serve_all()
+            self._wait_ready(timeout_s)
+            self._wait_model_endpoints()
+        except BaseException:
+            self.shutdown()
+            raise
+        self._started = True
+        self._watcher = threading.Thread(target=self._watch, name="ray-fleet-watcher", daemon=True)
+        self._watcher.start()
+        total = sum(len(replicas) for replicas in self.replicas.values())
+        self._say(f"All {total} / {total} replicas of {len(self.replicas)} servers ready on the Ray cluster! Head "
+                  f"server: http://{self.config.head_host}:{self.config.head_port}")
+
+    def _place(self, timeout_s: float) -> None:
+        """Reserve a SPREAD placement group per instance, start one actor per replica and bind their ports."""
+        from ray.util.placement_group import placement_group
+
+        for name, instance in self.config.instances.items():
+            bundle = _bundle(self._options[name])
+            self._groups[name] = placement_group([bundle] * instance.num_replicas, strategy="SPREAD",
+                                                 name=f"gymfleet-{self.token[:8]}-{name}")
+        for name, group in self._groups.items():
+            ready, _ = self._ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+            if not ready:
+                instance = self.config.instances[name]
+                raise ConfigError(
+                    f"{instance.path}.ray_resources: the Ray cluster has no room for {instance.num_replicas} "
+                    f"replica(s) of {name!r} asking for {_bundle(self._options[name])} each (waited "
+                    f"{PLACEMENT_TIMEOUT_S:g}s); the cluster has {self._ray.available_resources()} available",
+                    path=f"{instance.path}.ray_resources",
+                    hint="Lower ray_resources or num_replicas, or add nodes with those resources.",
+                )
+        for name, instance in self.config.instances.items():
+            self.replicas[name] = [_Replica(instance, index, self._options[name])
+                                   for index in range(instance.num_replicas)]
+            for replica in self.replicas[name]:
+                replica.actor = self._new_actor(replica)
+        for replica in self._all():
+            self._record_bind(replica, self._call(replica, replica.actor.bind.remote(), "bind a port"))
+        self._publish_addresses()
+
+    def _new_actor(self, replica: _Replica) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options = replica.options
+        strategy = PlacementGroupSchedulingStrategy(self._groups[replica.instance.name],
+                                                    placement_group_bundle_index=replica.index)
+        remote = self._ray.remote(ReplicaProcess)
+        return remote.options(num_cpus=options["num_cpus"], memory=options["memory"] or None,
+                              resources=options["resources"] or None, scheduling_strategy=strategy,
+                              max_concurrency=4, max_restarts=0).remote(replica.instance.name, replica.index)
+
+    def _record_bind(self, replica: _Replica, bound: dict[str, Any]) -> None:
+        replica.host, replica.port, replica.node = bound["host"], bound["port"], bound["node"]
+
+    def _call(self, replica: _Replica, ref: Any, what: str, timeout_s: float = ACTOR_CALL_TIMEOUT_S) -> Any:
+        """The result of an actor call; a dead or silent actor is a `ServerCrashedError` naming the replica."""
+        try:
+            return self._ray.get(ref, timeout=timeout_s)
+        except Exception as exc:  # RayActorError, GetTimeoutError, a RayTaskError wrapping the actor's exception
+            raise ServerCrashedError(f"replica {replica.label} could not {what}: {type(exc).__name__}: {exc}") from exc
+
+    def _publish_addresses(self) -> None:
+        """Write every instance's first replica and replica list into the config, and rewrite URLs that named a
+        server's pre-assigned address."""
+        moved: dict[str, str] = {}
+        for name, replicas in self.replicas.items():
+            instance = self.config.instances[name]
+            first = replicas[0]
+            old = f"{instance.host}:{instance.port}"
+            if old != f"{first.host}:{first.port}":
+                moved[old] = f"{first.host}:{first.port}"
+        data = _rewrite(self.config.data, moved) if moved else self.config.data
+        for name, replicas in self.replicas.items():
+            instance = self.config.instances[name]
+            fields = data[name][instance.server_type][instance.impl]
+            fields["host"], fields["port"] = replicas[0].host, replicas[0].port
+            fields["replicas"] = [{"host": r.host, "port": r.port} for r in replicas]
+        self.config.data.clear()
+        self.config.data.update(data)
+        for name, instance in self.config.instances.items():
+            instance.fields = data[name][instance.server_type][instance.impl]
+
+    def _start_head(self) -> None:
+        """The head server in this process, reachable from every node (all interfaces for a loopback host)."""
+        import uvicorn
+
+        from gymfleet.head import create_head_app
+
+        head = self.config.data["head_server"]
+        host = head["host"]
+        if host in LOOPBACK:
+            bind_host, head["host"] = "0.0.0.0", self._ray.util.get_node_ip_address()
+        else:
+            bind_host = host
+        self._head_socket = bind_socket(bind_host, int(head["port"]), "head_server.port", assigned_if_unset=False)
+        app = create_head_app(self.config, self.process_table, self.replica_table)
+        server_config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        self._head = uvicorn.Server(server_config)
+        self._head_thread = threading.Thread(target=self._head.run, kwargs={"sockets": [self._head_socket]},
+                                             name="head-server", daemon=True)
+        self._head_thread.start()
+        deadline = time.monotonic() + 10
+        while not self._head.started:
+            if not self._head_thread.is_alive() or time.monotonic() > deadline:
+                raise ServerCrashedError(f"head server could not start on {bind_host}:{head['port']}")
+            time.sleep(0.02)
+
+    def _serve_all(self) -> None:
+        refs = [(replica, self._serve(replica)) for replica in self._all()]
+        for replica, ref in refs:
+            replica.pid = self._call(replica, ref, "start its server")
+            replica.start_time = time.time()
+            self._say(f"started {replica.label} ({replica.instance.server_type}/{replica.instance.impl}) on "
+                      f"{replica.url}, node {replica.node[:12]}, pid {replica.pid}, asking {replica.options}")
+
+    def _serve(self, replica: _Replica) -> Any:
+        """Start `replica`'s server from the fleet's config with its own address in its instance."""
+        data = copy.deepcopy(self.config.data)
+        _set_address(data, replica.instance.name, replica.host, replica.port)
+        masked, secrets = split_secrets(data)
+        return replica.actor.serve.remote(masked, secrets, self.token)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(self._all())
+        while pending:
+            for replica in list(pending):
+                if _answers_as(replica.url, self.token, replica.instance.name):
+                    replica.state = "running"
+                    pending.remove(replica)
+                    continue
+                status = self._call(replica, replica.actor.poll.remote(), "report its server")
+                if status["returncode"] is not None:
+                    tail = self._tail_text(replica)
+                    raise ServerCrashedError(f"replica {replica.label} exited with code {status['returncode']} "
+                                             f"while starting{tail}")
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(replica.label for replica in pending)
+                raise ServerCrashedError(f"replicas not ready after {timeout_s:g}s: {names}")
+            if pending:
+                time.sleep(0.2)
+
+    def _wait_model_endpoints(self) -> None:
+        """Wait until every model server's upstream `*base_url` answers (NeMo-Gym's readiness rule).
+
+        Raises:
+            ConfigError: one did not answer within `model_endpoint_readiness_timeout_seconds`.
+        """
+        timeout_s = float(self.config.data.get("model_endpoint_readiness_timeout_seconds", 600))
+        urls = _endpoint_urls(self.config)
+        deadline = time.monotonic() + timeout_s
+        announced: set[str] = set()
+        while timeout_s > 0 and urls:
+            urls = [url for url in urls if not _answers(url)]
+            if not urls:
+                return
+            for url in set(urls) - announced:
+                self._say(f"waiting for model endpoint {url}; timeout {timeout_s:g} s "
+                          "(model_endpoint_readiness_timeout_seconds)")
+                announced.add(url)
+            if time.monotonic() > deadline:
+                raise ConfigError(f"model endpoints not reachable after {timeout_s:g}s: {sorted(urls)}; check "
+                                  "policy_base_url / base_url (or set model_endpoint_readiness_timeout_seconds=0)")
+            time.sleep(1.0)
+
+    # ------------------------------------------------------------------------------------------ watch
+
+    def _all(self) -> list[_Replica]:
+        return [replica for replicas in self.replicas.values() for replica in replicas]
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL_S):
+            with self._lock:
+                if self._stopping:
+                    return
+                try:
+                    self._supervise()
+                except Exception:  # a bug here must not end supervision silently
+                    log.exception("ray fleet watcher: supervising the replicas failed")
+
+    def _supervise(self) -> None:
+        now = time.monotonic()
+        live = [replica for replica in self._all() if replica.state != "failed" and replica.restart_at is None]
+        refs = {id(replica): replica.actor.poll.remote() for replica in live}
+        for replica in self._all():
+            if replica.state == "failed":
+                continue
+            if replica.restart_at is not None:
+                if now >= replica.restart_at:
+                    self._restart(replica, now)
+                continue
+            try:
+                status = self._ray.get(refs[id(replica)], timeout=ACTOR_CALL_TIMEOUT_S)
+            except Exception as exc:  # the actor died (or its node): a new actor takes its place
+                self._crashed(replica, f"its Ray actor died ({type(exc).__name__})", now, new_actor=True)
+                continue
+            if status["returncode"] is not None:
+                self._crashed(replica, f"its server exited with {_exit_text(status['returncode'])}", now)
+            elif replica.state == "restarting":
+                if _answers_as(replica.url, self.token, replica.instance.name):
+                    replica.state = "running"
+                    self._say(f"replica {replica.label} is back on {replica.url} (restart {replica.restarts})")
+                elif now > replica.deadline:
+                    self._crashed(replica, f"no answer within {RESTART_READY_TIMEOUT_S:g}s of its restart", now)
+
+    def _crashed(self, replica: _Replica, how: str, now: float, *, new_actor: bool = False) -> None:
+        with contextlib.suppress(Exception):  # the actor may be gone too; then there is no tail to show
+            replica.tail = self._ray.get(replica.actor.tail.remote(), timeout=5)
+        while replica.crashes and now - replica.crashes[0] > RESTART_WINDOW_S:
+            replica.crashes.popleft()
+        what = f"replica {replica.label} on node {replica.node[:12]} ({replica.url}): {how}"
+        if len(replica.crashes) >= self.max_restarts:
+            replica.state, replica.restart_at = "failed", None
+            replica.failure = ServerCrashedError(
+                f"{what}; not restarted (restart_crashed_servers={self.max_restarts} within {RESTART_WINDOW_S:g}s "
+                f"spent): stopping the fleet{self._tail_text(replica)}"
+            )
+            self._say(str(replica.failure))
+            return
+        replica.crashes.append(now)
+        attempt = len(replica.crashes)
+        delay = min(RESTART_BACKOFF_CAP_S, RESTART_BACKOFF_S * 2 ** (attempt - 1))
+        replica.state, replica.restart_at, replica.new_actor = "restarting", now + delay, new_actor
+        self._say(f"{what}; restarting it in {delay:g}s (attempt {attempt}/{self.max_restarts} within "
+                  f"{RESTART_WINDOW_S:g}s); the other replicas keep serving")
+
+    def _restart(self, replica: _Replica, now: float) -> None:
+        try:
+            if replica.new_actor:
+                with contextlib.suppress(Exception):
+                    self._ray.kill(replica.actor, no_restart=True)
+                replica.actor = self._new_actor(replica)
+                bound = self._call(replica, replica.actor.bind.remote(), "bind a port")
+                self._record_bind(replica, bound)
+                self._update_address(replica)
+                replica.pid = self._call(replica, self._serve(replica), "start its server")
+            else:
+                started = self._call(replica, replica.actor.respawn.remote(), "restart its server")
+                if (started["host"], started["port"]) != (replica.host, replica.port):
+                    replica.host, replica.port = started["host"], started["port"]
+                    self._update_address(replica)
+                replica.pid = started["pid"]
+        except ServerCrashedError as exc:
+            replica.restart_at = None
+            self._crashed(replica, str(exc), now, new_actor=True)
+            return
+        replica.restarts += 1
+        replica.start_time = time.time()
+        replica.restart_at, replica.deadline = None, now + RESTART_READY_TIMEOUT_S
+
+    def _update_address(self, replica: _Replica) -> None:
+        """A replica moved: publish its address (clients refresh from the head server on connection errors)."""
+        instance = replica.instance
+        fields = self.config.data[instance.name][instance.server_type][instance.impl]
+        replicas = self.replicas[instance.name]
+        fields["host"], fields["port"] = replicas[0].host, replicas[0].port
+        fields["replicas"] = [{"host": r.host, "port": r.port} for r in replicas]
+        self._say(f"replica {replica.label} now listens on {replica.url}")
+
+    def poll(self) -> None:
+        """Raise if the head server died or a replica cannot be brought back (restarts happen in a watcher thread).
+
+        Raises:
+            ServerCrashedError: naming the replica, its last output lines and the restart budget.
+        """
+        if self._head_thread is not None and not self._head_thread.is_alive():
+            raise ServerCrashedError("the head server thread died")
+        with self._lock:
+            failed = [replica.failure for replica in self._all() if replica.failure is not None]
+        if failed:
+            raise failed[0]
+
+    def run_forever(self, interval_s: float = 1.0) -> None:
+        """Block, polling, until a replica cannot be brought back (raises) or the process is told to stop."""
+        while not self._stopping:
+            self.poll()
+            time.sleep(interval_s)
+
+    # ------------------------------------------------------------------------------------------ report
+
+    def replica_table(self) -> dict[str, list[dict[str, Any]]]:
+        """Per instance, its replicas: `{host, port, node, status, restarts, pid}` (the head server publishes it)."""
+        return {name: [{"host": r.host, "port": r.port, "node": r.node, "status": r.state, "restarts": r.restarts,
+                        "pid": r.pid} for r in replicas]
+                for name, replicas in self.replicas.items() if replicas and replicas[0].port}
+
+    def process_table(self) -> dict[str, dict[str, Any]]:
+        """Per instance: the first replica's `pid`, the earliest `start_time`, the worst `status` of its replicas
+        (failed, restarting, starting, running) and the `restarts` of all of them."""
+        order = ("failed", "restarting", "starting", "running")
+        table = {}
+        for name, replicas in self.replicas.items():
+            if not replicas:
+                continue
+            states = {r.state for r in replicas}
+            table[name] = {"pid": replicas[0].pid, "start_time": min(r.start_time for r in replicas) or None,
+                           "status": next(state for state in order if state in states),
+                           "restarts": sum(r.restarts for r in replicas)}
+        return table
+
+    def _tail_text(self, replica: _Replica) -> str:
+        if not replica.tail:
+            with contextlib.suppress(Exception):
+                replica.tail = self._ray.get(replica.actor.tail.remote(), timeout=5)
+        lines = "\n".join(f"    {line}" for line in replica.tail) or "    (no output)"
+        return f"\n  last output of {replica.label}:\n{lines}"
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.output, flush=True)
+        log.debug("%s", text)
+
+    # ------------------------------------------------------------------------------------------ stop
+
+    def shutdown(self) -> None:
+        """Stop every server process, kill every actor, remove the placement groups, stop the head server. Safe to
+        call more than once."""
+        with self._lock:
+            self._stopping = True
+        self._stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(30)
+        ray = self._ray
+        if ray is not None:
+            replicas = [replica for replica in self._all() if replica.actor is not None]
+            refs = []
+            for replica in replicas:
+                with contextlib.suppress(Exception):
+                    refs.append(replica.actor.stop.remote())
+            with contextlib.suppress(Exception):
+                ray.wait(refs, num_returns=len(refs), timeout=15)
+            for replica in replicas:
+                with contextlib.suppress(Exception):
+                    ray.kill(replica.actor, no_restart=True)
+                replica.actor = None
+            from ray.util.placement_group import remove_placement_group
+
+            for group in self._groups.values():
+                with contextlib.suppress(Exception):
+                    remove_placement_group(group)
+            self._groups.clear()
+        if self._head is not None:
+            self._head.should_exit = True
+            if self._head_thread is not None:
+                self._head_thread.join(5)
+        if self._head_socket is not None:
+            self._head_socket.close()
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _rewrite(node: Any, moved: dict[str, str]) -> Any:
+    """`node` with every `host:port` in `moved` replaced in its strings (one pass, so no chain of replacements)."""
+    pattern = re.compile("|".join(re.escape(old) + r"(?!\d)" for old in sorted(moved, key=len, reverse=True)))
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if isinstance(value, str):
+            return pattern.sub(lambda match: moved[match.group(0)], value)
+        return value
+
+    return walk(node)
+
+
+def _answers_as(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
+    """Whether `GET url/` answers 200 as instance `name` of the fleet holding `token`."""
+    from gymfleet.server import FLEET_HEADER, INSTANCE_HEADER
+
+    try:
+        with urllib.request.urlopen(url + "/", timeout=timeout_s) as response:
+            identity = (response.headers.get(FLEET_HEADER), response.headers.get(INSTANCE_HEADER))
+            return response.status == 200 and identity == (token, name)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _answers(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether `url` gives any HTTP answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _endpoint_urls(config: GlobalConfig) -> list[str]:
+    """Probe URLs of every model server's `*base_url` (`.../v1` probed as `.../v1/models`)."""
+    urls: list[str] = []
+    for instance in config.instances_of("responses_api_models"):
+        for key, value in instance.fields.items():
+            if key.endswith("base_url"):
+                for url in value if isinstance(value, list) else [value]:
+                    if isinstance(url, str) and url.startswith("http"):
+                        url = url.rstrip("/")
+                        urls.append(url + "/models" if url.endswith("/v1") else url)
+    return list(dict.fromkeys(urls))
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"code {code} ({signal.Signals(-code).name})"
+    return f"code {code}"

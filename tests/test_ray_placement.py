@@ -1,0 +1,313 @@
+"""Ray placement across nodes (`gymfleet.ray_placement`) on a real 3-node Ray cluster on this machine.
+
+One module-scoped `ray.cluster_utils.Cluster` (Ray's own multi-node test fixture: a head and two worker nodes, each
+with its own CPUs and custom resources) runs one fleet: the scripted model behind `vllm_model`, example_weather as
+two replicas, and its agent pinned to the node that alone has the `agent_node` resource. The tests check where
+Ray put each replica, that the head server publishes real addresses, that rollouts spread over both replicas and
+stick to one per rollout, and that a replica killed mid-collection fails its rollouts typed and comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from gymfleet import http
+from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.errors import ConfigError, TransportError
+from gymfleet.fleet import Fleet
+from gymfleet.ray_placement import RayFleet, make_fleet, memory_bytes, placement_of
+from gymfleet.rollout_helper import RolloutCollectionHelper
+from gymfleet.testing import free_port
+from resources_servers.example_weather.app import FORECASTS
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning",
+                                        "ignore::pytest.PytestUnraisableExceptionWarning")
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = [json.loads(line) for line in (ROOT / "resources_servers/example_weather/data/example.jsonl").read_text()
+        .splitlines()]
+AGENT = "example_weather_simple_agent"
+ENV = "example_weather"
+WAIT_S = 120
+"""Bound on waits for things that take seconds (catches a hang; times nothing)."""
+
+
+def scripted_rules(delay_s: float) -> list[dict]:
+    """Look the city up, then answer with the forecast's condition; every model turn takes `delay_s`."""
+    answers = [{"match": rf'"condition":\s*"{condition}"', "match_in": "last_message", "delay_s": delay_s,
+                "text": f"The forecast says {condition}."} for condition in {c for c, _ in FORECASTS.values()}]
+    calls = [{"match": rf"(?i)\b{city}\b", "match_in": "transcript", "delay_s": delay_s, "text": "Looking it up.",
+              "tool_calls": [{"name": "get_weather", "arguments": {"city": city.title()}}]} for city in FORECASTS]
+    return [*answers, *calls]
+
+
+def fleet_config(address: str | None, **extra) -> dict:
+    config = {
+        "config_paths": ["responses_api_models/vllm_model/configs/vllm_model.yaml",
+                         "resources_servers/example_weather/configs/example_weather.yaml"],
+        "policy_base_url": "http://${scripted_llm.responses_api_models.scripted_model.host}:"
+                           "${scripted_llm.responses_api_models.scripted_model.port}/v1",
+        "policy_api_key": "not-needed",
+        "policy_model_name": "scripted",
+        "scripted_llm": {"responses_api_models": {"scripted_model": {
+            "entrypoint": "app.py", "model": "scripted", "rules": scripted_rules(0.3),
+            "ray_resources": {"num_cpus": 0.5}}}},
+        ENV: {"resources_servers": {ENV: {"num_replicas": 2, "ray_resources": {"num_cpus": 1}}}},
+        AGENT: {"responses_api_agents": {"simple_agent": {
+            "ray_resources": {"num_cpus": 0.5, "memory": "64MiB", "resources": {"agent_node": 1}}}}},
+        "policy_model": {"responses_api_models": {"vllm_model": {"ray_resources": {"num_cpus": 0.5}}}},
+        "head_server": {"host": "127.0.0.1", "port": free_port()},
+        "restart_crashed_servers": 3,
+        **extra,
+    }
+    if address:
+        config["ray_head_node_address"] = address
+    return config
+
+
+def parse(initial: dict):
+    return parse_global_config(GlobalConfigDictParserConfig(initial_global_config_dict=initial,
+                                                            skip_load_from_cli=True))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2, resources={"agent_node": 1})
+    cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    fleet = make_fleet(parse(fleet_config(cluster.address)))
+    assert isinstance(fleet, RayFleet)
+    fleet.start(timeout_s=WAIT_S)
+    try:
+        yield fleet
+    finally:
+        fleet.shutdown()
+        assert_no_servers_left(fleet, before)
+
+
+def assert_no_servers_left(fleet: RayFleet, before: set[int]) -> None:
+    """No gymfleet server process and no replica actor outlives the fleet."""
+    from ray.util.state import list_actors
+
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        servers = [p for p in psutil.process_iter(["cmdline"])
+                   if "gymfleet.launch" in " ".join(p.info["cmdline"] or []) and fleet.token in _environ(p)]
+        actors = list_actors(filters=[("class_name", "=", "ReplicaProcess"), ("state", "=", "ALIVE")])
+        if not servers and not actors:
+            return
+        assert time.monotonic() < deadline, f"left after shutdown: servers {servers}, actors {actors}"
+        time.sleep(0.2)
+
+
+def _environ(process: psutil.Process) -> str:
+    try:
+        return " ".join(f"{k}={v}" for k, v in process.environ().items())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
+
+
+def head(fleet: RayFleet) -> str:
+    return f"http://127.0.0.1:{fleet.config.head_port}"
+
+
+def instances(fleet: RayFleet) -> dict[str, dict]:
+    return {row["process_name"]: row for row in httpx.get(head(fleet) + "/server_instances", timeout=10).json()}
+
+
+def published(fleet: RayFleet) -> dict:
+    return yaml.safe_load(httpx.get(head(fleet) + "/global_config_dict_yaml", timeout=10).json())
+
+
+def verify_count(url: str) -> int:
+    """`/verify` requests a replica answered 200 (its own `/metrics`)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = re.findall(r'gymfleet_requests_total\{[^}]*route="/verify"[^}]*status="200"[^}]*\} ([0-9.e+]+)', text)
+    return int(sum(float(value) for value in found))
+
+
+def rows(n: int) -> list[dict]:
+    return [{**ROWS[i % len(ROWS)], "agent_ref": {"type": "responses_api_agents", "name": AGENT}} for i in range(n)]
+
+
+async def collect(fleet: RayFleet, examples: list[dict]) -> list[tuple[dict | None, BaseException | None]]:
+    """Every row's `(result, None)` or `(None, error)`, each awaited with a bound that catches a hang."""
+    helper = RolloutCollectionHelper(request_timeout_s=WAIT_S)
+    outcomes = []
+    for future in helper.run_examples(examples, {"host": "127.0.0.1", "port": fleet.config.head_port}):
+        try:
+            _, result = await asyncio.wait_for(future, WAIT_S)
+            outcomes.append((result, None))
+        except TransportError as exc:
+            outcomes.append((None, exc))
+    await http.close()
+    return outcomes
+
+
+# ---------------------------------------------------------------------------------------------- placement
+
+
+def test_placement_honours_resources_and_spreads_replicas(fleet, cluster):
+    import ray
+
+    nodes = {node["NodeID"]: node["Resources"] for node in ray.nodes() if node["Alive"]}
+    table = fleet.replica_table()
+    agent_node = table[AGENT][0]["node"]
+    assert nodes[agent_node].get("agent_node") == 1, "the agent asked for agent_node: only that node has it"
+    env_nodes = [replica["node"] for replica in table[ENV]]
+    assert len(env_nodes) == 2 and len(set(env_nodes)) == 2, "two replicas on two nodes when the cluster has room"
+    assert all(replica["status"] == "running" and replica["restarts"] == 0 for replica in table[ENV])
+
+
+def test_head_publishes_real_addresses(fleet):
+    rows_ = instances(fleet)
+    config = published(fleet)
+    replicas = rows_[ENV]["replicas"]
+    assert len(replicas) == 2
+    fields = config[ENV]["resources_servers"][ENV]
+    assert fields["replicas"] == [{"host": r["host"], "port": r["port"]} for r in replicas]
+    assert (fields["host"], fields["port"]) == (replicas[0]["host"], replicas[0]["port"]), "first replica for NeMo-Gym"
+    for replica in replicas:
+        url = f"http://{replica['host']}:{replica['port']}"
+        assert httpx.get(url + "/", timeout=10).json() == {"status": "ok"}, f"replica {url} answers directly"
+        assert replica["host"] not in ("127.0.0.1", "0.0.0.0"), "a node address other nodes can reach"
+    model = config["policy_model"]["responses_api_models"]["vllm_model"]
+    llm = config["scripted_llm"]["responses_api_models"]["scripted_model"]
+    assert model["base_url"] == f"http://{llm['host']}:{llm['port']}/v1", "URLs naming a server follow it"
+    agent_env = config[f"{AGENT}_environment_server"]["environment_servers"]["legacy_agent"]
+    agent = config[AGENT]["responses_api_agents"]["simple_agent"]
+    assert (agent_env["host"], agent_env["port"]) == (agent["host"], agent["port"])
+
+
+def test_ng_status_lists_every_replica(fleet):
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={fleet.config.head_port}",
+                          "+json=true"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    by_name = {item["process_name"]: item for item in report["instances"]}
+    assert [replica["live"] for replica in by_name[ENV]["replicas"]] == [True, True]
+    port = f"+head_server.port={fleet.config.head_port}"
+    table = subprocess.run([sys.executable, "-m", "gymfleet.cli.status", port], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT).stdout
+    assert f"{ENV}#0" in table and f"{ENV}#1" in table and "NODE" in table.splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------------------- rollouts
+
+
+def test_rollouts_spread_over_replicas_and_stick_to_one(fleet):
+    urls = [f"http://{r['host']}:{r['port']}" for r in instances(fleet)[ENV]["replicas"]]
+    before = [verify_count(url) for url in urls]
+    outcomes = asyncio.run(collect(fleet, rows(24)))
+    errors = [error for _, error in outcomes if error is not None]
+    assert not errors, errors[:3]
+    rewards = [result["reward"] for result, _ in outcomes]
+    assert rewards == [1.0] * 24, [r["reason"] for r, _ in outcomes if r["reward"] != 1.0][:3]  # session found
+    served = [verify_count(url) - was for url, was in zip(urls, before, strict=True)]
+    assert sum(served) == 24 and min(served) > 0, f"per replica: {served}"
+
+
+def test_killed_replica_fails_its_rollouts_typed_and_comes_back(fleet):
+    victim = instances(fleet)[ENV]["replicas"][1]
+
+    async def scenario():
+        task = asyncio.ensure_future(collect(fleet, rows(40)))
+        await asyncio.sleep(1.5)  # rollouts in flight on both replicas
+        os.kill(victim["pid"], signal.SIGKILL)
+        return await task
+
+    outcomes = asyncio.run(scenario())
+    assert len(outcomes) == 40, "none lost"
+    failures = [error for _, error in outcomes if error is not None]
+    results = [result for result, _ in outcomes if result is not None]
+    assert failures, "rollouts in flight on the killed replica fail"
+    for error in failures:
+        assert json.loads(error.response_content)["error_type"] == "connection_error", error
+    assert all(result["reward"] == 1.0 for result in results), "no silent zero from a lost session"
+
+    deadline = time.monotonic() + WAIT_S
+    while (row := instances(fleet)[ENV])["replicas"][1]["status"] != "running" or row["restarts"] != 1:
+        assert time.monotonic() < deadline, f"replica never came back: {row}"
+        time.sleep(0.2)
+    assert row["replicas"][1]["pid"] != victim["pid"]
+    assert re.search(rf'gymfleet_server_restarts_total\{{instance="{ENV}"\}} 1', httpx.get(head(fleet) + "/metrics")
+                     .text)
+    later = asyncio.run(collect(fleet, rows(12)))
+    assert [result["reward"] for result, _ in later if result] == [1.0] * 12, later
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def test_memory_sizes_and_bad_resources_are_named(cluster):
+    assert memory_bytes("2GiB", "x") == 2 * 2**30 and memory_bytes("4GB", "x") == 4 * 10**9
+    with pytest.raises(ConfigError, match=r"ray_resources\.memory: expected bytes or a size"):
+        RayFleet(parse(fleet_config(cluster.address, **{ENV: {"resources_servers": {ENV: {
+            "ray_resources": {"memory": "lots"}}}}}))).validate()
+    with pytest.raises(ConfigError, match=r"ray_resources\.num_gpu"):
+        RayFleet(parse(fleet_config(cluster.address, **{ENV: {"resources_servers": {ENV: {
+            "ray_resources": {"num_gpu": 1}}}}}))).validate()
+
+
+def test_placement_ray_without_a_cluster_is_a_config_error(monkeypatch):
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match=r"no Ray cluster answers at ray_head_node_address") as info:
+        make_fleet(parse(fleet_config(dead, placement="ray"))).start(timeout_s=30)
+    assert info.value.path == "ray_head_node_address"
+    monkeypatch.setitem(sys.modules, "ray", None)  # the package missing
+    with pytest.raises(ConfigError, match=r"placement: ray needs the ray package"):
+        make_fleet(parse(fleet_config(None, placement="ray")))
+
+
+def test_unknown_placement_and_replicas_without_ray_are_named():
+    with pytest.raises(ConfigError, match=r"placement: unknown value 'rya'.*Did you mean 'ray'"):
+        parse(fleet_config(None, placement="rya"))
+    with pytest.raises(ConfigError, match=r"example_weather\.resources_servers\.example_weather\.num_replicas: 2 "
+                                          r"replicas need Ray placement"):
+        make_fleet(parse(fleet_config(None)))
+
+
+def test_a_config_without_ray_keys_starts_as_before():
+    assert importlib.util.find_spec("ray") is not None, "Ray is installed, and still:"
+    config = parse(fleet_config(None, **{ENV: {"resources_servers": {ENV: {"num_replicas": 1}}}}))
+    assert placement_of(config) == "local"
+    fleet = make_fleet(config)
+    assert type(fleet) is Fleet
+    fleet.start(timeout_s=WAIT_S)
+    try:
+        rows_ = instances(fleet)
+        assert all("replicas" not in row for row in rows_.values())
+        assert rows_[ENV]["url"] == fleet.config.instances[ENV].url
+        assert "replicas" not in published(fleet)[ENV]["resources_servers"][ENV]
+    finally:
+        fleet.shutdown()
