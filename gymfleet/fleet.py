@@ -1,7 +1,14 @@
 """Start, watch and stop a fleet: the head server plus one supervised process per server instance.
 
-Every instance runs as `python -m gymfleet.launch` in this same Python environment (no per-server virtualenvs), in
-its own process group; each child asks the kernel to kill it if the supervisor dies (no orphans). Output lines are
+Every instance runs in this same Python environment (no per-server virtualenvs), in its own process group, and stops
+itself if the supervisor dies (no orphans). How it starts is `server_start`: `zygote` (the default) forks it from one
+pre-imported parent, `python -m gymfleet.zygote`, started as a fresh interpreter once per fleet (safe whichever
+thread calls `start()`), which imports the shared stack and every instance's `app.py` once: the fleet is ready
+in seconds and its servers share those pages copy-on-write (see `gymfleet.zygote`). `spawn` starts each server as
+a fresh interpreter, `python -m gymfleet.launch`, importing everything again. Any other value is a `ConfigError`
+naming the key and the choices. A zygote that dies is said so once; the servers it forked keep serving; a new one
+is started (at most `ZYGOTE_RESTARTS` times, and only for one that had got ready), else servers are started as
+fresh interpreters from then on. Crashed servers are restarted through whichever is current. Output lines are
 prefixed `(<instance>) ` and the last lines of each are kept, so a server that dies is reported with its own last
 words. `start()` returns once every instance answers `GET /` as this fleet's own server (the fleet's random token
 and the instance name in its headers, see `gymfleet.server`; another process on the same port never counts) and

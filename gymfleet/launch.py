@@ -5,7 +5,10 @@
 class's config (unknown keys fail with the YAML path and the closest field) and builds it.
 
 `python -m gymfleet.launch --config <resolved.json> --instance <name>` serves one instance; with `num_workers > 1`
-it binds the port once and runs that many worker processes on the shared socket.
+it binds the port once and runs that many worker processes on the shared socket. `serve_supervised` is that
+command's body, and also what a server forked by the zygote runs (`gymfleet.zygote`, `server_start: zygote`): such a
+server gets its secrets over the zygote's private socket instead of its environment, and watches the supervisor
+through a pidfd instead of its parent (the zygote).
 
 Secrets never sit on disk: the supervisor writes the resolved config owner-only (0600) with every secret value
 (`gymfleet.config_merge.SECRET_KEY`) masked as `****` (`split_secrets`, `write_resolved`) and hands the real values

@@ -90,7 +90,7 @@ def rollout_reward(fleet: Fleet) -> float:
     return answer.json()["reward"]
 
 
-def test_every_server_is_forked_by_one_zygote_serves_and_its_output_reaches_the_fleet():
+def test_servers_are_forked_by_one_zygote_serve_report_output_and_a_killed_one_is_forked_again():
     with fleet_with({"uvicorn_logging_show_200_ok": True}) as (fleet, output):
         [zygote] = zygotes()
         for name, child in fleet.children.items():
@@ -100,20 +100,16 @@ def test_every_server_is_forked_by_one_zygote_serves_and_its_output_reaches_the_
             assert os.getpgid(process.pid) == process.pid, f"{name} leads its own process group"
             assert answers(fleet.config.instance(name).url), name
         assert rollout_reward(fleet) == 1.0
-        wait_for(lambda: '(mcqa) ' in output.getvalue() and '"POST /verify HTTP/1.1" 200' in output.getvalue(),
+        wait_for(lambda: "(mcqa) " in output.getvalue() and '"POST /verify HTTP/1.1" 200' in output.getvalue(),
                  "mcqa's access log line in the fleet's output, prefixed with its name")
 
-
-def test_a_killed_server_is_forked_again_by_the_zygote_and_serves():
-    with fleet_with() as (fleet, output):
-        [zygote] = zygotes()
         old = fleet.children["mcqa"].process
         os.kill(old.pid, signal.SIGKILL)
         assert old.wait(10) == -signal.SIGKILL, "the zygote reports the exit code"
         wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa running again after one restart")
         new = fleet.children["mcqa"].process
         assert isinstance(new, ForkedProcess) and new.pid != old.pid
-        assert psutil.Process(new.pid).ppid() == zygote.pid
+        assert psutil.Process(new.pid).ppid() == zygote.pid, "forked again by the same zygote"
         assert rollout_reward(fleet) == 1.0
         assert "server 'mcqa' exited unexpectedly with code -9 (SIGKILL)" in output.getvalue()
 
