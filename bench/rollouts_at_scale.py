@@ -1,0 +1,422 @@
+"""Rollouts at scale: 1,024 / 4,096 / 16,384 in flight at once through NeMo-RL's `run_examples`, on a mixed fleet.
+
+The fleet is what NeMo-RL starts (`RunHelper.start` with an `initial_global_config_dict`): `policy_model`
+(vllm_model_for_training, token capture on) in front of one scripted upstream standing in for vLLM, and five
+environments behind their simple_agents: mcqa, math_with_judge (its judge is the policy model, so the scripted
+model too), instruction_following, example_weather (a tool call, then the answer) and code_gen (its programs run
+in the sandbox service; 1 group in 16, so the run stays a few minutes on 2 cores). Every scripted answer is right,
+so every rollout must score 1.0: anything else is counted as an error. math_with_judge answers in words
+(`\\boxed{\\text{four hundred}}`), which math-verify cannot confirm, so every math rollout asks the judge twice.
+
+Generation latency is injected: each row draws (seeded) one of `DELAYS_S` (1-3 s), the scripted upstream sleeps
+that long on every model call of its rollout, judge calls included (the row carries a `(ref L<k>)` tag its rules
+match). Rows come in groups of `--generations` identical prompts, stamped as NeMo-RL's `_prepare_nemo_gym_rows`
+does, and this process sends every row's `POST /run` at once, as NeMo-RL does.
+
+    python bench/rollouts_at_scale.py [--sizes 1024,4096,16384] [--generations 16] [--seed 0]
+        [--max-concurrent-rollouts N] [--placement ray --replicas 2]
+
+Each size gets a fresh fleet. One table, a column per size: rollouts/s, p50/p99 end to end, time to the first
+result and the first complete group, per-hop p50/p99 computed from the fleet's own `/metrics` histograms
+(`gymfleet_upstream_seconds` of the agents, the judge's and the model server's calls; `gymfleet_request_seconds`
+of `/verify` inside the environments; the agents' admission wait), peak RSS of the fleet and of this client, and
+errors by class. A second table gives each server's peak RSS (summed over its processes) and peak open file
+descriptors (its busiest process), sampled every 0.2 s with psutil.
+
+Stall detector: no result for `--stall-s` (60 s) is a stall, printed when it happens and counted in the table; no
+result for `--abort-s` (600 s) gives the run up, counting what is left as `stalled`.
+
+`--placement ray --replicas 2` sets the top-level `placement: ray` and `num_replicas: 2` on every resources server
+and agent instance (Ray placement: `ray_head_node_address` names the cluster, else `ng_run` starts or joins one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from bench.nemo_rl_rollouts import PeakRSS, instance_pids  # noqa: E402
+from gymfleet import http  # noqa: E402
+from gymfleet.errors import TransportError  # noqa: E402
+from gymfleet.launch import raise_nofile_limit  # noqa: E402
+from gymfleet.testing import free_port  # noqa: E402
+from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper  # noqa: E402
+from nemo_gym.rollout_collection import RolloutCollectionHelper  # noqa: E402
+from resources_servers.example_weather.app import FORECASTS  # noqa: E402
+
+SCRIPTED = "scripted_llm.responses_api_models.scripted_model"
+DELAYS_S = (1.0, 1.5, 2.0, 2.5, 3.0)
+"""Generation latencies a row can draw; its every model call (judge calls included) sleeps that long."""
+ENVS = ("mcqa", "math_with_judge", "instruction_following", "example_weather", "code_gen")
+SCHEDULE = ("code_gen",) + ("mcqa", "math_with_judge", "instruction_following", "example_weather") * 4
+"""Which environment each group goes to, cycling: code_gen 1 group in 17, the others 4 each."""
+WEATHER_CITY = "paris"
+
+# The right answer to the first row of each environment's data/example.jsonl (matched on the last user message).
+ANSWERS = {
+    "mcqa": ("shortest orbital period",
+             {"text": "Mercury is closest to the Sun, so its year is shortest.\n\n\\boxed{B}"}),
+    "math_with_judge": ("sum of the first 20 positive odd integers",
+                        {"reasoning": "The first n odd numbers add up to n squared.",
+                         "text": "1 + 3 + ... + 39 = 20^2, so the sum is $\\boxed{\\text{four hundred}}$."}),
+    "instruction_following": ("new neighbour inviting them to a weekend barbecue",
+                              {"text": "<<Welcome to the Street>>\nHi [neighbour name], come over for a barbecue on "
+                                       "Saturday at [time]. We will handle the grill; just bring your appetite."}),
+    "code_gen": ("largest value of a_j - a_i",
+                 {"text": "Track the smallest value so far.\n\n```python\nn = int(input())\nbest, low = 0, None\n"
+                          "for x in map(int, input().split()):\n    if low is not None:\n"
+                          "        best = max(best, x - low)\n    low = x if low is None else min(low, x)\n"
+                          "print(best)\n```"}),
+}
+
+
+def tag(level: int) -> str:
+    return f"(ref L{level})"
+
+
+def script() -> list[dict]:
+    """The scripted upstream's rules: per latency level, the judge's verdict first (its prompt quotes the math
+    question), then each environment's answer, then the weather tool call and the forecast."""
+    rules = []
+    condition = FORECASTS[WEATHER_CITY][0]
+    for level, delay_s in enumerate(DELAYS_S):
+        marker = tag(level).replace("(", r"\(").replace(")", r"\)")
+        rules.append({"match": rf"Two final answers to the same math problem[\s\S]*{marker}",
+                      "text": "Both are the number 400.\n[[A=B]]", "delay_s": delay_s})
+        for match, reply in ANSWERS.values():
+            rules.append({"match": rf"{match}[\s\S]*{marker}", **reply, "delay_s": delay_s})
+        rules.append({"match": rf"(?i)\b{WEATHER_CITY}\b[\s\S]*{marker}", "turn": 0, "text": "Let me look that up.",
+                      "tool_calls": [{"name": "get_weather", "arguments": {"city": WEATHER_CITY.title()}}],
+                      "delay_s": delay_s})
+        rules.append({"match": rf"{marker}[\s\S]*\"condition\":\s*\"{condition}\"", "match_in": "transcript",
+                      "turn": 1, "text": f"The forecast says {condition}.", "delay_s": delay_s})
+    return rules
+
+
+def fleet_config(head_port: int, args: argparse.Namespace) -> dict:
+    config = {
+        "config_paths": ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"]
+        + [f"resources_servers/{env}/configs/{env}.yaml" for env in ENVS],
+        "scripted_llm": {"responses_api_models": {"scripted_model": {"entrypoint": "app.py", "rules": script()}}},
+        "math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": True}}},
+        "policy_base_url": f"http://${{{SCRIPTED}.host}}:${{{SCRIPTED}.port}}/v1",
+        "policy_api_key": "dummy_key", "policy_model_name": "scripted", "default_host": "127.0.0.1",
+        "head_server": {"host": "0.0.0.0", "port": head_port}, "port_range_low": 5000, "port_range_high": 5999,
+        "global_aiohttp_connector_limit_per_host": 32768, "global_aiohttp_connector_limit": 65536,
+        "num_gpu_nodes": 0,
+    }
+    agent_fields = {}
+    if args.max_concurrent_rollouts is not None:
+        agent_fields["max_concurrent_rollouts"] = args.max_concurrent_rollouts
+    if args.placement:
+        config["placement"] = args.placement
+    if args.replicas:
+        agent_fields["num_replicas"] = args.replicas
+        for env in ENVS:
+            config.setdefault(env, {}).setdefault("resources_servers", {}).setdefault(env, {})[
+                "num_replicas"] = args.replicas
+    if agent_fields:
+        for env in ENVS:
+            config[f"{env}_simple_agent"] = {"responses_api_agents": {"simple_agent": dict(agent_fields)}}
+    return config
+
+
+def first_row(env: str) -> dict:
+    path = ROOT / f"resources_servers/{env}/data/example.jsonl"
+    return json.loads(path.read_text().splitlines()[0])
+
+
+def nemo_rl_rows(count: int, generations: int, seed: int) -> list[dict]:
+    """Groups of `generations` rows of one prompt, environments cycling through `SCHEDULE`; each row draws its
+    latency level, tagged onto its last user message (and the math question the judge is shown)."""
+    templates = {env: first_row(env) for env in ENVS}
+    rng = random.Random(seed)
+    rows = []
+    for index in range(count):
+        group = index // generations
+        env = SCHEDULE[group % len(SCHEDULE)]
+        row = copy.deepcopy(templates[env])
+        level = rng.randrange(len(DELAYS_S))
+        params = row["responses_create_params"]
+        params["input"][-1]["content"] += f"\n\n{tag(level)}"
+        if "question" in row:
+            row["question"] += f" {tag(level)}"
+        params.update(temperature=1.0, top_p=1.0, max_output_tokens=1024)
+        row.update(_rowidx=index, _ng_task_index=group,
+                   agent_ref={"type": "responses_api_agents", "name": f"{env}_simple_agent"})
+        rows.append(row)
+    return rows
+
+
+class Run:
+    """One size's collection: completion times (s since dispatch), groups, errors by class, stalls."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+        self.latencies: list[float] = []
+        self.errors: Counter = Counter()
+        self.group_left = Counter(row["_ng_task_index"] for row in rows)
+        self.first_group_s: float | None = None
+        self.stalls: list[str] = []
+        self.wall_s = 0.0
+
+    def quantile(self, q: int) -> float:
+        if not self.latencies:
+            return math.nan
+        return statistics.quantiles(self.latencies, n=100)[q - 1] if len(self.latencies) > 1 else self.latencies[0]
+
+    def record(self, now: float, row: dict, result: dict) -> None:
+        self.latencies.append(now)
+        group = row["_ng_task_index"]
+        self.group_left[group] -= 1
+        if self.first_group_s is None and self.group_left[group] == 0:
+            self.first_group_s = now
+        failure = result.get("_ng_failure_class")
+        if failure:
+            self.errors[f"failure row: {failure}"] += 1
+        elif result.get("reward") != 1.0:
+            self.errors[f"reward {result.get('reward')} ({row['agent_ref']['name']})"] += 1
+
+
+def error_class(exc: BaseException) -> str:
+    if isinstance(exc, TransportError):
+        return f"{exc.failure_class} {exc.status or ''}".strip()
+    return type(exc).__name__
+
+
+async def collect(rows: list[dict], head, stall_s: float, abort_s: float) -> Run:
+    run = Run(rows)
+    start = time.perf_counter()
+    last = [start]
+
+    async def consume():
+        for future in RolloutCollectionHelper().run_examples(examples=rows, head_server_config=head):
+            try:
+                row, result = await future
+            except Exception as exc:  # a bench counts failures by class
+                run.errors[error_class(exc)] += 1
+                last[0] = time.perf_counter()
+                continue
+            last[0] = now = time.perf_counter()
+            run.record(now - start, row, result)
+
+    async def watchdog(task: asyncio.Task):
+        stalled_since = None
+        while not task.done():
+            await asyncio.sleep(1.0)
+            quiet = time.perf_counter() - last[0]
+            done = len(run.latencies) + sum(run.errors.values())
+            if quiet >= stall_s and stalled_since is None:
+                stalled_since = last[0]
+                note = (f"STALL at {last[0] - start + stall_s:.0f}s: no result for {stall_s:g}s, "
+                        f"{done}/{len(rows)} done")
+                run.stalls.append(note)
+                print(note, flush=True)
+            elif quiet < stall_s:
+                stalled_since = None
+            if quiet >= abort_s:
+                print(f"giving up after {abort_s:g}s without a result; {len(rows) - done} rollouts left", flush=True)
+                run.errors["stalled (no result before --abort-s)"] += len(rows) - done
+                task.cancel()
+
+    try:
+        task = asyncio.ensure_future(consume())
+        guard = asyncio.ensure_future(watchdog(task))
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        guard.cancel()
+        run.wall_s = time.perf_counter() - start
+        return run
+    finally:
+        await http.close()
+
+
+# ---------------------------------------------------------------------------------------------- /metrics hops
+
+
+def scrape(url: str) -> list:
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+class Buckets:
+    """A histogram summed over scrapes: cumulative count per upper bound."""
+
+    def __init__(self):
+        self.cumulative: dict[float, float] = defaultdict(float)
+
+    def add(self, sample) -> None:
+        self.cumulative[float(sample.labels["le"])] += sample.value
+
+    def quantile(self, q: float) -> str:
+        """Prometheus' `histogram_quantile`: linear within the bucket that holds the q-th observation."""
+        bounds = sorted(self.cumulative)
+        total = self.cumulative[bounds[-1]] if bounds else 0
+        if not total:
+            return "-"
+        rank, lower, below = q * total, 0.0, 0.0
+        for bound in bounds:
+            count = self.cumulative[bound]
+            if count >= rank:
+                if math.isinf(bound):
+                    return f">{lower:g} s"
+                share = (rank - below) / (count - below) if count > below else 1.0
+                return _seconds(lower + (bound - lower) * share)
+            lower, below = bound, count
+        return "-"
+
+    @property
+    def count(self) -> int:
+        return int(max(self.cumulative.values(), default=0))
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def hops(rh: RunHelper) -> dict[str, Buckets]:
+    """Per-hop latency histograms from every server's `/metrics` (per call attempt)."""
+    config = rh.config
+    found: dict[str, Buckets] = defaultdict(Buckets)
+    agents = {f"{env}_simple_agent" for env in ENVS}
+    for name, instance in config.instances.items():
+        for sample in scrape(instance.url):
+            if sample.name == "gymfleet_upstream_seconds_bucket":
+                target = sample.labels["target"]
+                if name in agents:
+                    hop = "agent → model" if target == "policy_model" else "agent → resources (all calls)"
+                elif name == "math_with_judge" and target == "policy_model":
+                    hop = "math_with_judge → judge"
+                elif name == "code_gen":
+                    hop = "code_gen → sandbox"
+                elif name == "policy_model":
+                    hop = "model server → upstream (scripted vLLM)"
+                else:
+                    continue
+                found[hop].add(sample)
+            elif sample.name == "gymfleet_request_seconds_bucket" and sample.labels.get("route") == "/verify":
+                found["/verify inside the environment"].add(sample)
+            elif sample.name == "gymfleet_rollout_wait_seconds_bucket":
+                found["agent admission wait"].add(sample)
+    return found
+
+
+# --------------------------------------------------------------------------------------------------- driver
+
+
+def one_size(size: int, args: argparse.Namespace) -> dict:
+    rh = RunHelper()
+    started = time.perf_counter()
+    rh.start(GlobalConfigDictParserConfig(initial_global_config_dict=fleet_config(free_port(), args),
+                                          skip_load_from_cli=True))
+    try:
+        spin_up_s = time.perf_counter() - started
+        rows = nemo_rl_rows(size, args.generations, args.seed)
+        print(f"\n{size} rollouts: fleet up in {spin_up_s:.1f}s; sending them all at once", flush=True)
+        with PeakRSS(instance_pids(rh.head_server_config)) as rss:
+            run = asyncio.run(collect(rows, rh.head_server_config, args.stall_s, args.abort_s))
+        latency = hops(rh)
+        rh.poll()
+    finally:
+        rh.shutdown()
+    return {"size": size, "spin_up_s": spin_up_s, "run": run, "rss": rss, "hops": latency}
+
+
+HOP_ORDER = ("agent admission wait", "agent → model", "model server → upstream (scripted vLLM)",
+             "agent → resources (all calls)", "/verify inside the environment", "math_with_judge → judge",
+             "code_gen → sandbox")
+
+
+def print_tables(results: list[dict], args: argparse.Namespace) -> None:
+    mib = 1024 * 1024
+    header = "| | " + " | ".join(f"{one['size']:,} in flight" for one in results) + " |"
+    rule = "|---|" + "---:|" * len(results)
+    lines = []
+
+    def row(label, cell):
+        lines.append(f"| {label} | " + " | ".join(cell(one) for one in results) + " |")
+
+    row("rollouts/s", lambda o: f"{len(o['run'].latencies) / o['run'].wall_s:.0f}")
+    row("wall", lambda o: f"{o['run'].wall_s:.1f} s")
+    row("p50 / p99 end to end", lambda o: f"{o['run'].quantile(50):.1f} s / {o['run'].quantile(99):.1f} s")
+    row("time to first result", lambda o: f"{o['run'].latencies[0]:.2f} s" if o["run"].latencies else "-")
+    row("time to first complete group",
+        lambda o: f"{o['run'].first_group_s:.2f} s" if o["run"].first_group_s is not None else "-")
+    for hop in HOP_ORDER:
+        row(f"{hop} p50 / p99", lambda o, hop=hop: (
+            f"{o['hops'][hop].quantile(0.5)} / {o['hops'][hop].quantile(0.99)} ({o['hops'][hop].count:,})"
+            if hop in o["hops"] else "-"))
+    row("peak RSS fleet / client",
+        lambda o: f"{o['rss'].fleet / mib:.0f} MiB / {o['rss'].client / mib:.0f} MiB")
+    row("errors", lambda o: str(sum(o["run"].errors.values())))
+    row("stalls (no result for 60 s)", lambda o: str(len(o["run"].stalls)))
+    row("fleet up", lambda o: f"{o['spin_up_s']:.1f} s")
+    placement = f"placement {args.placement}, {args.replicas} replicas" if args.placement else "one machine"
+    bound = "agents' default" if args.max_concurrent_rollouts is None else str(args.max_concurrent_rollouts)
+    print(f"\nMixed fleet ({', '.join(ENVS)}; code_gen 1 group in {len(SCHEDULE)}), groups of {args.generations}, "
+          f"injected latency {DELAYS_S[0]:g}-{DELAYS_S[-1]:g} s per model call, {placement}, "
+          f"max_concurrent_rollouts: {bound}. Hops: per call attempt, from the fleet's /metrics (calls counted).\n")
+    print("\n".join([header, rule, *lines]))
+
+    servers = sorted({name for one in results for name in one["rss"].per_server})
+    print("\nPer server: peak RSS (all its processes) / peak open file descriptors (its busiest process)\n")
+    print("| server | " + " | ".join(f"{one['size']:,}" for one in results) + " |")
+    print("|---|" + "---:|" * len(results))
+    for name in servers:
+        print(f"| {name} | " + " | ".join(
+            f"{one['rss'].per_server.get(name, 0) / mib:.0f} MiB / {one['rss'].fds.get(name, 0)}" for one in results
+        ) + " |")
+    for one in results:
+        for note in one["run"].stalls:
+            print(f"{one['size']:,}: {note}")
+        if one["run"].errors:
+            print(f"{one['size']:,}: errors: "
+                  + ", ".join(f"{kind} x{count}" for kind, count in one["run"].errors.most_common()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1024,4096,16384", help="comma-separated rollouts in flight, one run each")
+    parser.add_argument("--generations", type=int, default=16, help="rows per prompt group")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the latency each row draws")
+    parser.add_argument("--max-concurrent-rollouts", type=int, default=None,
+                        help="every agent's bound (0: unbounded); default: the agents' own default")
+    parser.add_argument("--placement", choices=("local", "ray"), default=None, help="top-level `placement`")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="`num_replicas` of every resources server and agent (needs --placement ray)")
+    parser.add_argument("--stall-s", type=float, default=60.0, help="no result this long is a stall")
+    parser.add_argument("--abort-s", type=float, default=600.0, help="no result this long gives the run up")
+    args = parser.parse_args()
+    try:
+        sizes = [int(size) for size in args.sizes.split(",")]
+    except ValueError:
+        raise SystemExit(f"--sizes: {args.sizes!r} is not a list of numbers (e.g. 1024,4096)") from None
+    if args.replicas and args.replicas > 1 and args.placement != "ray":
+        raise SystemExit("--replicas above 1 needs --placement ray")
+
+    os.environ.setdefault("GYMFLEET_LOG_LEVEL", "WARNING")  # the fleet's processes inherit it: no per-request INFO
+    raise_nofile_limit()  # this process holds one socket per rollout in flight
+    results = [one_size(size, args) for size in sizes]
+    print_tables(results, args)
+
+
+if __name__ == "__main__":
+    main()
