@@ -6,17 +6,18 @@ numeric `response.usage` field, `agent_metrics` holds `mean/<k>`, `max/<k>`, `mi
 `_ng_task_index`. `key_metrics` are the `mean/*` entries. Rows tagged `_ng_failure_class` are excluded from all of
 these.
 
-Two more numbers in `agent_metrics` and two more top-level keys (NeMo-Gym's keys and shapes are unchanged):
+More numbers in `agent_metrics` (flat numeric keys, so they pass through every consumer of NeMo-Gym's shape, the
+collector's `_aggregate_metrics.json` and trainers' metric loggers included; no existing key changes):
 
-- `agent_metrics["infra_failure_count"]` and `agent_metrics["infra_failure_share"]`: how many of the given rows are
-  infrastructure failures (`_ng_failure_class`, superseded ones not counted) and their share of all rows. The share
-  is only as good as the rows passed in: a caller that passes successful rows only gets 0.
-- `infra_failures`: the same per environment (`reward_provenance.environment`) and agent (`agent_ref.name`):
-  `[{environment, agent, rollouts, infra_failures, infra_failure_share, failure_classes: {class: n}}]`; a row with
-  neither key counts under `null`.
-- `provenance`: rows per reward provenance (`gymfleet.provenance`): `[{environment, instance, version, config_hash,
-  rows, mean_reward, infra_failures}]` (`rows`: scored rows; rows without `reward_provenance` are not listed), so a
-  mix of environment versions or configs in one file shows.
+- `infra_failure_count` and `infra_failure_share`: how many of the given rows are infrastructure failures
+  (`_ng_failure_class`; superseded ones not counted) and their share of all rows; per environment
+  (`reward_provenance.environment`, else the agent's) as `infra_failure_count/<env>` and `infra_failure_share/<env>`.
+  The share is only as good as the rows passed in: a caller that passes successful rows only gets 0.
+- per reward provenance (`gymfleet.provenance`), keyed `provenance/<environment>/<version>/<config_hash>`:
+  `.../rows` (scored rows), `.../mean_reward` and `.../infra_failures`, so a mix of environment versions or configs
+  in one file shows. Rows without `reward_provenance` are not counted there.
+
+`infra_failures(results)` and `provenance_counts(results)` give the same as lists of records.
 """
 
 from __future__ import annotations
@@ -81,13 +82,30 @@ def aggregate_metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
         {"_ng_task_index": task, **describe(columns)} for task, columns in sorted(groups.items(), key=_task_order)
     ]
     key_metrics = {key: value for key, value in agent_metrics.items() if key.startswith("mean/")}
+    agent_metrics.update(_infra_and_provenance_metrics(results))
+    return {"agent_metrics": agent_metrics, "key_metrics": key_metrics, "group_level_metrics": group_level}
+
+
+def _infra_and_provenance_metrics(results: list[dict[str, Any]]) -> dict[str, float]:
     shares = infra_failures(results)
     failed = sum(entry["infra_failures"] for entry in shares)
     counted = sum(entry["rollouts"] for entry in shares)
-    agent_metrics["infra_failure_count"] = float(failed)
-    agent_metrics["infra_failure_share"] = failed / counted if counted else 0.0
-    return {"agent_metrics": agent_metrics, "key_metrics": key_metrics, "group_level_metrics": group_level,
-            "infra_failures": shares, "provenance": provenance_counts(results)}
+    metrics = {"infra_failure_count": float(failed), "infra_failure_share": failed / counted if counted else 0.0}
+    per_environment: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for entry in shares:
+        if entry["environment"] is not None:
+            per_environment[str(entry["environment"])][0] += entry["infra_failures"]
+            per_environment[str(entry["environment"])][1] += entry["rollouts"]
+    for environment, (env_failed, env_rows) in sorted(per_environment.items()):
+        metrics[f"infra_failure_count/{environment}"] = float(env_failed)
+        metrics[f"infra_failure_share/{environment}"] = env_failed / env_rows
+    for entry in provenance_counts(results):
+        prefix = f"provenance/{entry['environment']}/{entry['version']}/{entry['config_hash']}"
+        metrics[f"{prefix}/rows"] = float(entry["rows"])
+        metrics[f"{prefix}/infra_failures"] = float(entry["infra_failures"])
+        if entry["mean_reward"] is not None:
+            metrics[f"{prefix}/mean_reward"] = entry["mean_reward"]
+    return metrics
 
 
 def _provenance_of(result: dict[str, Any]) -> dict[str, Any]:

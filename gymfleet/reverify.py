@@ -339,8 +339,12 @@ def read_rollouts(path: Path, limit: int | None = None) -> list[tuple[int, dict[
     """`(line number, row)` of a rollouts file.
 
     Raises:
-        DataError: the file is missing, or a line (named `file:line`) is not a JSON object or holds no `response`.
+        ConfigError: the file is missing.
+        DataError: a line (named `file:line`) is not a JSON object or holds no `response`.
     """
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file", path="input_jsonl_fpath",
+                          hint="Give +input_jsonl_fpath=<rollouts.jsonl>, a file ng_collect_rollouts wrote.")
     rows = read_jsonl(path)
     for lineno, row in rows:
         if not isinstance(row.get("response"), dict):

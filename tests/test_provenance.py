@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.aggregate import aggregate_metrics
+from gymfleet.aggregate import aggregate_metrics, infra_failures
 from gymfleet.config import ServerInstance, repository_root
 from gymfleet.errors import JudgeError
 from gymfleet.launch import build_server
@@ -166,20 +166,22 @@ def test_aggregate_metrics_count_rows_per_provenance_and_the_infra_failure_share
                {"agent_ref": {"name": "a"}, "_ng_failure_class": "connection_error", "reward": 0.0},  # before verify
                {**_result("mcqa", "h1", None, "timeout"), "_ng_superseded": True}]
     metrics = aggregate_metrics(results)
-    assert set(metrics) == {"agent_metrics", "key_metrics", "group_level_metrics", "infra_failures", "provenance"}
-    assert metrics["agent_metrics"]["mean/reward"] == pytest.approx(2 / 3)  # failure rows are still left out
-    assert metrics["agent_metrics"]["infra_failure_count"] == 2
-    assert metrics["agent_metrics"]["infra_failure_share"] == pytest.approx(2 / 5)
-    assert "infra_failure_share" not in metrics["key_metrics"]
-    assert metrics["infra_failures"] == [{
+    assert set(metrics) == {"agent_metrics", "key_metrics", "group_level_metrics"}  # NeMo-Gym's keys only
+    agent = metrics["agent_metrics"]
+    assert all(isinstance(value, float) for value in agent.values())  # flat numbers, as loggers expect
+    assert agent["mean/reward"] == pytest.approx(2 / 3)  # failure rows are still left out
+    assert agent["infra_failure_count"] == agent["infra_failure_count/mcqa"] == 2
+    assert agent["infra_failure_share"] == agent["infra_failure_share/mcqa"] == pytest.approx(2 / 5)
+    assert not any(key.startswith(("infra_", "provenance/")) for key in metrics["key_metrics"])
+    assert {key: value for key, value in agent.items() if key.startswith("provenance/")} == {
+        "provenance/mcqa/v1/h1/rows": 2, "provenance/mcqa/v1/h1/infra_failures": 1,
+        "provenance/mcqa/v1/h1/mean_reward": 0.5,
+        "provenance/mcqa/v1/h2/rows": 1, "provenance/mcqa/v1/h2/infra_failures": 0,
+        "provenance/mcqa/v1/h2/mean_reward": 1.0,
+    }
+    assert infra_failures(results) == [{
         "environment": "mcqa", "agent": "a", "rollouts": 5, "infra_failures": 2, "infra_failure_share": 0.4,
         "failure_classes": {"connection_error": 1, "judge_failed": 1}}]
-    assert metrics["provenance"] == [
-        {"environment": "mcqa", "instance": "mcqa", "version": "v1", "config_hash": "h1", "rows": 2,
-         "infra_failures": 1, "mean_reward": 0.5},
-        {"environment": "mcqa", "instance": "mcqa", "version": "v1", "config_hash": "h2", "rows": 1,
-         "infra_failures": 0, "mean_reward": 1.0},
-    ]
 
 
 def test_aggregate_metrics_route_reports_provenance_of_real_answers():
@@ -189,7 +191,8 @@ def test_aggregate_metrics_route_reports_provenance_of_real_answers():
         answers = [client.post("/verify", json={**row, "response": make_response("\\boxed{A}")}).json()
                    for row in rows]
         metrics = client.post("/aggregate_metrics", json={"verify_responses": answers}).json()
-    (entry,) = metrics["provenance"]
-    assert entry["rows"] == 3 and entry["config_hash"] == server.reward_provenance()["config_hash"]
-    assert entry["mean_reward"] == pytest.approx(sum(a["reward"] for a in answers) / 3)
-    assert metrics["agent_metrics"]["infra_failure_share"] == 0.0
+    prefix = f"provenance/mcqa/v2/{server.reward_provenance()['config_hash']}"
+    agent = metrics["agent_metrics"]
+    assert agent[f"{prefix}/rows"] == 3 and agent[f"{prefix}/infra_failures"] == 0
+    assert agent[f"{prefix}/mean_reward"] == pytest.approx(sum(a["reward"] for a in answers) / 3)
+    assert agent["infra_failure_share"] == agent["infra_failure_share/mcqa"] == 0.0
