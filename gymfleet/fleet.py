@@ -297,20 +297,21 @@ class Fleet:
             return
         if error is not None:
             self.validate()  # raises the error, typed and with its YAML path
-            self._zygote_lost(zygote, f"failed to build a server where this process did not: {error}")
+            self._zygote_lost(zygote, f"failed to build a server where this process did not: {error}", restart=False)
 
     def _zygote_died(self, zygote: Zygote) -> None:
         """The zygote exited on its own (its reader thread calls this)."""
         self._zygote_lost(zygote, f"(pid {zygote.pid}) {zygote.death_text()}")
 
-    def _zygote_lost(self, zygote: Zygote, why: str) -> None:
+    def _zygote_lost(self, zygote: Zygote, why: str, restart: bool = True) -> None:
         """Replace a zygote that died or failed: start another (at most `ZYGOTE_RESTARTS` times, and only if it
         had served), else start servers as fresh interpreters from now on. Says so once, either way."""
         with self._zygote_lock:
             if self._zygote is not zygote or self._stopping:
                 return
             zygote.close()
-            if zygote.was_ready and self._zygote_starts <= ZYGOTE_RESTARTS:  # one dying at import would again
+            # One that died while importing would die again: no restart for it.
+            if restart and zygote.was_ready and self._zygote_starts <= ZYGOTE_RESTARTS:
                 self._start_zygote()
                 then = (f"starting a new one ({self._zygote_starts - 1}/{ZYGOTE_RESTARTS}); running servers keep "
                         "serving")
