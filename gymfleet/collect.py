@@ -17,7 +17,10 @@ outputs (an earlier run's files are never replaced silently: `resume_from_cache`
 replaces all four), the input lines (`load_rows`), the agent names, and every row against its environment's
 `/verify` request model (the check `ng_prepare_data` does; `file:line` per bad row).
 
-Every line is flushed as it is written, so a crash or Ctrl-C loses no finished rollout. With `resume_from_cache`,
+Every line is on disk once it is written (unbuffered, whole lines), so a crash or Ctrl-C loses no finished rollout.
+A write that fails (no space left, file size limit) is undone, so the file keeps only whole lines, and the collection
+stops with an `OutputError` naming the file and the reason (`ng_collect_rollouts`: exit code 4); a resume once there
+is space runs exactly the rollouts missing. With `resume_from_cache`,
 rollouts already in `out.jsonl` are never redone, failed ones are retried up to `max_attempts` attempts in all
 (counted in the failures file), and both files are appended to. A failure row whose rollout has since succeeded is
 kept, marked `"_ng_superseded": true` (the failures file is rewritten at the end of the run), so the rows without
@@ -64,10 +67,8 @@ from gymfleet.wire import KNOWN_PARAMS, ResponseCreateParams
 
 log = logging.getLogger(__name__)
 
-RUN_RETRY = RetryPolicy(max_attempts=8, backoff_s=0.5, max_backoff_s=8.0, retry_statuses=frozenset())
-"""`/run` is retried only when it could not connect (nothing was sent): any answer, even a 5xx, or a connection lost
-after sending, may mean the rollout ran. The attempts (up to about 30 s of backoff in all) outlast an agent the
-fleet restarts after a crash (ARCHITECTURE decision 5b), so its rows wait for it instead of failing."""
+RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
+"""`/run` is retried on connection failures only: any answer, even a 5xx, may mean the rollout ran."""
 DETAIL_MAX_CHARS = 2000
 MAX_LISTED_ROWS = 50
 """Bad rows named one by one in a refusal; the rest are counted."""
