@@ -416,7 +416,10 @@ class _Replica:
     host: str = ""
     port: int = 0
     node: str = ""
+    actor_pid: int | None = None
+    """The actor's worker process (on its node)."""
     pid: int | None = None
+    """The server process (on its node)."""
     start_time: float = 0.0
     state: str = "starting"
     """starting, running, restarting, failed (as a local fleet's servers)."""
@@ -537,6 +540,7 @@ class RayFleet:
 
     def _record_bind(self, replica: _Replica, bound: dict[str, Any]) -> None:
         replica.host, replica.port, replica.node = bound["host"], bound["port"], bound["node"]
+        replica.actor_pid = bound["actor_pid"]
 
     def _call(self, replica: _Replica, ref: Any, what: str, timeout_s: float = ACTOR_CALL_TIMEOUT_S) -> Any:
         """The result of an actor call; a dead or silent actor is a `ServerCrashedError` naming the replica."""

@@ -33,9 +33,6 @@ from gymfleet.rollout_helper import RolloutCollectionHelper
 from gymfleet.testing import free_port
 from resources_servers.example_weather.app import FORECASTS
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning",
-                                        "ignore::pytest.PytestUnraisableExceptionWarning")
-
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [json.loads(line) for line in (ROOT / "resources_servers/example_weather/data/example.jsonl").read_text()
         .splitlines()]
@@ -102,30 +99,39 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def fleet(cluster):
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
     fleet = make_fleet(parse(fleet_config(cluster.address)))
     assert isinstance(fleet, RayFleet)
     fleet.start(timeout_s=WAIT_S)
     try:
         yield fleet
     finally:
+        actor_pids = [replica.actor_pid for replica in fleet._all()]
         fleet.shutdown()
-        assert_no_servers_left(fleet, before)
+        assert_nothing_left(fleet, actor_pids)
 
 
-def assert_no_servers_left(fleet: RayFleet, before: set[int]) -> None:
-    """No gymfleet server process and no replica actor outlives the fleet."""
-    from ray.util.state import list_actors
+def assert_nothing_left(fleet: RayFleet, actor_pids: list[int]) -> None:
+    """No server process, no replica actor, no reserved resource outlives the fleet."""
+    import ray
 
     deadline = time.monotonic() + WAIT_S
     while True:
-        servers = [p for p in psutil.process_iter(["cmdline"])
+        servers = [p.pid for p in psutil.process_iter(["cmdline"])
                    if "gymfleet.launch" in " ".join(p.info["cmdline"] or []) and fleet.token in _environ(p)]
-        actors = list_actors(filters=[("class_name", "=", "ReplicaProcess"), ("state", "=", "ALIVE")])
-        if not servers and not actors:
+        actors = [pid for pid in actor_pids if _running(pid)]
+        reserved = {key: value for key, value in ray.cluster_resources().items()
+                    if ray.available_resources().get(key) != value and not key.startswith("object_store")}
+        if not servers and not actors and not reserved:
             return
-        assert time.monotonic() < deadline, f"left after shutdown: servers {servers}, actors {actors}"
+        assert time.monotonic() < deadline, f"left: servers {servers}, actors {actors}, reserved {reserved}"
         time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _environ(process: psutil.Process) -> str:
@@ -147,11 +153,11 @@ def published(fleet: RayFleet) -> dict:
     return yaml.safe_load(httpx.get(head(fleet) + "/global_config_dict_yaml", timeout=10).json())
 
 
-def verify_count(url: str) -> int:
-    """`/verify` requests a replica answered 200 (its own `/metrics`)."""
+def served(url: str, route: str = "/verify") -> int:
+    """Requests to `route` a replica answered 200 (its own `/metrics`)."""
     text = httpx.get(url + "/metrics", timeout=10).text
-    found = re.findall(r'gymfleet_requests_total\{[^}]*route="/verify"[^}]*status="200"[^}]*\} ([0-9.e+]+)', text)
-    return int(sum(float(value) for value in found))
+    pattern = r'gymfleet_requests_total\{[^}]*route="' + route + r'"[^}]*status="200"[^}]*\} ([0-9.e+]+)'
+    return int(sum(float(value) for value in re.findall(pattern, text)))
 
 
 def rows(n: int) -> list[dict]:
@@ -227,22 +233,26 @@ def test_ng_status_lists_every_replica(fleet):
 
 def test_rollouts_spread_over_replicas_and_stick_to_one(fleet):
     urls = [f"http://{r['host']}:{r['port']}" for r in instances(fleet)[ENV]["replicas"]]
-    before = [verify_count(url) for url in urls]
+    before = [served(url) for url in urls]
     outcomes = asyncio.run(collect(fleet, rows(24)))
     errors = [error for _, error in outcomes if error is not None]
     assert not errors, errors[:3]
     rewards = [result["reward"] for result, _ in outcomes]
     assert rewards == [1.0] * 24, [r["reason"] for r, _ in outcomes if r["reward"] != 1.0][:3]  # session found
-    served = [verify_count(url) - was for url, was in zip(urls, before, strict=True)]
-    assert sum(served) == 24 and min(served) > 0, f"per replica: {served}"
+    per_replica = [served(url) - was for url, was in zip(urls, before, strict=True)]
+    assert sum(per_replica) == 24 and min(per_replica) > 0, f"per replica: {per_replica}"
 
 
 def test_killed_replica_fails_its_rollouts_typed_and_comes_back(fleet):
     victim = instances(fleet)[ENV]["replicas"][1]
+    url = f"http://{victim['host']}:{victim['port']}"
 
     async def scenario():
         task = asyncio.ensure_future(collect(fleet, rows(40)))
-        await asyncio.sleep(1.5)  # rollouts in flight on both replicas
+        # Kill once rollouts hold sessions on the victim: seeded, not verified yet (each model turn takes 0.3 s).
+        while await asyncio.to_thread(served, url, "/seed_session") - await asyncio.to_thread(served, url) < 2:
+            assert not task.done(), "the collection ended before any rollout was in flight on the victim"
+            await asyncio.sleep(0.02)
         os.kill(victim["pid"], signal.SIGKILL)
         return await task
 
@@ -297,17 +307,11 @@ def test_unknown_placement_and_replicas_without_ray_are_named():
         make_fleet(parse(fleet_config(None)))
 
 
-def test_a_config_without_ray_keys_starts_as_before():
-    assert importlib.util.find_spec("ray") is not None, "Ray is installed, and still:"
+def test_a_config_without_ray_keys_is_placed_as_before():
+    """Ray installed, no Ray key: the same local `Fleet` as before (the fleet tests start it)."""
+    assert importlib.util.find_spec("ray") is not None
     config = parse(fleet_config(None, **{ENV: {"resources_servers": {ENV: {"num_replicas": 1}}}}))
     assert placement_of(config) == "local"
-    fleet = make_fleet(config)
-    assert type(fleet) is Fleet
-    fleet.start(timeout_s=WAIT_S)
-    try:
-        rows_ = instances(fleet)
-        assert all("replicas" not in row for row in rows_.values())
-        assert rows_[ENV]["url"] == fleet.config.instances[ENV].url
-        assert "replicas" not in published(fleet)[ENV]["resources_servers"][ENV]
-    finally:
-        fleet.shutdown()
+    assert type(make_fleet(config)) is Fleet
+    assert type(make_fleet(parse(fleet_config(None, placement="local", **{ENV: {"resources_servers": {ENV: {
+        "num_replicas": 1}}}})))) is Fleet
