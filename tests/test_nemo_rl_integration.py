@@ -365,16 +365,18 @@ def test_dry_run_still_fails_on_a_bad_server_config(tmp_path):
         RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True, **typo))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed: ray.init would attach")
-def test_ray_address_without_ray_is_logged_and_ignored(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="gymfleet.run_helper"):
-        RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True,
-                                         ray_head_node_address="10.0.0.1:6379"))
+def test_ray_address_without_ray_is_logged_and_served_locally(tmp_path, caplog, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the package were not installed
+    rh = RunHelper()
+    with caplog.at_level(logging.WARNING):
+        rh.start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True, ray_head_node_address="10.0.0.1:6379"))
     assert "Ray is not installed" in caplog.text
+    assert sum("Ray is not installed" in record.getMessage() for record in caplog.records) == 1, "one warning"
 
 
 class RayStandIn(types.ModuleType):
-    """Stands in for the `ray` package (not installed here): records what RunHelper asks of it."""
+    """Stands in for the `ray` package: records what RunHelper asks of it (the real one is tested against a real
+    cluster in tests/test_ray_placement.py)."""
 
     def __init__(self, fail: Exception | None = None):
         super().__init__("ray")
@@ -386,12 +388,29 @@ class RayStandIn(types.ModuleType):
         if self.fail is not None:
             raise self.fail
 
+    def is_initialized(self) -> bool:
+        return False
 
-@pytest.mark.parametrize("address", ["10.0.0.1:6379", None], ids=["attach", "no_address"])
-def test_ray_head_node_address_attaches_and_never_starts_a_cluster(tmp_path, monkeypatch, address):
+
+@contextlib.contextmanager
+def listening() -> str:
+    """A `127.0.0.1:<port>` something listens at (where a Ray head would)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("with_address", [True, False], ids=["attach", "no_address"])
+def test_ray_head_node_address_attaches_and_never_starts_a_cluster(tmp_path, monkeypatch, with_address):
     ray = RayStandIn()
     monkeypatch.setitem(sys.modules, "ray", ray)
-    RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True, ray_head_node_address=address))
+    with listening() as address:
+        address = address if with_address else None
+        RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True,
+                                         ray_head_node_address=address))
     if address is None:
         assert ray.calls == [], "no address: Ray is left alone (never a cluster of our own)"
     else:
@@ -400,9 +419,14 @@ def test_ray_head_node_address_attaches_and_never_starts_a_cluster(tmp_path, mon
 
 def test_ray_address_that_cannot_be_attached_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", RayStandIn(fail=ConnectionError("could not find any running Ray")))
-    with pytest.raises(ConfigError, match=r"ray_head_node_address='10\.0\.0\.1:6379'.*could not find") as info:
+    with listening() as address, pytest.raises(ConfigError, match=rf"ray_head_node_address='{address}'.*could not find"
+                                               ) as info:
         RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True,
-                                         ray_head_node_address="10.0.0.1:6379"))
+                                         ray_head_node_address=address))
+    assert info.value.path == "ray_head_node_address"
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match=rf"no Ray cluster answers at ray_head_node_address='{dead}'") as info:
+        RunHelper().start(nemo_rl_config(["http://127.0.0.1:1"], tmp_path, dry_run=True, ray_head_node_address=dead))
     assert info.value.path == "ray_head_node_address"
 
 
