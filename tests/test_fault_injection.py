@@ -12,7 +12,8 @@ process (the CLI where its exit code and message matter).
 
 When ng_run itself dies (head server and all: its children stop with it), the collection stops with one message and
 a resume on a new fleet finishes it: `tests/test_collect.py::test_a_dead_fleet_stops_the_collection_...`. Here the
-head server alone goes away: clients resolved every address at start, so the collection goes on unharmed.
+head server alone goes away: clients resolved every address at start, so the collection goes on unharmed, and the
+supervisor says the head died.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import yaml
 from gymfleet import http
 from gymfleet.collect import CollectionSummary, RolloutCollectionConfig, collect
 from gymfleet.config import GlobalConfig, repository_root
+from gymfleet.fleet import ServerCrashedError
 from gymfleet.http import ServerClient
 from gymfleet.launch import build_server
 from gymfleet.testing import running_fleet, serve
@@ -311,7 +313,8 @@ def test_a_full_disk_stops_the_collector_with_a_clear_error_and_resume_finishes_
 
 async def test_the_head_server_going_away_mid_collection_does_not_stop_it(fleet, client, tmp_path):
     """Runs last: the module's fleet has no head server afterwards. Every client resolved its addresses at start
-    (the collector from the head's config, each server from the config it was started with), so rollouts go on."""
+    (the collector from the head's config, each server from the config it was started with), so rollouts go on;
+    the supervisor's `poll()` says the head died (ng_run stops the fleet: no `ng_status`, no new collection)."""
     repeats = 16
     config = collection(MCQA_ROWS, "mcqa_simple_agent", tmp_path / "out.jsonl", repeats, num_samples_in_parallel=4)
     task = asyncio.ensure_future(collect(config, client, progress=False))
@@ -324,3 +327,5 @@ async def test_the_head_server_going_away_mid_collection_does_not_stop_it(fleet,
     assert summary.exit_code == 0, summary
     Outputs.of(tmp_path / "out.jsonl").check_complete(expected_keys(MCQA_ROWS, repeats))
     assert read_jsonl(tmp_path / "out_failures.jsonl") == []
+    with pytest.raises(ServerCrashedError, match="head server"):  # and the supervisor says so (ng_run stops)
+        fleet.poll()
