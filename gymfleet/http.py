@@ -374,8 +374,9 @@ class ServerClient:
     """Calls fleet servers by instance name, resolving URLs from the global config dict.
 
     An instance placed as several replicas (Ray placement: its config lists `replicas: [{host, port}, ...]`) is
-    resolved to one of them per rollout: the first call to the instance within a rollout (a request being handled
-    and the calls it makes, or a task started outside any; see `rollout_scope`) picks the replica with the fewest
+    resolved to one of them per rollout: the first call to the instance within a rollout (the first call a task
+    makes begins one, shared by the tasks it starts afterwards: a request being handled and the calls it makes;
+    see `rollout_scope`; `url_of` alone begins none) picks the replica with the fewest
     calls in flight among those not recently failed, and later calls of the rollout to that instance go to the same
     replica, since its sessions (seed_session, tools, verify; a sandbox session) live in that replica's memory. A
     replica whose connection fails is avoided by new rollouts for `REPLICA_AVOID_S` and the client asks the head
@@ -396,9 +397,8 @@ class ServerClient:
         if len(urls) == 1:
             return urls[0]
         chosen = _rollout_replicas.get()
-        if chosen is None:
-            chosen = {}
-            _rollout_replicas.set(chosen)
+        if chosen is None:  # outside a rollout (no call made yet in this task): a replica, remembered by nobody
+            return _load.pick(urls)
         url = chosen.get(name)
         if url is None or url not in urls:
             url = chosen[name] = _load.pick(urls)
@@ -426,6 +426,8 @@ class ServerClient:
         raise ServerRefError(f"unknown server {name!r}; known: {known}.{did_you_mean(name, known)}")
 
     async def _call(self, method: str, server: str, path: str, **kwargs: Any) -> HttpResponse:
+        if _rollout_replicas.get() is None:  # the first call of this task (a request, a rollout) begins a rollout
+            _rollout_replicas.set({})
         base = self.url_of(server)
         _load.in_flight[base] = _load.in_flight.get(base, 0) + 1
         try:
