@@ -755,8 +755,8 @@ class RayFleet:
         """
         if self._head_thread is not None and not self._head_thread.is_alive():
             raise ServerCrashedError("the head server thread died")
-        with self._lock:
-            failed = [replica.failure for replica in self._all() if replica.failure is not None]
+        # Without the watcher's lock: a round of supervision may wait on a silent actor, a health check must not.
+        failed = [replica.failure for replica in self._all() if replica.failure is not None]
         if failed:
             raise failed[0]
 
