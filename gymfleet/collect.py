@@ -633,7 +633,10 @@ async def collect(
         ((r.get("_ng_task_index"), r.get("_ng_rollout_index"), r.get("reward")) for r in results), key=_sort_key
     )
     if not config.disable_aggregation and summary.stopped is None:  # a stopped run's resume aggregates
-        summary.aggregate_metrics = await aggregate(client, by_agent)
+        # Open failure rows go along so each environment's `infra_failure_share` counts them; `aggregate_metrics`
+        # keeps them out of every reward statistic.
+        open_failures = [row for row in read_results(files["failures"]) if not row.get("_ng_superseded")]
+        summary.aggregate_metrics = await aggregate(client, _group_by_agent(results + open_failures))
         metrics_path = summary.output_paths["aggregate metrics"] = files["aggregate metrics"]
         _replace_file(metrics_path, (json.dumps(summary.aggregate_metrics, indent=2) + "\n").encode())
     return summary

@@ -208,6 +208,9 @@ def test_dead_servers_become_failure_rows_not_aborts_or_hangs():
         failures = lines("env_down_failures.jsonl")
         assert [f["_ng_failure_class"] for f in failures] == ["connection_error", "connection_error"]
         assert failures[0]["_ng_failure_status"] == 502 and "mcqa" in failures[0]["_ng_failure_detail"]
+        [entry] = json.loads(Path("env_down_aggregate_metrics.json").read_text())
+        metrics = entry["agent_metrics"]
+        assert (metrics["infra_failure_count"], metrics["infra_failure_share"]) == (2, 1.0), "the broken env shows"
 
         fleet.children[AGENT].process.kill()
         fleet.children[AGENT].process.wait(10)

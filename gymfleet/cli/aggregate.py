@@ -7,8 +7,10 @@ and of `response.usage` tokens), `key_metrics` (the means) and `group_level_metr
 collector's. Use it after `+disable_aggregation=true`, or over several shards of one collection:
 `"+input_jsonl_fpaths=[shard0.jsonl,shard1.jsonl]"`.
 
-Rows tagged `_ng_failure_class` (infrastructure failures) are left out and counted. The output defaults to
-`<first input stem>_aggregate_metrics.json`; an existing file is refused unless `+overwrite=true`.
+Rows tagged `_ng_failure_class` (infrastructure failures), in the input or in the collector's `<stem>_failures.jsonl`
+beside it (superseded ones excepted), are left out of every reward statistic and counted (`infra_failure_share`).
+The output defaults to `<first input stem>_aggregate_metrics.json`; an existing file is refused unless
+`+overwrite=true`.
 Exit code 0, or 2 for a missing file, a line that is not a JSON object, or an existing output.
 """
 
@@ -83,8 +85,12 @@ def _run(argv: list[str]) -> int:
         raise ConfigError(f"{output} exists", path="output_json_fpath",
                           hint="Pass +overwrite=true to replace it, or +output_json_fpath=<another file>.")
     results = [row for path in config.inputs() for _, row in read_jsonl(path)]
+    sidecars = [path.with_name(path.stem + "_failures.jsonl") for path in config.inputs()]
+    results += [row for path in sidecars if path.exists() for _, row in read_jsonl(path)
+                if row.get("_ng_failure_class") and not row.get("_ng_superseded")]
     failures = Counter(row["_ng_failure_class"] for row in results if row.get("_ng_failure_class"))
-    entries = aggregate_by_agent([row for row in results if not row.get("_ng_failure_class")])
+    # Failure rows go along: `aggregate_metrics` counts them (`infra_failure_share`) and keeps them out of rewards.
+    entries = aggregate_by_agent(results)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(entries, indent=2) + "\n")
     print(f"Rollouts: {len(results) - sum(failures.values())} aggregated"
