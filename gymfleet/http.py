@@ -15,7 +15,9 @@ Which failures are retried:
 - the deadline passed with no answer: only for idempotent calls whose policy also sets `retry_timeouts`.
 
 `ServerClient` resolves instance names from the global config to URLs, so callers say
-`await client.post("mcqa", "/verify", json=row, cookies=cookies)`.
+`await client.post("mcqa", "/verify", json=row, cookies=cookies)`. An instance placed as several replicas (Ray
+placement, `gymfleet.ray_placement`) resolves to one replica per rollout: rollouts spread over the replicas, the calls
+of one rollout stick to one (see `ServerClient`).
 
 Every attempt is counted in `gymfleet.metrics`' `gymfleet_upstream_seconds{target}` and
 `gymfleet_upstream_requests_total{target, outcome}`: `target` is the instance name for calls by name, else the
