@@ -494,6 +494,8 @@ class _Loop:
             os.dup2(fd, 2)
             os.close(fd)
             sys.stdout.reconfigure(line_buffering=True)
+        name = message.get("instance", "validate")
+        set_cmdline([sys.executable, "-m", "gymfleet.zygote", "--instance", name, "--forked-by", str(os.getppid())])
         os.environ.clear()
         os.environ.update(message["env"])
         import random
@@ -504,6 +506,31 @@ class _Loop:
         root = logging.getLogger()
         for handler in root.handlers[:]:
             root.removeHandler(handler)
+
+
+def set_cmdline(words: list[str]) -> bool:
+    """Rewrite this process's command line as `ps` and `/proc/<pid>/cmdline` show it; whether it could.
+
+    A forked server would otherwise show the zygote's command line, all alike; this names its instance. The new
+    line is written over the old one in place (the kernel's `arg_start`..`arg_end`), cut to fit, blank-padded.
+    """
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        arg_start, arg_end = int(fields[45]), int(fields[46])  # fields 48 and 49 of proc(5); fields[0] is the 3rd
+        current = Path("/proc/self/cmdline").read_bytes()
+    except (OSError, IndexError, ValueError):
+        return False
+    room = arg_end - arg_start
+    if room <= 0 or len(current) != room:  # not the layout this expects: leave it alone
+        return False
+    import ctypes
+
+    if ctypes.string_at(arg_start, room) != current:
+        return False
+    data = b"\0".join(word.encode() for word in words)[: room - 2] + b"\0"
+    data = data.ljust(room - 1, b" ") + b"\0"  # the rest: one blank word (NULs would read as many empty ones)
+    ctypes.memmove(arg_start, data, room)
+    return True
 
 
 def _validate_child(config_path: Path, secrets: list, fd: int) -> int:

@@ -68,7 +68,7 @@ def wait_for(condition: Callable[[], Any], what: str) -> Any:
 def zygotes() -> list[psutil.Process]:
     """This process's zygote children (live ones)."""
     return [child for child in psutil.Process().children()
-            if "gymfleet.zygote" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE]
+            if "--control-fd" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE]
 
 
 def answers(url: str) -> bool:
@@ -98,6 +98,7 @@ def test_servers_are_forked_by_one_zygote_serve_report_output_and_a_killed_one_i
             process = psutil.Process(child.process.pid)
             assert process.ppid() == zygote.pid, f"{name} is the zygote's child"
             assert os.getpgid(process.pid) == process.pid, f"{name} leads its own process group"
+            assert process.cmdline()[3:5] == ["--instance", name], f"{name}: ps names the instance"
             assert answers(fleet.config.instance(name).url), name
         assert rollout_reward(fleet) == 1.0
         wait_for(lambda: "(mcqa) " in output.getvalue() and '"POST /verify HTTP/1.1" 200' in output.getvalue(),
