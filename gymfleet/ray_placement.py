@@ -453,6 +453,7 @@ class RayFleet:
         self._options: dict[str, dict[str, Any]] = {}
         self._groups: dict[str, Any] = {}
         self._ray: Any = None
+        self._actor_class: Any = None
         self._head: uvicorn.Server | None = None
         self._head_thread: threading.Thread | None = None
         self._head_socket: socket.socket | None = None
@@ -533,8 +534,9 @@ class RayFleet:
         options = replica.options
         strategy = PlacementGroupSchedulingStrategy(self._groups[replica.instance.name],
                                                     placement_group_bundle_index=replica.index)
-        remote = self._ray.remote(ReplicaProcess)
-        return remote.options(num_cpus=options["num_cpus"], memory=options["memory"] or None,
+        if self._actor_class is None:
+            self._actor_class = self._ray.remote(ReplicaProcess)
+        return self._actor_class.options(num_cpus=options["num_cpus"], memory=options["memory"] or None,
                               resources=options["resources"] or None, scheduling_strategy=strategy,
                               max_concurrency=4, max_restarts=0).remote(replica.instance.name, replica.index)
 
