@@ -33,7 +33,10 @@ gymfleet.launch`, from a private copy of that config on its own node (secrets ma
 them as call arguments and hands them to the child in its environment, as `gymfleet.fleet` does). The head server
 runs in this process, listens on every interface when its host is a loopback one and publishes this node's IP, and
 serves the real addresses (`gymfleet.head`): `/server_instances` lists each instance's replicas (host, port, node,
-status, restarts), `/global_config_dict_yaml` the addresses clients spread rollouts over (`gymfleet.http`).
+status, restarts), `/global_config_dict_yaml` the addresses clients spread rollouts over (`gymfleet.http`). A
+`port` set in YAML is not used under Ray placement (a port free here says nothing about a node's), and each
+server's output reaches `ng_run` through Ray's log forwarding, every line prefixed `(<instance>#<n>)`, rather than
+`nemo_gym_log_dir`.
 
 A replica whose server process dies is started again by its actor on the same port; one whose actor dies (killed,
 or its node lost) gets a new actor in the same bundle, on a new port if need be, published through the head
