@@ -292,13 +292,21 @@ def _seconds(value: float) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def server_urls(rh: RunHelper) -> list[tuple[str, str]]:
+    """(instance, base URL) of every server and, under Ray placement, of every replica (`/server_instances`)."""
+    head = rh.head_server_config
+    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
+    rows = httpx.get(f"http://{host}:{head.port}/server_instances", timeout=60).json()
+    return [(row["process_name"], f"http://{replica['host']}:{replica['port']}")
+            for row in rows for replica in (row.get("replicas") or [row])]
+
+
 def hops(rh: RunHelper) -> dict[str, Buckets]:
-    """Per-hop latency histograms from every server's `/metrics` (per call attempt)."""
-    config = rh.config
+    """Per-hop latency histograms from every server's (every replica's) `/metrics`, per call attempt."""
     found: dict[str, Buckets] = defaultdict(Buckets)
     agents = {f"{env}_simple_agent" for env in ENVS}
-    for name, instance in config.instances.items():
-        for sample in scrape(instance.url):
+    for name, url in server_urls(rh):
+        for sample in scrape(url):
             if sample.name == "gymfleet_upstream_seconds_bucket":
                 target = sample.labels["target"]
                 if name in agents:
