@@ -39,12 +39,13 @@ server's output reaches `ng_run` through Ray's log forwarding, every line prefix
 `nemo_gym_log_dir`.
 
 A replica whose server process dies is started again by its actor on the same port; one whose actor dies (killed,
-or its node lost) gets a new actor in the same bundle, on a new port if need be, published through the head
-server. Restarts follow the local fleet's budget (`restart_crashed_servers` within 10 minutes per replica, backoff 1
-s, 2 s, 4 s, ...; `exit_on_server_failure`), each logged in one line and counted in `ng_status` and the head's
-`/metrics`; calls in flight to a dead replica fail as `connection_error`. `shutdown()` stops every server process,
-kills every actor and removes the placement groups; a server whose actor dies kills itself (`gymfleet.launch`'s
-parent watchdog), and Ray kills the actors of a driver that dies.
+or its node lost) gets a new actor in the same bundle, which tries the old port first (the bundle keeps it on the
+same node, so addresses stay valid, even URLs that other servers' fields name), else a new one, published through
+the head server. Restarts follow the local fleet's budget (`restart_crashed_servers` within 10 minutes per
+replica, backoff 1 s, 2 s, 4 s, ...; `exit_on_server_failure`), each logged in one line and counted in `ng_status`
+and the head's `/metrics`; calls in flight to a dead replica fail as `connection_error`. `shutdown()` stops every
+server process, kills every actor and removes the placement groups; a server whose actor dies kills itself
+(`gymfleet.launch`'s parent watchdog), and Ray kills the actors of a driver that dies.
 """
 
 from __future__ import annotations
@@ -296,12 +297,23 @@ class ReplicaProcess:
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._lock = threading.Lock()
 
-    def bind(self, port: int = 0) -> dict[str, Any]:
-        """Reserve a port on this node's IP (held until `serve`); returns `{host, port, node, actor_pid}`."""
+    def bind(self, port: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
+        """Reserve a port on this node's IP (held until `serve`): `port` if it is free within `wait_s`, else any
+        free one; returns `{host, port, node, actor_pid}`."""
         import ray
 
         self.host = ray.util.get_node_ip_address()
-        self._sock = bind_socket(self.host, port, f"{self.instance_name}.port")
+        deadline = time.monotonic() + wait_s
+        while port:
+            try:
+                self._sock = bind_socket(self.host, port, f"{self.instance_name}.port")
+                break
+            except ConfigError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        if self._sock is None:
+            self._sock = bind_socket(self.host, 0, f"{self.instance_name}.port")
         self.port = self._sock.getsockname()[1]
         return {"host": self.host, "port": self.port, "node": ray.get_runtime_context().get_node_id(),
                 "actor_pid": os.getpid()}
@@ -725,9 +737,14 @@ class RayFleet:
                 with contextlib.suppress(Exception):
                     self._ray.kill(replica.actor, no_restart=True)
                 replica.actor = self._new_actor(replica)
-                bound = self._call(replica, replica.actor.bind.remote(), "bind a port")
+                # Its bundle keeps it on the same node, so its old port (free once the old server is gone) keeps
+                # every address that names it valid, URLs baked into other servers' fields included.
+                bound = self._call(replica, replica.actor.bind.remote(replica.port, PORT_FREE_TIMEOUT_S),
+                                   "bind a port")
+                moved = (bound["host"], bound["port"]) != (replica.host, replica.port)
                 self._record_bind(replica, bound)
-                self._update_address(replica)
+                if moved:
+                    self._update_address(replica)
                 replica.pid = self._call(replica, self._serve(replica), "start its server")
             else:
                 started = self._call(replica, replica.actor.respawn.remote(), "restart its server")

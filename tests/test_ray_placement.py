@@ -276,6 +276,23 @@ def test_killed_replica_fails_its_rollouts_typed_and_comes_back(fleet):
     assert [result["reward"] for result, _ in later if result] == [1.0] * 12, later
 
 
+def test_a_killed_actor_is_replaced_on_its_node_and_port(fleet):
+    import ray
+
+    before = fleet.replica_table()["scripted_llm"][0]
+    ray.kill(fleet.replicas["scripted_llm"][0].actor, no_restart=True)  # its server dies with it (parent watchdog)
+    deadline = time.monotonic() + WAIT_S
+    while (row := instances(fleet)["scripted_llm"])["replicas"][0]["restarts"] != 1 or row["status"] != "running":
+        assert time.monotonic() < deadline, f"the replica never came back: {row}"
+        time.sleep(0.2)
+    after = row["replicas"][0]
+    assert (after["node"], after["host"], after["port"]) == (before["node"], before["host"], before["port"]), (
+        "same node and port: policy_model's base_url, which names it, stays valid")
+    assert after["pid"] != before["pid"] and not _running(before["pid"]), "the old server died with its actor"
+    later = asyncio.run(collect(fleet, rows(6)))
+    assert [result["reward"] for result, _ in later if result] == [1.0] * 6, later
+
+
 # ---------------------------------------------------------------------------------------------- config
 
 
