@@ -52,7 +52,7 @@ DIFF_FIELDS = ("version", "config_hash", "libraries", "judge")
 
 NON_REWARD_FIELDS = frozenset({
     "name", "host", "port", "entrypoint", "num_workers", "domain", "description", "verified", "value", "license",
-    "datasets", "request_body_timeout_s", "verify_timeout_s",
+    "datasets", "request_body_timeout_s", "verify_timeout_s", "num_replicas", "ray_resources",
 })  # fmt: skip
 """Top-level config keys of every server that cannot change a reward (where and how it runs, what it is called)."""
 NON_REWARD_KEY = re.compile(r"(^|_)(url|urls|host|port)$|concurren", re.IGNORECASE)

@@ -216,8 +216,11 @@ def test_poll_restarts_a_dead_server_and_shutdown_leaves_no_processes(fleet):
     cannot be brought back (tests/test_fleet_restarts.py)."""
     rh, _, before = fleet
     rh.poll()
-    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    everything = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    zygotes = [p for p in everything if "--control-fd" in _cmdline(p)]
+    started = [p for p in everything if p not in zygotes]
     assert len(started) == 3, "policy_model, example_weather and the agent run as processes"
+    assert len(zygotes) == 1, "forked from one pre-imported parent (gymfleet.zygote)"
     [victim] = [p for p in started if "example_weather" in p.cmdline()]
     victim.kill()
     victim.wait(5)
@@ -228,7 +231,7 @@ def test_poll_restarts_a_dead_server_and_shutdown_leaves_no_processes(fleet):
         assert time.monotonic() < deadline, "example_weather was not restarted"
         rh.poll()
         time.sleep(0.1)
-    started += restarted
+    started += restarted + zygotes  # shutdown stops the zygote too
     rh.shutdown()
     rh.shutdown()  # idempotent
     time.sleep(0.2)

@@ -113,7 +113,8 @@ def test_docstring_version(doc, version):
 
 def test_config_hash_ignores_where_and_how_the_server_runs_but_not_grading():
     base = build("mcqa").reward_provenance()["config_hash"]
-    elsewhere = build("mcqa", host="10.0.0.7", port=18000, num_workers=4, description="moved", verify_timeout_s=9)
+    elsewhere = build("mcqa", host="10.0.0.7", port=18000, num_workers=4, description="moved", verify_timeout_s=9,
+                      num_replicas=2, ray_resources={"num_cpus": 2})
     assert elsewhere.reward_provenance()["config_hash"] == base
     lenient = build("mcqa", grading_mode="lenient_answer_colon")
     assert lenient.reward_provenance()["config_hash"] != base
