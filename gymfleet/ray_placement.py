@@ -8,6 +8,10 @@ warning and local placement. `placement: ray` without the package, or with no cl
 `ConfigError` saying how to fix it. `num_replicas` > 1 needs Ray placement (a `ConfigError` otherwise): local
 replicas would share one machine's CPUs, which `num_workers` already uses.
 
+When Ray placement is only implied by `ray_head_node_address` and the cluster has no room for a server's
+`ray_resources` (within `PLACEMENT_TIMEOUT_S`), `start_fleet` runs the fleet on this machine with one warning; under
+an explicit `placement: ray` that is a `NoRoomError` (a `ConfigError`) naming the instance and what it asked for.
+
 `make_fleet(config)` returns the right supervisor; both have the same surface (`validate()`, `start(timeout_s)`,
 `poll()`, `run_forever()`, `shutdown()`, `process_table()`).
 
@@ -87,7 +91,7 @@ from gymfleet.launch import SECRETS_ENV, WORKDIR_PREFIX, bind_socket, load_serve
 if TYPE_CHECKING:
     import uvicorn
 
-__all__ = ["RayFleet", "make_fleet", "placement_of", "ray_options"]
+__all__ = ["NoRoomError", "RayFleet", "make_fleet", "placement_of", "ray_options", "start_fleet"]
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +152,39 @@ def make_fleet(config: GlobalConfig, *, output: IO[str] | None = None) -> Fleet 
                 "use num_workers for more processes behind one port on this machine.",
             )
     return Fleet(config, output=output)
+
+
+class NoRoomError(ConfigError):
+    """The Ray cluster cannot give an instance's replicas the resources they ask for (named by their YAML path)."""
+
+
+def start_fleet(config: GlobalConfig, *, output: IO[str] | None = None, timeout_s: float = 180.0) -> Fleet | RayFleet:
+    """`make_fleet(config)`, started. When Ray placement was only implied (`ray_head_node_address` set, `placement`
+    unset: NeMo-RL's case) and the cluster has no room for a server, the fleet runs on this machine instead, with
+    one warning: a training job that ran under NeMo-Gym, which never placed servers on Ray, must not stop here.
+
+    Raises:
+        NoRoomError: no room on the cluster under an explicit `placement: ray`.
+        (and whatever `Fleet.start` / `RayFleet.start` raise)
+    """
+    fleet = make_fleet(config, output=output)
+    try:
+        fleet.start(timeout_s=timeout_s)
+    except NoRoomError as exc:
+        if config.data.get("placement") is not None:
+            raise
+        log.warning("%s ray_head_node_address put this fleet on the Ray cluster (placement is unset), which has no "
+                    "room for it: every server runs on this machine instead. Set +placement=ray to make this an "
+                    "error, or +placement=local to skip Ray.", exc)
+        fleet = Fleet(config, output=output)
+        fleet.start(timeout_s=timeout_s)
+    return fleet
+
+
+def _free(available: dict[str, float]) -> dict[str, float]:
+    """Ray's available resources without the per-placement-group and per-node bookkeeping entries."""
+    return {name: amount for name, amount in sorted(available.items())
+            if "_group_" not in name and not name.startswith(("node:", "bundle_group"))}
 
 
 def _ray_module() -> Any:
@@ -527,10 +564,10 @@ class RayFleet:
             ready, _ = self._ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
             if not ready:
                 instance = self.config.instances[name]
-                raise ConfigError(
+                raise NoRoomError(
                     f"{instance.path}.ray_resources: the Ray cluster has no room for {instance.num_replicas} "
                     f"replica(s) of {name!r} asking for {_bundle(self._options[name])} each (waited "
-                    f"{PLACEMENT_TIMEOUT_S:g}s); the cluster has {self._ray.available_resources()} available",
+                    f"{PLACEMENT_TIMEOUT_S:g}s); the cluster has {_free(self._ray.available_resources())} free",
                     path=f"{instance.path}.ray_resources",
                     hint="Lower ray_resources or num_replicas, or add nodes with those resources.",
                 )

@@ -40,7 +40,7 @@ from gymfleet.config import (
 )
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import Fleet
-from gymfleet.ray_placement import RayFleet, make_fleet
+from gymfleet.ray_placement import RayFleet, make_fleet, start_fleet
 
 __all__ = ["RunHelper", "get_global_config_dict"]
 
@@ -83,7 +83,7 @@ class RunHelper:
             log.info("dry run: %d server instances validated; nothing started", len(config.instances))
             self.config = _started = config
             return
-        fleet.start()
+        fleet = start_fleet(config)  # Ray placement implied by the address, with no room on the cluster: local
         self.config, self._fleet = config, fleet
         _started = config
 

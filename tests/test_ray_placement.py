@@ -332,3 +332,25 @@ def test_a_config_without_ray_keys_is_placed_as_before():
     assert type(make_fleet(config)) is Fleet
     assert type(make_fleet(parse(fleet_config(None, placement="local", **{ENV: {"resources_servers": {ENV: {
         "num_replicas": 1}}}})))) is Fleet
+
+
+def test_no_room_on_the_cluster_falls_back_to_this_machine_only_when_ray_was_implied(cluster, monkeypatch, caplog):
+    """NeMo-RL's address implies Ray placement; a cluster with no room for a server must not stop a training job
+    that ran under NeMo-Gym (which never placed servers on Ray): one warning, and the fleet runs here. Under an
+    explicit `placement: ray` the same is a `NoRoomError` naming the instance's `ray_resources`."""
+    from gymfleet import ray_placement
+
+    monkeypatch.setattr(ray_placement, "PLACEMENT_TIMEOUT_S", 2.0)
+    nowhere = {ENV: {"resources_servers": {ENV: {"num_replicas": 1,
+                                                 "ray_resources": {"num_cpus": 1, "resources": {"nowhere": 1}}}}}}
+    with pytest.raises(ray_placement.NoRoomError, match=r"example_weather\.ray_resources: the Ray cluster has no"):
+        ray_placement.start_fleet(parse(fleet_config(cluster.address, placement="ray", **nowhere)), timeout_s=WAIT_S)
+
+    fleet = ray_placement.start_fleet(parse(fleet_config(cluster.address, **nowhere)), timeout_s=WAIT_S)
+    try:
+        assert type(fleet) is Fleet, "ran on this machine"
+        assert "every server runs on this machine instead" in caplog.text
+        url = f"http://127.0.0.1:{fleet.config.head_port}/server_instances"
+        assert {entry["process_name"] for entry in httpx.get(url, timeout=10).json()} >= {ENV, AGENT}
+    finally:
+        fleet.shutdown()

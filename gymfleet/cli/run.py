@@ -24,7 +24,7 @@ from gymfleet.config import SERVER_TYPES, GlobalConfig, GlobalConfigDictParserCo
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import ServerCrashedError
 from gymfleet.launch import build_server
-from gymfleet.ray_placement import make_fleet
+from gymfleet.ray_placement import make_fleet, start_fleet
 
 
 def _run(argv: list[str]) -> int:
@@ -37,7 +37,8 @@ def _run(argv: list[str]) -> int:
     if config.data.get("dry_run"):
         print(dry_run(config), flush=True)
         return 0
-    fleet = make_fleet(config)  # checks placement, restart_crashed_servers and exit_on_server_failure
+    make_fleet(config)  # checks placement, num_replicas, restart_crashed_servers and exit_on_server_failure
+    fleet = None
 
     def stop(signum, frame):
         raise KeyboardInterrupt
@@ -47,7 +48,7 @@ def _run(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        fleet.start()
+        fleet = start_fleet(config)  # Ray placement implied by the address, with no room on the cluster: local
         fleet.run_forever()
     except KeyboardInterrupt:
         print("Stopping the fleet...", flush=True)
@@ -56,7 +57,8 @@ def _run(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        fleet.shutdown()
+        if fleet is not None:  # one that failed to start has stopped what it started
+            fleet.shutdown()
     return 0
 
 
