@@ -67,8 +67,9 @@ from gymfleet.wire import KNOWN_PARAMS, ResponseCreateParams
 
 log = logging.getLogger(__name__)
 
-RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
-"""`/run` is retried on connection failures only: any answer, even a 5xx, may mean the rollout ran."""
+RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retry_s=15.0)
+"""`/run` is retried on connection failures only: any answer, even a 5xx, may mean the rollout ran. One that cannot
+connect keeps trying for 15 s, so an agent its supervisor restarts costs only the rollouts in flight at its death."""
 DETAIL_MAX_CHARS = 2000
 MAX_LISTED_ROWS = 50
 """Bad rows named one by one in a refusal; the rest are counted."""
@@ -445,19 +446,22 @@ class _FleetWatch:
 
 
 class _RepeatedWarnings(logging.Filter):
-    """Lets the first `shown` records of each message template through and counts the others."""
+    """Lets the first `shown` records through (whatever their message) and counts the others per message template."""
 
     def __init__(self, shown: int = 5) -> None:
         super().__init__()
         self.shown = shown
+        self.passed = 0
         self.counts: Counter[str] = Counter()
+        """Records held back, per message template."""
         self.example: dict[str, str] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if self.passed < self.shown:
+            self.passed += 1
+            return True
         template = str(record.msg)
         self.counts[template] += 1
-        if self.counts[template] <= self.shown:
-            return True
         self.example.setdefault(template, record.getMessage())
         return False
 
@@ -472,8 +476,7 @@ def _summarized_warnings(logger: logging.Logger) -> Iterator[None]:
     finally:
         logger.removeFilter(repeated)
         for template, example in repeated.example.items():
-            log.warning("%d more warnings like this one were not shown: %s",
-                        repeated.counts[template] - repeated.shown, example)
+            log.warning("%d more warnings like this one were not shown: %s", repeated.counts[template], example)
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
@@ -635,7 +638,9 @@ async def collect(
     if not config.disable_aggregation and summary.stopped is None:  # a stopped run's resume aggregates
         # Open failure rows go along so each environment's `infra_failure_share` counts them; `aggregate_metrics`
         # keeps them out of every reward statistic.
-        open_failures = [row for row in read_results(files["failures"]) if not row.get("_ng_superseded")]
+        agents = {str(row["agent_ref"]["name"]) for row in rows if isinstance(row.get("agent_ref"), dict)}
+        open_failures = [row for row in read_results(files["failures"]) if not row.get("_ng_superseded")
+                         and isinstance(row.get("agent_ref"), dict) and row["agent_ref"].get("name") in agents]
         summary.aggregate_metrics = await aggregate(client, _group_by_agent(results + open_failures))
         metrics_path = summary.output_paths["aggregate metrics"] = files["aggregate metrics"]
         _replace_file(metrics_path, (json.dumps(summary.aggregate_metrics, indent=2) + "\n").encode())

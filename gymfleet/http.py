@@ -75,6 +75,10 @@ class RetryPolicy:
     retry_timeouts: bool = False
     """Also retry an idempotent call after its deadline passed with no answer. Off by default: the server may still
     be working on it, and each retry waits a whole deadline again. Ignored for calls that are not idempotent."""
+    connect_retry_s: float = 0.0
+    """Keep retrying a call that could not connect (nothing was sent, so any call may be resent) until this many
+    seconds after its first attempt, past `max_attempts`: a server its supervisor is restarting (1 s backoff plus
+    start-up) then costs only the calls that were in flight when it died. 0: `max_attempts` alone bounds it."""
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
         if retry_after:
@@ -249,8 +253,10 @@ async def request(
     idempotent = retry.is_idempotent(method)
     target = target or metrics.target_of(url)
     attempt = 0
+    first_attempt = time.monotonic()
     while True:
         start = time.perf_counter()
+        never_connected = False
         try:
             async with session.request(method, url, data=_payload(body), headers=send_headers,
                                        timeout=timeout) as resp:
@@ -263,6 +269,7 @@ async def request(
                     _set_cookie=resp.headers.getall("Set-Cookie", []),
                 )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # never connected: nothing sent
+            never_connected = True
             failure = TransportError(f"cannot reach {url}: {_describe(exc)}", url=url,
                                      failure_class="connection_error")
             metrics.observe_upstream(target, time.perf_counter() - start, failure.failure_class)
@@ -296,7 +303,15 @@ async def request(
             await asyncio.sleep(delay)
             continue
         if attempt + 1 >= retry.max_attempts:
-            raise failure
+            waited_s = time.monotonic() - first_attempt
+            if not never_connected or waited_s >= retry.connect_retry_s:
+                raise failure
+            if attempt + 1 == retry.max_attempts:
+                log.warning("%s %s: %s; retrying for up to %gs more (a server being restarted)", method, url, failure,
+                            retry.connect_retry_s - waited_s)
+            attempt += 1
+            await asyncio.sleep(min(retry.delay(attempt), retry.connect_retry_s - waited_s, 1.0))
+            continue
         delay = retry.delay(attempt)
         log.warning(
             "%s %s failed (%s); retry %d/%d in %.2fs", method, url, failure, attempt + 1, retry.max_attempts - 1, delay

@@ -304,27 +304,29 @@ def test_rows_their_environment_would_refuse_are_named_before_any_rollout(fleet,
     assert not Path("results").exists(), "nothing is written"
 
 
-def test_a_server_killed_mid_collection_stops_it_and_resume_completes_every_rollout_exactly_once(tmp_path):
-    """Kill the environment while rollouts are in flight: the collector stops instead of failing every rollout
-    left; restart the server, resume, and every rollout is done once and the failure rows are superseded."""
+def test_a_server_killed_mid_collection_costs_the_rollouts_in_flight_and_resume_completes_every_one_once(tmp_path):
+    """Kill the environment while rollouts are in flight: the fleet restarts it and the agent's calls ride over the
+    restart (`RetryPolicy.connect_retry_s`), so only rollouts in flight at the kill fail, typed; resume, and every
+    rollout is done once and the failure rows are superseded."""
     total = 5 * 40
+    parallel = 16
     with running_fleet([str(ROOT / "configs/quickstart.yaml")], {"restart_crashed_servers": 1}) as fleet:
         command, collector = start_collector(fleet.config.head_port, tmp_path, "+num_repeats=40",
-                                             "+num_samples_in_parallel=16",
-                                             "+stop_after_connection_failures=5")
+                                             f"+num_samples_in_parallel={parallel}",
+                                             f"+stop_after_connection_failures={4 * parallel}")
         output = tmp_path / "out.jsonl"
         wait_for_results(output, 30)
         fleet.children["mcqa"].process.kill()
-        out, err = collector.communicate(timeout=120)  # finishes: no hang
-        assert collector.returncode == 3, out.decode() + err.decode()
-        assert "could not connect (servers not running: mcqa (restarting))" in err.decode(), err.decode()
+        out, err = collector.communicate(timeout=180)  # finishes: no hang
+        assert collector.returncode in (0, 1), out.decode() + err.decode()
         failures = lines(tmp_path / "out_failures.jsonl")
-        assert failures and {f["_ng_failure_class"] for f in failures} <= {"http_5xx", "connection_error"}
-        done_before = len(lines(output))
-        left = total - done_before - len(failures)
-        assert left > 0 and f"Not run (left for +resume_from_cache=true): {left}" in out.decode()
-
-        fleet.poll()  # the fleet restarts mcqa by itself (restart_crashed_servers=1); poll() does not raise
+        # At most: the rollouts in flight at the kill, plus one per keep-alive connection the agent held to the dead
+        # process (a request sent on one is reset and may have reached it, so it is not resent).
+        assert len(failures) <= 2 * parallel, f"{len(failures)} failed; {parallel} were in flight at the kill"
+        assert {f["_ng_failure_class"] for f in failures} <= {"http_5xx", "connection_error"}
+        assert len(lines(output)) + len(failures) == total, "every rollout ran: the collection did not stop"
+        fleet.poll()  # the fleet restarted mcqa by itself (restart_crashed_servers=1); poll() does not raise
+        assert fleet.process_table()["mcqa"]["restarts"] == 1
         fleet._wait_ready(60)
         resumed = subprocess.run([*command, "+resume_from_cache=true"], cwd=tmp_path, capture_output=True,
                                  timeout=120)

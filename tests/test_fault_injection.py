@@ -150,7 +150,8 @@ KILLS = {  # victim -> (agent whose rollouts it serves, rows, repeats)
 async def test_a_server_killed_mid_collection_loses_nothing_and_resume_completes_it(fleet, client, tmp_path, victim):
     agent, rows, repeats = KILLS[victim]
     expected = expected_keys(rows, repeats)
-    config = collection(rows, agent, tmp_path / "out.jsonl", repeats, num_samples_in_parallel=4)
+    parallel = 4
+    config = collection(rows, agent, tmp_path / "out.jsonl", repeats, num_samples_in_parallel=parallel)
     before = server_row(fleet, victim)
     task = asyncio.ensure_future(collect(config, client, progress=False))
     await wait_for_lines(tmp_path / "out.jsonl", 6, task)
@@ -159,6 +160,11 @@ async def test_a_server_killed_mid_collection_loses_nothing_and_resume_completes
 
     outputs = Outputs.of(tmp_path / "out.jsonl")
     outputs.check_nothing_lost(expected, not_sent=summary.not_finished)
+    # A restart costs only what was in flight: calls that cannot connect ride over it (`connect_retry_s`); at most
+    # the rollouts in flight at the kill fail, plus one per keep-alive connection held to the dead process (a
+    # request sent on one is reset and may have reached it, so it is not resent).
+    assert len(outputs.failures) <= 2 * parallel, f"{len(outputs.failures)} rollouts failed for one restart"
+    assert not summary.not_finished, "the collection went on through the restart"
     assert summary.ok == len(outputs.results) and sum(summary.failure_classes.values()) == len(outputs.failures)
     await wait_back(fleet, victim, before["restarts"] + 1)  # the supervisor brings it back by itself
     await resume(client, config, expected)

@@ -211,6 +211,34 @@ async def test_a_refused_connection_is_retried_the_configured_number_of_times(ca
     assert len(retries) == FAST_RETRY.max_attempts - 1
 
 
+async def test_a_call_that_cannot_connect_rides_over_a_restart_within_connect_retry_s(caplog):
+    """A server that comes back (its supervisor restarted it) a second after the first attempt: a POST with
+    `connect_retry_s` reaches it once it listens (nothing was sent before); without, it fails after `max_attempts`."""
+    port = free_port()
+    received: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    async def come_back_later() -> asyncio.Server:
+        await asyncio.sleep(1.0)
+        return await asyncio.start_server(answer, "127.0.0.1", port)
+
+    url = f"http://127.0.0.1:{port}/run"
+    with pytest.raises(TransportError, match="cannot reach"):
+        await http.request("POST", url, json={}, retry=FAST_RETRY)
+    later = asyncio.ensure_future(come_back_later())
+    riding = dataclasses.replace(FAST_RETRY, connect_retry_s=30.0)
+    response = await http.request("POST", url, json={}, retry=riding, timeout_s=10)
+    server = await later
+    server.close()
+    assert response.status == 200 and len(received) == 1, "sent once, to the server that came back"
+    assert any("a server being restarted" in r.getMessage() for r in caplog.records), "the wait is said once"
+
+
 @pytest.mark.parametrize(("idempotent", "attempts"), [(False, 1), (True, 2)])
 async def test_a_deadline_is_retried_only_for_idempotent_calls_that_ask(idempotent, attempts):
     policy = http.RetryPolicy(max_attempts=2, backoff_s=0.01, retry_timeouts=True, idempotent=idempotent)

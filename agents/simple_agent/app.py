@@ -26,10 +26,15 @@ from gymfleet.convert import tool_call_arguments
 from gymfleet.http import RetryPolicy
 from gymfleet.server import ServerRef
 
-TOOL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
+RESTART_RIDE_S = 15.0
+"""How long a call that cannot connect keeps trying (`RetryPolicy.connect_retry_s`): a model server or environment
+that its supervisor restarts (1 s backoff plus start-up) costs only the rollouts that were in flight when it died."""
+TOOL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retry_s=RESTART_RIDE_S)
 """Tool calls are retried on failures to connect only: a tool's error answer is the model's to read, and a call whose
 connection dropped after it was sent may have changed the environment (not `idempotent`: `gymfleet.http`)."""
-MODEL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
+ENV_RETRY = RetryPolicy(connect_retry_s=RESTART_RIDE_S)
+"""`/seed_session` and `/verify`: the default policy (connect failures, 429/502/503/504), riding over a restart."""
+MODEL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retry_s=RESTART_RIDE_S)
 """Model calls are retried on failures to connect only (one whose connection dropped after it was sent may still be
 generating, so it is not repeated). A model server already retries its upstream's 429s and
 5xx within its own bound (`vllm_model`'s `upstream_max_attempts`) and answers 502 when that is spent; retrying the
@@ -59,7 +64,8 @@ class SimpleAgent(AgentServer):
 
     async def run(self, body: RunRequest, raw: dict[str, Any], cookies: dict[str, str]):
         env = self.config.resources_server
-        seeded = await self.client.post(env, "/seed_session", json=raw, cookies=cookies, timeout_s=60.0)
+        seeded = await self.client.post(env, "/seed_session", json=raw, cookies=cookies, timeout_s=60.0,
+                                        retry=ENV_RETRY)
         seeded.raise_for_status()
         cookies = {**cookies, **seeded.cookies}
         params = raw["responses_create_params"]
@@ -70,7 +76,7 @@ class SimpleAgent(AgentServer):
         response, cookies = await self.respond(params, cookies)
         verified = await self.client.post(
             env, "/verify", json={**raw, "response": response}, cookies=cookies,
-            timeout_s=self.config.verify_timeout_s,
+            timeout_s=self.config.verify_timeout_s, retry=ENV_RETRY,
         )
         verified.raise_for_status()
         return verified.json(), {**cookies, **verified.cookies}

@@ -107,6 +107,7 @@ class VLLMModel(ModelServer):
             backoff_s=self.config.upstream_backoff_s,
             max_backoff_s=self.config.upstream_max_backoff_s,
             retry_statuses=RETRY_STATUSES,
+            connect_retry_s=self.config.upstream_connect_retry_s,
         )
         # Tokenizing is a pure function of the body: safe to resend after a dropped connection.
         self.tokenize_retry = dataclasses.replace(self.retry, idempotent=True)
