@@ -170,6 +170,12 @@ class Server:
     def routes(self, app: FastAPI) -> None:
         """Register this server's routes on `app`."""
 
+    @classmethod
+    def preload(cls) -> None:
+        """Load, once per fleet, what every process of this server shares and only reads (tokenizer models, language
+        profiles): `ng_run`'s zygote calls it before forking the servers, so they start with it loaded and share its
+        pages (`gymfleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing."""
+
     async def startup(self) -> None:
         """Called once when the app starts serving."""
 

@@ -350,7 +350,8 @@ class Zygote:
 
 
 def preload(config_path: Path) -> list[str]:
-    """Import the shared stack and every instance's server class; returns the instances whose import failed.
+    """Import the shared stack and every instance's server class, and run each class's `Server.preload()` (data its
+    servers share, loaded once); returns the instances whose import or preload failed.
 
     A failed import is logged, not raised: that instance's child imports it again and fails with its own error.
     """
@@ -365,7 +366,7 @@ def preload(config_path: Path) -> list[str]:
     failed = []
     for instance in instances:
         try:
-            load_server_class(instance)
+            load_server_class(instance).preload()  # shared read-only data, loaded once before the forks
         except Exception as exc:  # noqa: BLE001 - reported by the instance's own child, with its YAML path
             log.warning("zygote: could not import %s's server (%s); its server will import it itself",
                         instance.name, exc)

