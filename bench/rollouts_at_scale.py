@@ -27,13 +27,16 @@ Stall detector: no result for `--stall-s` (60 s) is a stall, printed when it hap
 result for `--abort-s` (600 s) gives the run up, counting what is left as `stalled`.
 
 `--placement ray --replicas 2` sets the top-level `placement: ray` and `num_replicas: 2` on every resources server
-and agent instance (Ray placement: `ray_head_node_address` names the cluster, else `ng_run` starts or joins one).
+and agent instance. Ray placement needs a cluster: `$RAY_ADDRESS` (or this process already connected), or
+`--ray-nodes N`, which starts a local one of N nodes with Ray's own multi-node test fixture
+(`ray.cluster_utils.Cluster`, each node `--ray-node-cpus` CPUs) for the length of the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import math
@@ -43,6 +46,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -410,9 +414,14 @@ def main() -> None:
     parser.add_argument("--placement", choices=("local", "ray"), default=None, help="top-level `placement`")
     parser.add_argument("--replicas", type=int, default=None,
                         help="`num_replicas` of every resources server and agent (needs --placement ray)")
+    parser.add_argument("--ray-nodes", type=int, default=0,
+                        help="start a local Ray cluster of this many nodes for the run (implies --placement ray)")
+    parser.add_argument("--ray-node-cpus", type=int, default=8, help="CPUs each local Ray node declares")
     parser.add_argument("--stall-s", type=float, default=60.0, help="no result this long is a stall")
     parser.add_argument("--abort-s", type=float, default=600.0, help="no result this long gives the run up")
     args = parser.parse_args()
+    if args.ray_nodes:
+        args.placement = "ray"
     try:
         sizes = [int(size) for size in args.sizes.split(",")]
     except ValueError:
@@ -422,8 +431,31 @@ def main() -> None:
 
     os.environ.setdefault("GYMFLEET_LOG_LEVEL", "WARNING")  # the fleet's processes inherit it: no per-request INFO
     raise_nofile_limit()  # this process holds one socket per rollout in flight
-    results = [one_size(size, args) for size in sizes]
+    with local_ray_cluster(args.ray_nodes, args.ray_node_cpus):
+        results = [one_size(size, args) for size in sizes]
     print_tables(results, args)
+
+
+@contextlib.contextmanager
+def local_ray_cluster(nodes: int, cpus: int) -> Iterator[None]:
+    """A local Ray cluster of `nodes` nodes this process is connected to (nothing when `nodes` is 0)."""
+    if not nodes:
+        yield
+        return
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus})
+    for _ in range(nodes - 1):
+        cluster.add_node(num_cpus=cpus)
+    ray.init(address=cluster.address)
+    cluster.wait_for_nodes()
+    print(f"local Ray cluster: {nodes} nodes x {cpus} CPUs at {cluster.address}", flush=True)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 if __name__ == "__main__":
