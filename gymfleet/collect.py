@@ -67,9 +67,9 @@ from gymfleet.wire import KNOWN_PARAMS, ResponseCreateParams
 
 log = logging.getLogger(__name__)
 
-RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retry_s=15.0)
+RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retry_s=10.0)
 """`/run` is retried on connection failures only: any answer, even a 5xx, may mean the rollout ran. One that cannot
-connect keeps trying for 15 s, so an agent its supervisor restarts costs only the rollouts in flight at its death."""
+connect keeps trying for 10 s, so an agent its supervisor restarts costs only the rollouts in flight at its death."""
 DETAIL_MAX_CHARS = 2000
 MAX_LISTED_ROWS = 50
 """Bad rows named one by one in a refusal; the rest are counted."""

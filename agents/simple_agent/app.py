@@ -26,14 +26,16 @@ from gymfleet.convert import tool_call_arguments
 from gymfleet.http import RetryPolicy
 from gymfleet.server import ServerRef
 
-RESTART_RIDE_S = 15.0
-"""How long a call that cannot connect keeps trying (`RetryPolicy.connect_retry_s`): a model server or environment
-that its supervisor restarts (1 s backoff plus start-up) costs only the rollouts that were in flight when it died."""
-TOOL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retry_s=RESTART_RIDE_S)
+RESTART_RIDE_S = 10.0
+"""How long a call that cannot connect keeps trying (`RetryPolicy.connect_retry_s`) when no session state is at stake:
+a model server, or an environment about to be seeded, that its supervisor restarts (1 s backoff plus start-up) then
+costs only the rollouts that were in flight when it died. Tool calls and `/verify` do not ride over a restart: the
+session they belong to died with the old process, so they fail typed rather than score a lost session."""
+TOOL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset())
 """Tool calls are retried on failures to connect only: a tool's error answer is the model's to read, and a call whose
 connection dropped after it was sent may have changed the environment (not `idempotent`: `gymfleet.http`)."""
-ENV_RETRY = RetryPolicy(connect_retry_s=RESTART_RIDE_S)
-"""`/seed_session` and `/verify`: the default policy (connect failures, 429/502/503/504), riding over a restart."""
+SEED_RETRY = RetryPolicy(connect_retry_s=RESTART_RIDE_S)
+"""`/seed_session`: the default policy (connect failures, 429/502/503/504), riding over a restart."""
 MODEL_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retry_s=RESTART_RIDE_S)
 """Model calls are retried on failures to connect only (one whose connection dropped after it was sent may still be
 generating, so it is not repeated). A model server already retries its upstream's 429s and
@@ -65,7 +67,7 @@ class SimpleAgent(AgentServer):
     async def run(self, body: RunRequest, raw: dict[str, Any], cookies: dict[str, str]):
         env = self.config.resources_server
         seeded = await self.client.post(env, "/seed_session", json=raw, cookies=cookies, timeout_s=60.0,
-                                        retry=ENV_RETRY)
+                                        retry=SEED_RETRY)
         seeded.raise_for_status()
         cookies = {**cookies, **seeded.cookies}
         params = raw["responses_create_params"]
@@ -76,7 +78,7 @@ class SimpleAgent(AgentServer):
         response, cookies = await self.respond(params, cookies)
         verified = await self.client.post(
             env, "/verify", json={**raw, "response": response}, cookies=cookies,
-            timeout_s=self.config.verify_timeout_s, retry=ENV_RETRY,
+            timeout_s=self.config.verify_timeout_s,
         )
         verified.raise_for_status()
         return verified.json(), {**cookies, **verified.cookies}

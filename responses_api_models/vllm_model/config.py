@@ -62,9 +62,10 @@ class VLLMModelConfig(ModelServerConfig):
     """First retry backoff; doubles per attempt (full jitter). A `Retry-After` header wins."""
     upstream_max_backoff_s: float = Field(default=15.0, ge=0)
     """Cap on one backoff, `Retry-After` included."""
-    upstream_connect_retry_s: float = Field(default=15.0, ge=0)
+    upstream_connect_retry_s: float = Field(default=0.0, ge=0)
     """A refused connection (nothing sent) is retried past `upstream_max_attempts` until this many seconds after the
-    first attempt: an upstream being restarted costs only the calls in flight when it died (`gymfleet.http`)."""
+    first attempt (`gymfleet.http`'s `connect_retry_s`), e.g. to ride over an upstream that restarts in seconds. Off
+    by default: a vLLM restart takes minutes, and meanwhile every call (a judge's too) would wait this long to fail."""
 
     @field_validator("is_responses_native")
     @classmethod
