@@ -67,8 +67,15 @@ def wait_for(condition: Callable[[], Any], what: str) -> Any:
 
 def zygotes() -> list[psutil.Process]:
     """This process's zygote children (live ones)."""
-    return [child for child in psutil.Process().children()
-            if "--control-fd" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE]
+    return [child for child in psutil.Process().children() if "--control-fd" in _cmdline(child)]
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    """Its command line; [] for one that is gone or a zombie (an earlier test's child not reaped yet)."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
 
 
 def answers(url: str) -> bool:
