@@ -151,7 +151,10 @@ def test_one_start_up_line_per_server_with_url_pid_and_log(nano3):
     for name, line in seen.items():
         assert " on http://127.0.0.1:" in line and f"log: this output, lines prefixed ({name})" in line
         pid = int(line.split(", pid ")[1].split(",")[0])
-        cmdline = psutil.Process(pid).cmdline()
+        # A forked server renames itself (`--instance <name>` in ps) just after the fork that this line reports.
+        process, renamed_by = psutil.Process(pid), time.monotonic() + 30
+        while "--instance" not in (cmdline := process.cmdline()) and time.monotonic() < renamed_by:
+            time.sleep(0.05)
         assert cmdline[cmdline.index("--instance") + 1] == name, "the pid is that server's process"
 
 

@@ -276,7 +276,9 @@ def urls(sandbox_url):
 
 @pytest.fixture(scope="module")
 def client():
-    with httpx.Client(timeout=CLIENT_TIMEOUT_S) as http_client:
+    # Idle connections are dropped after 1 s, well before any server's keep-alive timeout (uvicorn's 5 s default is
+    # httpx's default expiry too: a connection reused at that instant was reset by the server closing it).
+    with httpx.Client(timeout=CLIENT_TIMEOUT_S, limits=httpx.Limits(keepalive_expiry=1.0)) as http_client:
         yield http_client
 
 
