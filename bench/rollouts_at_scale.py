@@ -26,8 +26,8 @@ descriptors (its busiest process), sampled every 0.2 s with psutil.
 Stall detector: no result for `--stall-s` (60 s) is a stall, printed when it happens and counted in the table; no
 result for `--abort-s` (600 s) gives the run up, counting what is left as `stalled`.
 
-`--placement ray --replicas 2` sets the top-level `placement: ray` and `num_replicas: 2` on every resources server
-and agent instance. Ray placement needs a cluster: `$RAY_ADDRESS` (or this process already connected), or
+`--placement ray --replicas 2` sets the top-level `placement: ray` and `num_replicas: 2` on every resources server,
+agent and the policy's model server. Ray placement needs a cluster: `$RAY_ADDRESS` (or this process already connected), or
 `--ray-nodes N`, which starts a local one of N nodes with Ray's own multi-node test fixture
 (`ray.cluster_utils.Cluster`, each node `--ray-node-cpus` CPUs) for the length of the run.
 """
@@ -135,6 +135,9 @@ def fleet_config(head_port: int, args: argparse.Namespace) -> dict:
         for env in ENVS:
             config.setdefault(env, {}).setdefault("resources_servers", {}).setdefault(env, {})[
                 "num_replicas"] = args.replicas
+        # the policy's model server too (a vLLM with data parallelism has one per replica): a single one queues the
+        # doubled agents' calls and math_with_judge's judge calls behind each other past the judge's timeout
+        config["policy_model"] = {"responses_api_models": {"vllm_model": {"num_replicas": args.replicas}}}
     if agent_fields:
         for env in ENVS:
             config[f"{env}_simple_agent"] = {"responses_api_agents": {"simple_agent": dict(agent_fields)}}
@@ -413,10 +416,13 @@ def main() -> None:
                         help="every agent's bound (0: unbounded); default: the agents' own default")
     parser.add_argument("--placement", choices=("local", "ray"), default=None, help="top-level `placement`")
     parser.add_argument("--replicas", type=int, default=None,
-                        help="`num_replicas` of every resources server and agent (needs --placement ray)")
+                        help="`num_replicas` of every resources server, agent and the policy's model server "
+                             "(needs --placement ray)")
     parser.add_argument("--ray-nodes", type=int, default=0,
                         help="start a local Ray cluster of this many nodes for the run (implies --placement ray)")
-    parser.add_argument("--ray-node-cpus", type=int, default=8, help="CPUs each local Ray node declares")
+    parser.add_argument("--ray-node-cpus", type=int, default=16,
+                        help="logical CPUs each local Ray node declares (Ray's CPU is a reservation, not a core: "
+                             "2 replicas of this fleet reserve 28)")
     parser.add_argument("--stall-s", type=float, default=60.0, help="no result this long is a stall")
     parser.add_argument("--abort-s", type=float, default=600.0, help="no result this long gives the run up")
     args = parser.parse_args()

@@ -26,10 +26,9 @@ import difflib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
+    from pydantic import BaseModel, ValidationError
 
 __all__ = [
     "BadRequestError",
@@ -76,6 +75,8 @@ def first_errors(
     of `data` too (only a `min_length` above `limit` could fail on the cut copy alone). If the cut copy is valid
     (the errors lie past the cut, or in a huge dict), `exc`'s own errors are listed.
     """
+    from pydantic import ValidationError  # here: `gymfleet.errors` stays light for `ng_run`'s first milliseconds
+
     if exc.error_count() <= limit:
         return exc.errors(include_url=False)
     try:

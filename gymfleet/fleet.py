@@ -90,7 +90,7 @@ __all__ = ["Fleet", "PortInUseError", "ServerCrashedError"]
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
-POLL_INTERVAL_S = 0.2
+POLL_INTERVAL_S = 0.1
 DEFAULT_RESTARTS = 5
 """Restarts each server gets within `RESTART_WINDOW_S` unless `restart_crashed_servers` says otherwise."""
 RESTART_WINDOW_S = 600.0
@@ -107,6 +107,8 @@ WAITING_FOR_UPSTREAM = "waiting for upstream"
 """A model server's status while one of its upstream endpoints does not answer yet (`/server_instances`)."""
 ENDPOINT_PROBE_TIMEOUT_S = 2.0
 ENDPOINT_PROBE_INTERVAL_S = 1.0
+INTERNAL_PROBE_INTERVAL_S = 0.1
+"""Between probes of a model endpoint the fleet serves itself (a scripted policy): a refused local connect is free."""
 ENDPOINT_ANNOUNCE_AFTER_S = 0.5
 """A model endpoint that has not answered this long (or refused) is named as waited for at once."""
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")
@@ -148,7 +150,8 @@ class _Child:
 class Fleet:
     """A running fleet. NeMo-Gym's `RunHelper` is a thin wrapper around this."""
 
-    def __init__(self, config: GlobalConfig, *, output: IO[str] | None = None, max_restarts: int | None = None):
+    def __init__(self, config: GlobalConfig, *, output: IO[str] | None = None, max_restarts: int | None = None,
+                 zygote: Zygote | None = None):
         self.config = config
         self.output = output or sys.stdout
         self.max_restarts = _restart_budget(config) if max_restarts is None else max_restarts
@@ -179,6 +182,10 @@ class Fleet:
         self.server_start = _server_start(config)
         """How servers start: `zygote` (forked from one pre-imported parent) or `spawn` (a fresh interpreter each)."""
         self._zygote: Zygote | None = None
+        self._prestarted = zygote if self.server_start == "zygote" else None
+        """A zygote started before the config was parsed (`Zygote(None)`, `ng_run` does): `start()` adopts it."""
+        if zygote is not None and self._prestarted is None:
+            zygote.close()
         self._zygote_starts = 0
         self._zygote_lock = threading.Lock()
 
@@ -275,6 +282,12 @@ class Fleet:
     def _start_zygote(self) -> None:
         """Start a zygote (`gymfleet.zygote`): a fresh interpreter that imports every server once, then forks them."""
         self._zygote_starts += 1
+        prestarted, self._prestarted = self._prestarted, None
+        if prestarted is not None:
+            self._zygote = prestarted
+            if prestarted.adopt(self._config_path, output=self._zygote_output, on_death=self._zygote_died):
+                return
+            prestarted.close()
         self._zygote = Zygote(self._config_path, output=self._zygote_output, on_death=self._zygote_died)
 
     def _zygote_output(self, line: str) -> None:
@@ -683,8 +696,10 @@ class Fleet:
                 log.error("process %s (%s) did not die", child.process.pid, child.instance.name)
         with self._zygote_lock:
             zygote, self._zygote = self._zygote, None
-        if zygote is not None:
-            zygote.close()
+            prestarted, self._prestarted = self._prestarted, None
+        for unused in (zygote, prestarted):
+            if unused is not None:
+                unused.close()
         if self._head is not None:
             self._head.should_exit = True
             if self._head_thread is not None:
@@ -895,7 +910,8 @@ class _EndpointWatch:
                     self._say(f"model endpoint {url} answers (after {self._answered[url]:.1f} s)")
                 return
             self._announce(url, error)
-            self._stop.wait(ENDPOINT_PROBE_INTERVAL_S)
+            # The fleet's own (scripted) model comes up with its servers: asked often, the fleet is ready with it.
+            self._stop.wait(INTERNAL_PROBE_INTERVAL_S if url in self.internal else ENDPOINT_PROBE_INTERVAL_S)
 
     def _announce(self, url: str, error: str | None) -> bool:
         """Name `url` as waited for, once; whether this call did."""

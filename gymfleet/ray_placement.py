@@ -91,6 +91,8 @@ from gymfleet.launch import SECRETS_ENV, WORKDIR_PREFIX, bind_socket, load_serve
 if TYPE_CHECKING:
     import uvicorn
 
+    from gymfleet.zygote import Zygote
+
 __all__ = ["NoRoomError", "RayFleet", "make_fleet", "placement_of", "ray_options", "start_fleet"]
 
 log = logging.getLogger(__name__)
@@ -134,16 +136,22 @@ def placement_of(config: GlobalConfig) -> str:
     return "local"
 
 
-def make_fleet(config: GlobalConfig, *, output: IO[str] | None = None) -> Fleet | RayFleet:
-    """The supervisor for `config`: a local `Fleet`, or a `RayFleet` under Ray placement.
+def make_fleet(config: GlobalConfig, *, output: IO[str] | None = None, zygote: Zygote | None = None
+               ) -> Fleet | RayFleet:
+    """The supervisor for `config`: a local `Fleet`, or a `RayFleet` under Ray placement. `zygote`, one started
+    before the config was parsed (`Zygote(None)`), goes to a local fleet that forks its servers, else is closed.
 
     Raises:
         ConfigError: `placement` cannot be served (see `placement_of`), or `num_replicas` > 1 without Ray placement.
     """
     if placement_of(config) == "ray":
+        if zygote is not None:
+            zygote.close()
         return RayFleet(config, output=output)
     for instance in config.instances.values():
         if instance.num_replicas > 1:
+            if zygote is not None:
+                zygote.close()
             path = f"{instance.path}.num_replicas"
             raise ConfigError(
                 f"{path}: {instance.num_replicas} replicas need Ray placement; this fleet runs on one machine",
@@ -151,14 +159,15 @@ def make_fleet(config: GlobalConfig, *, output: IO[str] | None = None) -> Fleet 
                 hint="Set +placement=ray (with +ray_head_node_address=<host:port> of a running Ray cluster), or "
                 "use num_workers for more processes behind one port on this machine.",
             )
-    return Fleet(config, output=output)
+    return Fleet(config, output=output, zygote=zygote)
 
 
 class NoRoomError(ConfigError):
     """The Ray cluster cannot give an instance's replicas the resources they ask for (named by their YAML path)."""
 
 
-def start_fleet(config: GlobalConfig, *, output: IO[str] | None = None, timeout_s: float = 180.0) -> Fleet | RayFleet:
+def start_fleet(config: GlobalConfig, *, output: IO[str] | None = None, timeout_s: float = 180.0,
+                zygote: Zygote | None = None) -> Fleet | RayFleet:
     """`make_fleet(config)`, started. When Ray placement was only implied (`ray_head_node_address` set, `placement`
     unset: NeMo-RL's case) and the cluster has no room for a server, the fleet runs on this machine instead, with
     one warning: a training job that ran under NeMo-Gym, which never placed servers on Ray, must not stop here.
@@ -167,7 +176,7 @@ def start_fleet(config: GlobalConfig, *, output: IO[str] | None = None, timeout_
         NoRoomError: no room on the cluster under an explicit `placement: ray`.
         (and whatever `Fleet.start` / `RayFleet.start` raise)
     """
-    fleet = make_fleet(config, output=output)
+    fleet = make_fleet(config, output=output, zygote=zygote)
     try:
         fleet.start(timeout_s=timeout_s)
     except NoRoomError as exc:

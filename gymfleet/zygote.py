@@ -9,6 +9,13 @@ fork on purpose: forking each server as soon as its own `app.py` is imported was
 machine) to be ready about 1.7 s sooner but to take about 95 MB more, as every later import writes to pages the
 children already share (reference counts, the allocator's pools) and copy-on-write duplicates them.
 
+Two things shorten the path to the first fork. `ng_run` starts its zygote before it parses the config (`Zygote(None)`,
+adopted by the fleet with `adopt()`), so the shared stack imports while the supervisor imports its own stack and
+reads the YAML. And on a machine with 2+ CPUs the zygote forks one helper right after the shared stack: the two
+claim the config's server classes one at a time from a shared pipe and import them side by side (reasoning_gym and
+instruction_following's models, the two slowest, load in parallel). Each server is then forked by whichever of the
+two imported its class, so neither imports anything after its first server shares its pages.
+
 Why a fresh interpreter and not a fork of the supervisor: forking a multi-threaded process copies locks other
 threads may hold (logging, the import lock, malloc's) into a child with none of those threads. The supervisor has
 threads (head server, log pumps, endpoint probes), and its caller may too: NeMo-RL's Ray actor calls
@@ -21,10 +28,15 @@ packet; file descriptors travel with `socket.send_fds`, SCM_RIGHTS):
 
 - zygote → supervisor `{"op": "ready"}` once everything is imported; `{"op": "exit", "pid", "code"}` when it
   reaps a child (`code` as `subprocess.Popen.returncode`: negative for a signal);
-- supervisor → zygote `{"op": "spawn", "id", "instance", "env", "secrets"}` with the write end of the child's
-  output pipe, answered `{"op": "spawned", "id", "pid"}`; `{"op": "validate", "secrets", "env"}` with a pipe, on
-  which a throwaway child writes whether every server builds (`gymfleet.fleet.Fleet.validate` without importing
-  everything a second time).
+- supervisor → zygote `{"op": "config", "path"}` first, for a zygote started without `--config`;
+  `{"op": "spawn", "id", "instance", "env", "secrets"}` with the write end of the child's output pipe, answered
+  `{"op": "spawned", "id", "pid"}`; `{"op": "validate", "secrets", "env"}` with a pipe, on which throwaway children
+  (one from the zygote and one from its helper, each for the servers it imported: `parts` in the answer) write one
+  JSON line each saying whether their servers build (`gymfleet.fleet.Fleet.validate` without importing everything a
+  second time).
+- zygote ↔ helper: the same messages on a socket pair of their own; the zygote forwards a spawn of a server the
+  helper imported, and relays the helper's `spawned` and `exit` messages. A helper that dies takes the zygote with it
+  (the supervisor starts another); a zygote that goes closes the helper's socket, and the helper exits.
 
 Each child starts its own session (process group), takes the pipe as stdout and stderr and /dev/null as stdin,
 gets the supervisor's environment of the moment plus the fleet token (`env`), its secrets in memory (never on disk,
@@ -58,7 +70,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,6 +86,9 @@ REPLY_TIMEOUT_S = 30.0
 """How long the supervisor waits for the zygote to answer a spawn (a fork takes milliseconds)."""
 VALIDATE_TIMEOUT_S = 120.0
 MAX_MESSAGE_BYTES = 1 << 20
+CMDLINE_ROOM = "." * 160
+"""Room in the zygote's command line (it blanks it at once): each forked server writes its own there, as `ps` shows
+it (`set_cmdline`), and a long instance name must fit even when the zygote had no `--config` path to make room."""
 EXIT_UNKNOWN = -1000
 """`returncode` of a forked server that exited after its zygote died: nobody could collect its exit code."""
 SHARED_MODULES = (
@@ -81,9 +96,12 @@ SHARED_MODULES = (
     "uvicorn", "uvicorn.config", "uvicorn.server", "uvicorn.lifespan.on", "uvicorn.loops.auto",
     "uvicorn.loops.uvloop", "uvicorn.protocols.http.auto", "uvicorn.protocols.http.httptools_impl",
     "uvicorn.protocols.http.h11_impl", "uvicorn.protocols.websockets.auto", "gymfleet.server", "gymfleet.http",
-    "gymfleet.launch",
+    "gymfleet.launch", "gymfleet.resources", "gymfleet.agent", "gymfleet.model", "gymfleet.judge",
+    "gymfleet.sandbox_client",
 )  # fmt: skip
-"""Imported first, whatever the config: what every server imports (uvicorn's `auto` modules load at serve time)."""
+"""Imported first, whatever the config: what every server imports (uvicorn's `auto` modules load at serve time;
+the resources, agent and model bases bring the `openai` types). Imported once, before the helper forks: what the
+zygote and its helper both import after that is held twice."""
 
 
 class ZygoteError(GymfleetError, RuntimeError):
@@ -179,16 +197,20 @@ class Zygote:
 
     Args:
         config_path: the fleet's resolved (secret-free) config; every instance's entrypoint is imported from it.
+            None starts the zygote before the config exists (`ng_run` does, so the shared stack imports while it
+            parses its config): it imports the shared stack and waits for `adopt()`.
         output: called with each line the zygote prints (its own log lines, not its children's).
         on_death: called once, from the reader thread, if the zygote exits before `close()`.
     """
 
-    def __init__(self, config_path: Path, *, output: Callable[[str], None], on_death: Callable[[Zygote], None]):
+    def __init__(self, config_path: Path | None, *, output: Callable[[str], None] | None = None,
+                 on_death: Callable[[Zygote], None] | None = None):
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.started_at = time.monotonic()
         with theirs:
-            command = [sys.executable, "-m", "gymfleet.zygote", "--config", str(config_path), "--control-fd",
-                       str(theirs.fileno()), "--parent-pid", str(os.getpid())]
+            command = [sys.executable, "-m", "gymfleet.zygote", "--control-fd", str(theirs.fileno()),
+                       "--parent-pid", str(os.getpid()), *(["--config", str(config_path)] if config_path else []),
+                       "--room", CMDLINE_ROOM]
             self.process = subprocess.Popen(
                 command, pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1, errors="replace",
@@ -209,6 +231,23 @@ class Zygote:
         self._next_id = 0
         threading.Thread(target=self._read, name=f"zygote-{self.pid}", daemon=True).start()
         threading.Thread(target=self._pump, name=f"log-zygote-{self.pid}", daemon=True).start()
+
+    def adopt(self, config_path: Path, *, output: Callable[[str], None],
+              on_death: Callable[[Zygote], None]) -> bool:
+        """Give a zygote started without a config (`Zygote(None)`) the fleet's config and callbacks; whether it
+        took them (False if it died meanwhile: start another)."""
+        earlier = list(self.tail)
+        self._output = output
+        for line in earlier:  # what it said before anyone listened
+            output(line)
+        if not self.alive:
+            return False
+        self._on_death = on_death
+        try:
+            _send(self._control, {"op": "config", "path": str(config_path)})
+        except OSError:
+            return False
+        return True
 
     @property
     def alive(self) -> bool:
@@ -252,16 +291,24 @@ class Zygote:
         read_fd, write_fd = os.pipe()
         with os.fdopen(read_fd, "rb") as answer:
             try:
-                self._request({"op": "validate", "secrets": secrets, "env": env}, write_fd)
+                reply = self._request({"op": "validate", "secrets": secrets, "env": env}, write_fd)
             finally:
                 os.close(write_fd)
-            if not select.select([answer], [], [], VALIDATE_TIMEOUT_S)[0]:
-                raise ZygoteError(f"the zygote's validation gave no answer within {VALIDATE_TIMEOUT_S:g}s")
-            data = answer.read()
-        if not data:
+            deadline = time.monotonic() + VALIDATE_TIMEOUT_S
+            data = b""
+            while chunk := self._read_before(answer, deadline):  # until every validating child closed the pipe
+                data += chunk
+        lines = data.splitlines()
+        if len(lines) < reply.get("parts", 1):  # the zygote and its helper each validate their half
             raise ZygoteError("the zygote's validation child died without an answer")
-        result = json.loads(data)
-        return None if result["ok"] else result["error"]
+        errors = [result["error"] for result in map(json.loads, lines) if not result["ok"]]
+        return errors[0] if errors else None
+
+    @staticmethod
+    def _read_before(answer: IO[bytes], deadline: float) -> bytes:
+        if not select.select([answer], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise ZygoteError(f"the zygote's validation gave no answer within {VALIDATE_TIMEOUT_S:g}s")
+        return os.read(answer.fileno(), 65536)
 
     def spawn(self, instance: str, secrets: list, env: dict[str, str]) -> ForkedProcess:
         """Fork the server of `instance`; its output comes out of the returned process's `stdout`.
@@ -320,7 +367,7 @@ class Zygote:
         self._dead.set()
         self._ready.set()
         self._replies.put(None)
-        if not self._closing:
+        if not self._closing and self._on_death is not None:
             self._on_death(self)
 
     def _pump(self) -> None:
@@ -328,7 +375,7 @@ class Zygote:
             for line in self.process.stdout:
                 line = line.rstrip("\n")
                 self.tail = [*self.tail[-39:], line]
-                if not self._closing:
+                if not self._closing and self._output is not None:
                     self._output(line)
 
     def close(self, grace_s: float = 2.0) -> None:
@@ -337,7 +384,8 @@ class Zygote:
         with contextlib.suppress(OSError):
             self._control.shutdown(socket.SHUT_RDWR)
         if not self.was_ready:  # still importing: nothing to finish, and its config file may be gone already
-            self.process.kill()
+            with contextlib.suppress(OSError):  # its own process group: it and its helper (servers have their own)
+                os.killpg(self.pid, signal.SIGKILL)
         try:
             self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
@@ -349,29 +397,67 @@ class Zygote:
 # ------------------------------------------------------------------------------------------ zygote side
 
 
-def preload(config_path: Path) -> list[str]:
-    """Import the shared stack and every instance's server class, and run each class's `Server.preload()` (data its
-    servers share, loaded once); returns the instances whose import or preload failed.
-
-    A failed import is logged, not raised: that instance's child imports it again and fails with its own error.
-    """
-    from gymfleet.launch import load_config, load_server_class
-
-    instances = load_config(config_path, []).instances.values()  # first: the file goes when the fleet stops
+def import_shared() -> None:
+    """Import what every server imports, whatever the config (`SHARED_MODULES`)."""
     for name in SHARED_MODULES:
         try:
             importlib.import_module(name)
         except ImportError:  # optional accelerators (uvloop, httptools, websockets) may be missing
             pass
-    failed = []
-    for instance in instances:
+
+
+def server_groups(config_path: Path) -> list[list[Any]]:
+    """The config's instances grouped by the server file they run (instances of one class share one import)."""
+    from gymfleet.launch import load_config
+
+    groups: dict[Path, list[Any]] = {}
+    for instance in load_config(config_path, []).instances.values():
+        groups.setdefault(instance.dir / (instance.entrypoint or "app.py"), []).append(instance)
+    return list(groups.values())
+
+
+def preload(groups: list[list[Any]], claims: int | None = None) -> tuple[list[str], list[str]]:
+    """Import each group's server class and run its `Server.preload()` (data its servers share, loaded once);
+    returns the instances imported here and those whose import or preload failed.
+
+    With `claims` (the read end of a pipe holding each group's index as 4 bytes), only the groups this process
+    claims by reading their index: the zygote and its helper share the imports that way, each taking the next
+    group as soon as it is free. A failed import is logged, not raised: that instance's child imports it again and
+    fails with its own error.
+    """
+    from gymfleet.launch import load_server_class
+
+    loaded: list[str] = []
+    failed: list[str] = []
+    for group in _claimed(groups, claims):
+        names = [instance.name for instance in group]
+        started = time.monotonic()
         try:
-            load_server_class(instance).preload()  # shared read-only data, loaded once before the forks
+            load_server_class(group[0]).preload()  # shared read-only data, loaded once before the forks
+            loaded += names
+            log.debug("zygote (pid %s): imported %s in %.2fs", os.getpid(), ", ".join(names),
+                      time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - reported by the instance's own child, with its YAML path
             log.warning("zygote: could not import %s's server (%s); its server will import it itself",
-                        instance.name, exc)
-            failed.append(instance.name)
-    return failed
+                        ", ".join(names), exc)
+            failed += names
+    return loaded, failed
+
+
+def _claimed(groups: list[list[Any]], claims: int | None) -> Iterator[list[Any]]:
+    if claims is None:
+        yield from groups
+        return
+    while len(data := os.read(claims, 4)) == 4:  # one pipe read of 4 bytes is atomic: a group goes to one reader
+        yield groups[int.from_bytes(data, "little")]
+
+
+def _claims_pipe(count: int) -> int:
+    """A pipe holding 0 .. count-1 as 4 bytes each, its write end closed (EOF once all are claimed)."""
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(write_fd, "wb") as writer:  # count is a few dozen at most: well within the pipe's buffer
+        writer.write(b"".join(index.to_bytes(4, "little") for index in range(count)))
+    return read_fd
 
 
 def _python_threads() -> list[str]:
@@ -380,80 +466,258 @@ def _python_threads() -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Pre-import a fleet's servers and fork them on request.")
-    parser.add_argument("--config", required=True, type=Path, help="the fleet's resolved config (JSON)")
+    parser.add_argument("--config", type=Path,
+                        help="the fleet's resolved config (JSON); without it, the path comes as the first message")
     parser.add_argument("--control-fd", required=True, type=int, help="this end of the supervisor's socket pair")
     parser.add_argument("--parent-pid", required=True, type=int, help="the supervisor: exit when it does")
+    parser.add_argument("--room", help=argparse.SUPPRESS)  # CMDLINE_ROOM
     args = parser.parse_args(argv)
+    set_cmdline([sys.executable, "-m", "gymfleet.zygote", "--control-fd", str(args.control_fd), "--parent-pid",
+                 str(args.parent_pid), *(["--config", str(args.config)] if args.config else [])])
     logging.basicConfig(level=os.environ.get("GYMFLEET_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     control = socket.socket(fileno=args.control_fd)
     supervisor = _open_pidfd(args.parent_pid)
     if os.getppid() != args.parent_pid:  # checked after opening the pidfd: it is the supervisor's, not a reuse
         sys.exit(f"zygote: supervisor {args.parent_pid} is gone; not starting")
-    preload(args.config)
-    if threads := _python_threads():
+    started = time.monotonic()
+    import_shared()
+    shared_s = time.monotonic() - started
+    if args.config is None:  # started before the supervisor had its config (`Zygote(None)`, `configure()`)
+        message, _ = _receive(control)
+        if message is None:
+            return  # the supervisor did not need us after all (a dry run, Ray placement, `server_start: spawn`)
+        args.config = Path(message["path"])
+    groups = server_groups(args.config)  # read first: the file goes when the fleet stops
+    helper = _Helper.start(groups, supervisor, args) if len(groups) > 1 and _cpus() > 1 else None
+    claims = helper.claims if helper else None
+    loaded, failed = preload(groups, claims)
+    threads = _python_threads()
+    if helper:
+        os.close(helper.claims)
+        threads += helper.wait_loaded()
+    log.debug("zygote: shared stack imported in %.2fs, %d servers' in %.2fs (%s)", shared_s, len(groups),
+              time.monotonic() - started - shared_s, f"helper {helper.pid}: {sorted(helper.owns)}" if helper else
+              "no helper")
+    if threads:
         sys.exit(f"zygote: imports started threads {threads}; forking now is unsafe, so not serving")
+    wake = _wakeup_pipe()
+    _send(control, {"op": "ready", "pid": os.getpid()})
+    gc.collect()
+    gc.freeze()  # the imported objects move out of the collector's reach: children never copy their pages for it
+    _Loop(control, supervisor, args, wake, helper=helper).run()
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _wakeup_pipe() -> tuple[int, int]:
+    """Route SIGCHLD to a pipe the loop selects on."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler, so SIGCHLD writes to the wakeup fd
-    _send(control, {"op": "ready", "pid": os.getpid()})
-    gc.collect()
-    gc.freeze()  # the imported objects move out of the collector's reach: children never copy their pages for it
-    _Loop(control, supervisor, args, (wake_r, wake_w)).run()
+    return wake_r, wake_w
+
+
+class _Helper:
+    """The zygote's one helper: a fork of it taken right after the shared stack, which imports half the servers
+    (whichever groups it claims first) while the zygote imports the rest, then forks the servers it imported.
+
+    On this 2-core machine two importers halve the longest part of start-up (reasoning_gym and the instruction
+    checker's models load side by side). Each server is forked by whichever of the two imported its class, so
+    neither imports after a server shares its pages (see the module docstring). The zygote relays: the supervisor
+    only ever talks to the zygote, which forwards `spawn` (and its half of `validate`) to the helper and passes the
+    helper's `spawned` and `exit` messages on. The helper exits with the zygote; the zygote exits (and so is
+    replaced) if the helper dies.
+    """
+
+    def __init__(self, pid: int, sock: socket.socket, claims: int):
+        self.pid, self.sock, self.claims = pid, sock, claims
+        self.owns: set[str] = set()
+        """The instances whose class the helper imported: it forks their servers."""
+
+    @classmethod
+    def start(cls, groups: list[list[Any]], supervisor: int | None, args: argparse.Namespace) -> _Helper | None:
+        if _python_threads():
+            return None  # forking now is unsafe; main() refuses to serve anyway
+        claims = _claims_pipe(len(groups))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        gc.collect()
+        gc.freeze()  # the shared stack: the helper's collector leaves its pages shared
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            code = 1
+            try:
+                code = cls._serve(groups, claims, theirs, supervisor, args)
+            except BaseException:  # noqa: BLE001 - a forked helper must never return into the zygote's code
+                traceback.print_exc()
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):
+                        stream.flush()
+                os._exit(code)
+        theirs.close()
+        return cls(pid, ours, claims)
+
+    @staticmethod
+    def _serve(groups: list[list[Any]], claims: int, sock: socket.socket, supervisor: int | None,
+               args: argparse.Namespace) -> int:
+        """The helper's whole life: import what it claims, say so, then fork servers until the zygote goes."""
+        zygote = os.getppid()
+        set_cmdline([sys.executable, "-m", "gymfleet.zygote", "--helper-of", str(zygote)])
+        os.close(args.control_fd)  # the supervisor's socket is the zygote's alone
+        loaded, failed = preload(groups, claims)
+        os.close(claims)
+        threads = _python_threads()
+        try:
+            _send(sock, {"op": "loaded", "instances": loaded, "failed": failed, "threads": threads})
+        except OSError:
+            return 1  # the zygote is gone (closed before it was ready)
+        if threads:
+            return 1
+        wake = _wakeup_pipe()
+        gc.collect()
+        gc.freeze()
+        _Loop(sock, supervisor, args, wake, parent_pid=zygote).run()
+        return 0
+
+    def wait_loaded(self) -> list[str]:
+        """Wait for the helper's imports; the threads they started (forking is unsafe if any)."""
+        if not select.select([self.sock], [], [], READY_TIMEOUT_S)[0]:
+            sys.exit(f"zygote: its helper (pid {self.pid}) did not import its servers within {READY_TIMEOUT_S:g}s")
+        message, _ = _receive(self.sock)
+        if message is None:
+            sys.exit(f"zygote: its helper (pid {self.pid}) died importing its servers")
+        self.owns = set(message["instances"])
+        return [f"{name} (helper)" for name in message["threads"]]
+
+    def forward(self, message: dict[str, Any], fd: int, relay: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Have the helper fork for `message`; its answer. Exits it relays on the way (they share the socket).
+
+        Raises:
+            ZygoteError: the helper is gone or did not answer within `REPLY_TIMEOUT_S`.
+        """
+        try:
+            _send(self.sock, message, [fd])
+        except OSError as exc:
+            raise ZygoteError(f"the zygote's helper (pid {self.pid}) cannot be reached: {exc}") from None
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            reply, _ = _receive(self.sock)
+            if reply is None:
+                break
+            if reply["op"] == "exit":
+                relay(reply)
+            elif reply.get("id") == message["id"]:
+                return reply
+        raise ZygoteError(f"the zygote's helper (pid {self.pid}) did not answer")
 
 
 class _Loop:
-    """The zygote's single thread: fork on request, reap children and report their exits."""
+    """The zygote's (or its helper's) single thread: fork on request, reap children and report their exits.
+
+    `control` is the socket requests come on and answers go to: the supervisor's for the zygote, the zygote's for
+    its helper. `parent_pid` is the process whose exit ends the loop when no pidfd watches the supervisor.
+    """
 
     def __init__(self, control: socket.socket, supervisor: int | None, args: argparse.Namespace,
-                 wake: tuple[int, int]):
+                 wake: tuple[int, int], *, helper: _Helper | None = None, parent_pid: int | None = None):
         self.control, self.supervisor, self.args, self.wake = control, supervisor, args, wake
+        self.helper = helper
+        self.parent_pid = args.parent_pid if parent_pid is None else parent_pid
 
     def run(self) -> None:
-        watched = [self.control, self.wake[0], *([self.supervisor] if self.supervisor is not None else [])]
+        watched = [self.control, self.wake[0], *([self.supervisor] if self.supervisor is not None else []),
+                   *([self.helper.sock] if self.helper else [])]
         while True:
             readable = select.select(watched, [], [], None if self.supervisor is not None else 0.5)[0]
             if self.wake[0] in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake[0], 4096)
-            self._reap()
-            if self.supervisor in readable or (self.supervisor is None and os.getppid() != self.args.parent_pid):
+            if not self._reap():
+                return
+            if self.supervisor in readable or (self.supervisor is None and os.getppid() != self.parent_pid):
                 log.info("zygote: supervisor %s is gone; exiting (its servers stop themselves)", self.args.parent_pid)
                 return
+            if self.helper and self.helper.sock in readable:
+                message, _ = _receive(self.helper.sock)
+                if message is None:
+                    log.error("zygote: its helper (pid %s) is gone; exiting", self.helper.pid)
+                    return
+                self._tell(message)  # an exit of a server the helper forked
             if self.control in readable:
                 message, fds = _receive(self.control)
                 if message is None:
-                    return  # the supervisor closed the socket: the fleet stops
-                self._handle(message, fds)
+                    return  # the supervisor (or, for a helper, the zygote) closed the socket: the fleet stops
+                try:
+                    self._handle(message, fds)
+                except ZygoteError as exc:
+                    log.error("zygote: %s; exiting", exc)
+                    return
 
-    def _reap(self) -> None:
+    def _tell(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # the supervisor may be gone already
+            _send(self.control, message)
+
+    def _reap(self) -> bool:
+        """Report every child that exited; False when the helper did (this zygote then exits, to be replaced)."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return True
             if pid == 0:
-                return
-            with contextlib.suppress(OSError):  # the supervisor may be gone already
-                _send(self.control, {"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+                return True
+            if self.helper and pid == self.helper.pid:
+                log.error("zygote: its helper (pid %s) exited with code %s; exiting", pid,
+                          os.waitstatus_to_exitcode(status))
+                return False
+            self._tell({"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
     def _handle(self, message: dict[str, Any], fds: list[int]) -> None:
         [fd] = fds
+        helper = self.helper
+        if helper and message["op"] == "spawn" and message["instance"] in helper.owns:
+            try:
+                reply = helper.forward(message, fd, self._tell)
+            finally:
+                os.close(fd)
+            self._tell(reply)
+            return
+        if helper and message["op"] == "validate":  # each validates the servers it imported, on one pipe
+            theirs = os.dup(fd)
+            try:
+                helper.forward({**message, "only": sorted(helper.owns)}, theirs, self._tell)
+            finally:
+                os.close(theirs)
+            message = {**message, "skip": sorted(helper.owns)}
+        pid = self._fork(message, fd)
+        self._tell({"op": "spawned", "id": message["id"], "pid": pid, "parts": 2 if helper else 1})
+
+    def _fork(self, message: dict[str, Any], fd: int) -> int:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # or the child would write the zygote's buffered lines again
         pid = os.fork()
         if pid == 0:
             self._child(message, fd)  # never returns
         os.close(fd)
-        _send(self.control, {"op": "spawned", "id": message["id"], "pid": pid})
+        return pid
 
     def _child(self, message: dict[str, Any], fd: int) -> None:
         code: Any = 1
         try:
             self._become_child(message, fd)
             if message["op"] == "validate":
-                code = _validate_child(self.args.config, message["secrets"], fd)
+                code = _validate_child(self.args.config, message["secrets"], fd, message.get("only"),
+                                       message.get("skip", ()))
             else:
                 from gymfleet.launch import serve_supervised
 
@@ -488,6 +752,8 @@ class _Loop:
             signal.signal(signum, signal.SIG_DFL if signum != signal.SIGPIPE else signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         self.control.close()
+        if self.helper:
+            self.helper.sock.close()
         for end in self.wake:
             os.close(end)
         if message["op"] == "spawn":
@@ -537,19 +803,23 @@ def set_cmdline(words: list[str]) -> bool:
     return True
 
 
-def _validate_child(config_path: Path, secrets: list, fd: int) -> int:
-    """Build every server of the config (what `Fleet.validate` does) and write the verdict to `fd`."""
+def _validate_child(config_path: Path, secrets: list, fd: int, only: list[str] | None = None,
+                    skip: Iterable[str] = ()) -> int:
+    """Build the config's servers (what `Fleet.validate` does: all, or those in `only`, less those in `skip`) and
+    write the verdict to `fd` as one JSON line (the zygote and its helper may share the pipe)."""
     from gymfleet.launch import build_server, load_config
 
     try:
         config = load_config(config_path, [(list(path), value) for path, value in secrets])
         for instance in config.instances.values():
-            build_server(instance, config)
+            if (only is None or instance.name in only) and instance.name not in skip:
+                build_server(instance, config)
         result: dict[str, Any] = {"ok": True}
     except Exception as exc:  # noqa: BLE001 - the supervisor validates again itself, raising the real error
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    with os.fdopen(fd, "w") as answer:
-        answer.write(json.dumps(result))
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}  # one atomic pipe write
+    line = (json.dumps(result) + "\n").encode()
+    os.write(fd, line)
+    os.close(fd)
     return 0
 
 

@@ -24,7 +24,8 @@ from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import Fleet
 from gymfleet.testing import free_port, serve
-from gymfleet.zygote import ForkedProcess
+from gymfleet.cli.run import prestart_zygote
+from gymfleet.zygote import ForkedProcess, Zygote, _claimed, _claims_pipe
 from responses_api_models.scripted_model.app import ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,11 +46,11 @@ def _config(config_paths: list[str], extra: dict[str, Any] | None):
 
 
 @contextmanager
-def fleet_with(extra: dict[str, Any] | None = None, config_paths: list[str] | None = None
-               ) -> Iterator[tuple[Fleet, io.StringIO]]:
+def fleet_with(extra: dict[str, Any] | None = None, config_paths: list[str] | None = None,
+               zygote: Zygote | None = None) -> Iterator[tuple[Fleet, io.StringIO]]:
     """A started fleet (quickstart by default) and what it says."""
     output = io.StringIO()
-    fleet = Fleet(_config(config_paths or [QUICKSTART], extra), output=output)
+    fleet = Fleet(_config(config_paths or [QUICKSTART], extra), output=output, zygote=zygote)
     fleet.start(timeout_s=WAIT_S)
     try:
         yield fleet, output
@@ -68,6 +69,11 @@ def wait_for(condition: Callable[[], Any], what: str) -> Any:
 def zygotes() -> list[psutil.Process]:
     """This process's zygote children (live ones)."""
     return [child for child in psutil.Process().children() if "--control-fd" in _cmdline(child)]
+
+
+def forkers(zygote: psutil.Process) -> set[int]:
+    """The zygote and its helper (which forks the servers whose class it imported)."""
+    return {zygote.pid, *(child.pid for child in zygote.children() if "--helper-of" in _cmdline(child))}
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
@@ -103,7 +109,7 @@ def test_servers_are_forked_by_one_zygote_serve_report_output_and_a_killed_one_i
         for name, child in fleet.children.items():
             assert isinstance(child.process, ForkedProcess), name
             process = psutil.Process(child.process.pid)
-            assert process.ppid() == zygote.pid, f"{name} is the zygote's child"
+            assert process.ppid() in forkers(zygote), f"{name} is the zygote's (or its helper's) child"
             assert os.getpgid(process.pid) == process.pid, f"{name} leads its own process group"
             assert process.cmdline()[3:5] == ["--instance", name], f"{name}: ps names the instance"
             assert answers(fleet.config.instance(name).url), name
@@ -112,12 +118,13 @@ def test_servers_are_forked_by_one_zygote_serve_report_output_and_a_killed_one_i
                  "mcqa's access log line in the fleet's output, prefixed with its name")
 
         old = fleet.children["mcqa"].process
+        forker = psutil.Process(old.pid).ppid()
         os.kill(old.pid, signal.SIGKILL)
         assert old.wait(10) == -signal.SIGKILL, "the zygote reports the exit code"
         wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa running again after one restart")
         new = fleet.children["mcqa"].process
         assert isinstance(new, ForkedProcess) and new.pid != old.pid
-        assert psutil.Process(new.pid).ppid() == zygote.pid, "forked again by the same zygote"
+        assert psutil.Process(new.pid).ppid() == forker, "forked again by the same process (zygote or helper)"
         assert rollout_reward(fleet) == 1.0
         assert "server 'mcqa' exited unexpectedly with code -9 (SIGKILL)" in output.getvalue()
 
@@ -137,7 +144,7 @@ def test_a_killed_zygote_is_replaced_while_servers_keep_serving_and_a_later_cras
         old = fleet.children["mcqa"].process
         os.kill(old.pid, signal.SIGKILL)
         wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa restarted through the new zygote")
-        assert psutil.Process(fleet.children["mcqa"].process.pid).ppid() == second.pid
+        assert psutil.Process(fleet.children["mcqa"].process.pid).ppid() in forkers(second)
         assert rollout_reward(fleet) == 1.0
         said = output.getvalue()
         assert "server 'mcqa' exited unexpectedly with an unknown code" in said, "its dead zygote had its code"
@@ -204,3 +211,91 @@ def test_server_start_spawn_starts_fresh_interpreters():
 def test_a_bad_server_start_names_the_key_and_the_choices():
     with pytest.raises(ConfigError, match=r"server_start: expected one of zygote, spawn, got 'fork'"):
         Fleet(_config([QUICKSTART], {"server_start": "fork"}))
+
+
+def test_the_zygote_imports_alongside_one_helper_and_a_dead_helper_gets_the_zygote_replaced():
+    with fleet_with() as (fleet, output):
+        [zygote] = zygotes()
+        helpers = forkers(zygote) - {zygote.pid}
+        assert len(helpers) == (1 if len(os.sched_getaffinity(0)) > 1 else 0), "one helper where there are 2+ CPUs"
+        parents = {psutil.Process(child.process.pid).ppid() for child in fleet.children.values()}
+        assert parents <= forkers(zygote), "every server is forked by the zygote or its helper"
+        assert rollout_reward(fleet) == 1.0
+        for helper in helpers:
+            os.kill(helper, signal.SIGKILL)
+            wait_for(lambda: "starting a new one" in output.getvalue(), "the zygote, helperless, replaced")
+            for name in fleet.children:
+                assert answers(fleet.config.instance(name).url), f"{name} keeps serving"
+            [second] = wait_for(zygotes, "a new zygote")
+            assert second.pid != zygote.pid
+            old = fleet.children["mcqa"].process
+            os.kill(old.pid, signal.SIGKILL)
+            wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa restarted through the new zygote")
+            assert psutil.Process(fleet.children["mcqa"].process.pid).ppid() in forkers(second)
+            assert rollout_reward(fleet) == 1.0
+
+
+def test_two_claimers_share_the_groups_each_taking_each_once():
+    groups = [[f"server{index}"] for index in range(40)]
+    claims = _claims_pipe(len(groups))
+    try:
+        first, second = _claimed(groups, claims), _claimed(groups, claims)
+        taken: list[list[str]] = []
+        for step in range(60):  # uneven turns, as two importers of unequal servers take them
+            claimer = first if step % 3 else second
+            taken += [group for group in [next(claimer, None)] if group is not None]
+        assert next(first, None) is None and next(second, None) is None
+    finally:
+        os.close(claims)
+    assert sorted(name for [name] in taken) == sorted(name for [name] in groups), "each group claimed exactly once"
+
+
+def test_a_zygote_started_before_the_config_is_adopted_and_one_a_spawn_fleet_does_not_need_is_closed():
+    early = Zygote(None)
+    with fleet_with(zygote=early) as (fleet, _):
+        assert [zygote.pid for zygote in zygotes()] == [early.pid], "the fleet forks from the zygote it was given"
+        assert rollout_reward(fleet) == 1.0
+    unused = Zygote(None)
+    with fleet_with({"server_start": "spawn"}, zygote=unused) as (fleet, _):
+        assert unused.process.poll() is not None, "closed at once: a spawn fleet forks nothing"
+        assert not zygotes()
+        assert rollout_reward(fleet) == 1.0
+
+
+@pytest.mark.parametrize(("argv", "starts"), [
+    (["+config_paths=[configs/quickstart.yaml]"], True),
+    (["+config_paths=[a.yaml]", "+server_start=zygote"], True),
+    (["+config_paths=[a.yaml]", "+dry_run=true"], False),
+    (["+config_paths=[a.yaml]", "+dry_run=True"], False),
+    (["+config_paths=[a.yaml]", "+server_start=spawn"], False),
+    (["+config_paths=[a.yaml]", "++placement=ray"], False),
+    (["+config_paths=[a.yaml]", "+ray_head_node_address=10.0.0.1:6379"], False),
+    (["--help"], False),
+])
+def test_ng_run_starts_its_zygote_before_the_config_only_where_it_will_fork_servers(argv, starts):
+    zygote = prestart_zygote(argv)
+    try:
+        assert (zygote is not None) == starts
+        if zygote is not None:
+            assert wait_for(lambda: zygote.alive and "--config" not in psutil.Process(zygote.pid).cmdline(),
+                            "a zygote waiting for its config")
+    finally:
+        if zygote is not None:
+            zygote.close()
+            assert zygote.process.poll() is not None
+
+
+@pytest.mark.parametrize("instance", ["mcqa", "mcqa_simple_agent"])
+def test_a_bad_field_stops_start_up_before_any_server_whichever_importer_validates_it(instance):
+    """The zygote and its helper each validate the servers they imported; a bad field in either half stops the
+    start with the field's YAML path, and nothing is left running."""
+    kind = "resources_servers/mcqa" if instance == "mcqa" else "responses_api_agents/simple_agent"
+    section, impl = kind.split("/")
+    bad = {instance: {section: {impl: {"max_concurrent_rollouts" if instance != "mcqa" else "grading_mode": "bogus"}}}}
+    output = io.StringIO()
+    fleet = Fleet(_config([QUICKSTART], bad), output=output)
+    with pytest.raises(ConfigError, match=rf"{instance}\.{section}\.{impl}\.(grading_mode|max_concurrent_rollouts)"):
+        fleet.start(timeout_s=WAIT_S)
+    assert "started " not in output.getvalue(), "no server was started"
+    assert not fleet.children
+    wait_for(lambda: not zygotes(), "no zygote left")

@@ -10,10 +10,12 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from gymfleet.config import GlobalConfig
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
+
+if TYPE_CHECKING:  # not imported at run time: `ng_run` starts its zygote before importing the config stack
+    from gymfleet.config import GlobalConfig
 
 T = TypeVar("T")
 

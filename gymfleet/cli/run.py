@@ -16,21 +16,52 @@ reference), prints the plan (each instance, where it would listen, what it talks
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.config import SERVER_TYPES, GlobalConfig, GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet import ServerCrashedError
-from gymfleet.launch import build_server
-from gymfleet.ray_placement import make_fleet, start_fleet
+from gymfleet.zygote import Zygote
+
+# The config stack, the fleet and Ray placement are imported in the functions that use them: `main` starts the
+# zygote first, so it imports the servers' shared stack while this process imports these (~1 s) and parses the config.
+if TYPE_CHECKING:
+    from gymfleet.config import GlobalConfig
+
+NO_PRESTART = {"dry_run": "true", "server_start": "spawn", "placement": "ray", "ray_head_node_address": None}
+"""`+key=value` arguments under which `ng_run` forks no servers here (`None`: any value): no zygote before the config."""
 
 
-def _run(argv: list[str]) -> int:
+def prestart_zygote(argv: list[str]) -> Zygote | None:
+    """A zygote started now, before the config is parsed (`Zygote(None)`; the fleet adopts it), unless the arguments
+    say the fleet will not fork its servers here; one the config turns out not to need is closed unused."""
+    if wants_help(argv):
+        return None
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in NO_PRESTART and NO_PRESTART[key] in (None, value.strip().lower()):
+            return None
+    return Zygote(None)
+
+
+def _run(argv: list[str], zygote: Zygote | None = None) -> int:
+    try:
+        return _run_fleet(argv, zygote)
+    finally:
+        if zygote is not None:
+            zygote.close()  # a no-op once the fleet has closed it; here, one nobody adopted
+
+
+def _run_fleet(argv: list[str], zygote: Zygote | None) -> int:
     if wants_help(argv):
         print(__doc__)
         return 0
+    from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+    from gymfleet.fleet import ServerCrashedError
+    from gymfleet.ray_placement import make_fleet, start_fleet
+
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv))
     reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers", "exit_on_server_failure",
                                            "placement", "server_start"))
@@ -48,7 +79,7 @@ def _run(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        fleet = start_fleet(config)  # Ray placement implied by the address, with no room on the cluster: local
+        fleet = start_fleet(config, zygote=zygote)  # Ray placement implied, with no room on the cluster: local
         fleet.run_forever()
     except KeyboardInterrupt:
         print("Stopping the fleet...", flush=True)
@@ -68,6 +99,8 @@ def dry_run(config: GlobalConfig) -> str:
     Raises:
         ConfigError: no instances, or the first invalid instance, named by its YAML path.
     """
+    from gymfleet.launch import build_server
+
     if not config.instances:
         raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
     for instance in config.instances.values():
@@ -86,6 +119,8 @@ def dry_run(config: GlobalConfig) -> str:
 
 def _references(node: object) -> list[str]:
     """Instance names that `{type, name}` references under `node` point to."""
+    from gymfleet.config import SERVER_TYPES
+
     if isinstance(node, dict):
         if set(node) == {"type", "name"} and node["type"] in SERVER_TYPES:
             return [node["name"]]
@@ -96,7 +131,8 @@ def _references(node: object) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv))
+    zygote = prestart_zygote(sys.argv[1:] if argv is None else argv)
+    sys.exit(run_cli(functools.partial(_run, zygote=zygote), argv))
 
 
 if __name__ == "__main__":
