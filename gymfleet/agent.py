@@ -204,21 +204,24 @@ class AgentServer(Server):
             self.admission.leave()
 
     def routes(self, app: FastAPI) -> None:
+        # The body is read and parsed (orjson, microseconds) before the turn, and validated against its schema
+        # (pydantic over the openai types, about a millisecond) after: 4,096 rollouts posted at once would otherwise
+        # keep the event loop validating waiting bodies for seconds while the admitted ones wait for it.
         async def run_route(request: Request) -> StarletteResponse:
             raw = await read_json(request)
-            body = validate(RunRequest, raw)
             async with self.admitted(request) as admitted:
                 if not admitted:
                     return StarletteResponse(status_code=499)  # nobody reads it; it counts in /metrics
+                body = validate(RunRequest, raw)
                 result, cookies = await self.run(body, raw, dict(request.cookies))
             return _with_cookies(JSONResponse(result), cookies)
 
         async def responses_route(request: Request) -> StarletteResponse:
             raw = await read_json(request)
-            validate(ResponseCreateParams, raw)
             async with self.admitted(request) as admitted:
                 if not admitted:
                     return StarletteResponse(status_code=499)
+                validate(ResponseCreateParams, raw)
                 response, cookies = await self.respond(raw, dict(request.cookies))
             return _with_cookies(JSONResponse(response), cookies)
 
