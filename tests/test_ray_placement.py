@@ -216,8 +216,14 @@ def test_head_publishes_real_addresses(fleet):
 def test_ng_status_lists_every_replica(fleet):
     import subprocess
 
-    out = subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={fleet.config.head_port}",
-                          "+json=true"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    deadline = time.monotonic() + 120  # a model server says "waiting for upstream" until its probe of it answers
+    while True:
+        out = subprocess.run([sys.executable, "-m", "gymfleet.cli.status",
+                              f"+head_server.port={fleet.config.head_port}", "+json=true"],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        if out.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     by_name = {item["process_name"]: item for item in report["instances"]}

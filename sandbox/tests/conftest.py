@@ -40,13 +40,27 @@ def run(client: httpx.Client, code: str, **fields) -> dict:
 
 
 def sandbox_processes() -> list[psutil.Process]:
-    """Processes running as the sandbox uid (there must be none once a run is over)."""
+    """Processes running as the sandbox uid (there must be none once a run is over): this test process's, and
+    orphans. Those under another pytest process (a parallel worker running its own sandbox tests) are its own."""
     found = []
     for process in psutil.process_iter(["uids", "pid", "num_threads"]):
         uids = process.info["uids"]
-        if uids is not None and SANDBOX_UID in (uids.real, uids.effective):
+        if uids is not None and SANDBOX_UID in (uids.real, uids.effective) and not _under_another_pytest(process):
             found.append(process)
     return found
+
+
+def _under_another_pytest(process: psutil.Process) -> bool:
+    me = os.getpid()
+    try:
+        for ancestor in process.parents():
+            if ancestor.pid == me:
+                return False
+            if any("pytest" in word or "xdist" in word for word in ancestor.cmdline()):
+                return True
+    except psutil.Error:  # gone meanwhile
+        return False
+    return False
 
 
 def assert_no_leftovers(timeout_s: float = 5.0) -> None:
