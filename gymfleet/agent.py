@@ -21,6 +21,9 @@ the same throughput (`bench/nemo_rl_rollouts.py --max-concurrent-rollouts 0,256`
 - `/v1/responses` shares the queue with `/run`: an episode costs the upstream what a rollout does, and a probe of
   the agent by hand must not jump a training step's queue. `/aggregate_metrics` is never queued.
 - `max_concurrent_rollouts: 0` (or null) admits everything at once, as NeMo-Gym does.
+- A waiting body is read and parsed as JSON (a malformed one is answered 422 at once) but validated against its
+  schema only when its turn comes (a schema error is then a 422 too): validating thousands of waiting bodies up
+  front kept the event loop from the admitted rollouts for seconds.
 
 `GET /metrics` adds `gymfleet_rollouts_in_progress`, `gymfleet_rollouts_waiting` (gauges),
 `gymfleet_rollouts_admission_limit` (0: unbounded), `gymfleet_rollout_wait_seconds` (histogram of the time a
