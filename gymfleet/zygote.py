@@ -599,26 +599,16 @@ class _Helper:
         self.owns = set(message["instances"])
         return [f"{name} (helper)" for name in message["threads"]]
 
-    def forward(self, message: dict[str, Any], fd: int, relay: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-        """Have the helper fork for `message`; its answer. Exits it relays on the way (they share the socket).
+    def forward(self, message: dict[str, Any], fd: int) -> None:
+        """Have the helper fork for `message`; its answer comes on its socket, which the zygote's loop relays.
 
         Raises:
-            ZygoteError: the helper is gone or did not answer within `REPLY_TIMEOUT_S`.
+            ZygoteError: the helper is gone.
         """
         try:
             _send(self.sock, message, [fd])
         except OSError as exc:
             raise ZygoteError(f"the zygote's helper (pid {self.pid}) cannot be reached: {exc}") from None
-        deadline = time.monotonic() + REPLY_TIMEOUT_S
-        while select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            reply, _ = _receive(self.sock)
-            if reply is None:
-                break
-            if reply["op"] == "exit":
-                relay(reply)
-            elif reply.get("id") == message["id"]:
-                return reply
-        raise ZygoteError(f"the zygote's helper (pid {self.pid}) did not answer")
 
 
 class _Loop:
@@ -652,7 +642,8 @@ class _Loop:
                 if message is None:
                     log.error("zygote: its helper (pid %s) is gone; exiting", self.helper.pid)
                     return
-                self._tell(message)  # an exit of a server the helper forked
+                if message.get("id", 0) >= 0:  # negative: its half of a validation, answered on the pipe
+                    self._tell(message)  # a server it forked (`spawned`) or one that exited (`exit`)
             if self.control in readable:
                 message, fds = _receive(self.control)
                 if message is None:
@@ -687,15 +678,14 @@ class _Loop:
         helper = self.helper
         if helper and message["op"] == "spawn" and message["instance"] in helper.owns:
             try:
-                reply = helper.forward(message, fd, self._tell)
+                helper.forward(message, fd)  # the helper answers `spawned` itself, relayed by the loop
             finally:
                 os.close(fd)
-            self._tell(reply)
             return
         if helper and message["op"] == "validate":  # each validates the servers it imported, on one pipe
             theirs = os.dup(fd)
             try:
-                helper.forward({**message, "only": sorted(helper.owns)}, theirs, self._tell)
+                helper.forward({**message, "id": -message["id"], "only": sorted(helper.owns)}, theirs)
             finally:
                 os.close(theirs)
             message = {**message, "skip": sorted(helper.owns)}
