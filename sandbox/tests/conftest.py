@@ -40,27 +40,26 @@ def run(client: httpx.Client, code: str, **fields) -> dict:
 
 
 def sandbox_processes() -> list[psutil.Process]:
-    """Processes running as the sandbox uid (there must be none once a run is over): this test process's, and
-    orphans. Those under another pytest process (a parallel worker running its own sandbox tests) are its own."""
+    """Processes running as the sandbox uid (there must be none once a run is over): those under this test process,
+    and orphans (nothing but sandboxed processes between them and init). Those a parallel pytest worker's sandbox
+    runs are its own business, and so are zombies (dead, holding nothing but a pid, waiting for their parent)."""
     found = []
-    for process in psutil.process_iter(["uids", "pid", "num_threads"]):
+    for process in psutil.process_iter(["uids", "pid", "num_threads", "status"]):
         uids = process.info["uids"]
-        if uids is not None and SANDBOX_UID in (uids.real, uids.effective) and not _under_another_pytest(process):
+        if (uids is not None and SANDBOX_UID in (uids.real, uids.effective)
+                and process.info["status"] != psutil.STATUS_ZOMBIE and _ours(process)):
             found.append(process)
     return found
 
 
-def _under_another_pytest(process: psutil.Process) -> bool:
-    me = os.getpid()
+def _ours(process: psutil.Process) -> bool:
     try:
-        for ancestor in process.parents():
-            if ancestor.pid == me:
-                return False
-            if any("pytest" in word or "xdist" in word for word in ancestor.cmdline()):
-                return True
-    except psutil.Error:  # gone meanwhile
+        ancestors = process.parents()
+        if any(ancestor.pid == os.getpid() for ancestor in ancestors):
+            return True
+        return all(ancestor.pid == 1 or ancestor.uids().real == SANDBOX_UID for ancestor in ancestors)
+    except psutil.Error:  # gone meanwhile (or a parent is)
         return False
-    return False
 
 
 def assert_no_leftovers(timeout_s: float = 5.0) -> None:
