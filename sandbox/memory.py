@@ -160,7 +160,9 @@ def _mapped(pid: int, counted_devices: set[int], counted_shmem: set[int]) -> int
                 device, inode = os.makedev(major, minor), int(parts[4])
                 skip = device in counted_devices or (device == SHMEM_DEVICE and inode in counted_shmem)
     except (OSError, IndexError, ValueError):
-        return pss
+        # Gone while being read (a child exiting): it holds nothing now. Its whole PSS would count its mappings of
+        # the memfds and tmpfs files already counted by size a second time (a well-behaved run reported `oom`).
+        return min(pss, _resident(pid))
     return total
 
 
