@@ -139,7 +139,8 @@ def placement_of(config: GlobalConfig) -> str:
 def make_fleet(config: GlobalConfig, *, output: IO[str] | None = None, zygote: Zygote | None = None
                ) -> Fleet | RayFleet:
     """The supervisor for `config`: a local `Fleet`, or a `RayFleet` under Ray placement. `zygote`, one started
-    before the config was parsed (`Zygote(None)`), goes to a local fleet that forks its servers, else is closed.
+    before the config was parsed (`Zygote(None)`), goes to a local fleet that forks its servers; Ray placement closes
+    it at once (its caller still owns it when this raises).
 
     Raises:
         ConfigError: `placement` cannot be served (see `placement_of`), or `num_replicas` > 1 without Ray placement.
@@ -150,8 +151,6 @@ def make_fleet(config: GlobalConfig, *, output: IO[str] | None = None, zygote: Z
         return RayFleet(config, output=output)
     for instance in config.instances.values():
         if instance.num_replicas > 1:
-            if zygote is not None:
-                zygote.close()
             path = f"{instance.path}.num_replicas"
             raise ConfigError(
                 f"{path}: {instance.num_replicas} replicas need Ray placement; this fleet runs on one machine",

@@ -416,9 +416,9 @@ def server_groups(config_path: Path) -> list[list[Any]]:
     return list(groups.values())
 
 
-def preload(groups: list[list[Any]], claims: int | None = None) -> tuple[list[str], list[str]]:
+def preload(groups: list[list[Any]], claims: int | None = None) -> list[str]:
     """Import each group's server class and run its `Server.preload()` (data its servers share, loaded once);
-    returns the instances imported here and those whose import or preload failed.
+    returns the instances imported here.
 
     With `claims` (the read end of a pipe holding each group's index as 4 bytes), only the groups this process
     claims by reading their index: the zygote and its helper share the imports that way, each taking the next
@@ -428,7 +428,6 @@ def preload(groups: list[list[Any]], claims: int | None = None) -> tuple[list[st
     from gymfleet.launch import load_server_class
 
     loaded: list[str] = []
-    failed: list[str] = []
     for group in _claimed(groups, claims):
         names = [instance.name for instance in group]
         started = time.monotonic()
@@ -440,8 +439,7 @@ def preload(groups: list[list[Any]], claims: int | None = None) -> tuple[list[st
         except Exception as exc:  # noqa: BLE001 - reported by the instance's own child, with its YAML path
             log.warning("zygote: could not import %s's server (%s); its server will import it itself",
                         ", ".join(names), exc)
-            failed += names
-    return loaded, failed
+    return loaded
 
 
 def _claimed(groups: list[list[Any]], claims: int | None) -> Iterator[list[Any]]:
@@ -483,15 +481,14 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     import_shared()
     shared_s = time.monotonic() - started
-    if args.config is None:  # started before the supervisor had its config (`Zygote(None)`, `configure()`)
+    if args.config is None:  # started before the supervisor had its config (`Zygote(None)`, then `adopt()`)
         message, _ = _receive(control)
         if message is None:
             return  # the supervisor did not need us after all (a dry run, Ray placement, `server_start: spawn`)
         args.config = Path(message["path"])
     groups = server_groups(args.config)  # read first: the file goes when the fleet stops
     helper = _Helper.start(groups, supervisor, args) if len(groups) > 1 and _cpus() > 1 else None
-    claims = helper.claims if helper else None
-    loaded, failed = preload(groups, claims)
+    preload(groups, helper.claims if helper else None)  # what the helper does not import; the zygote forks it
     threads = _python_threads()
     if helper:
         os.close(helper.claims)
@@ -574,11 +571,11 @@ class _Helper:
         zygote = os.getppid()
         set_cmdline([sys.executable, "-m", "gymfleet.zygote", "--helper-of", str(zygote)])
         os.close(args.control_fd)  # the supervisor's socket is the zygote's alone
-        loaded, failed = preload(groups, claims)
+        loaded = preload(groups, claims)
         os.close(claims)
         threads = _python_threads()
         try:
-            _send(sock, {"op": "loaded", "instances": loaded, "failed": failed, "threads": threads})
+            _send(sock, {"op": "loaded", "instances": loaded, "threads": threads})
         except OSError:
             return 1  # the zygote is gone (closed before it was ready)
         if threads:

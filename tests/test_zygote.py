@@ -103,6 +103,22 @@ def rollout_reward(fleet: Fleet) -> float:
     return answer.json()["reward"]
 
 
+def assert_replaced_and_a_crash_restarts_through_the_new_one(fleet: Fleet, output: io.StringIO,
+                                                            first: psutil.Process) -> None:
+    """After `first` (the zygote) went: the supervisor says it starts another, every server keeps serving, and a
+    crashed server comes back forked by the new zygote (or its helper), and serves."""
+    wait_for(lambda: "starting a new one" in output.getvalue(), "the supervisor saying it starts a new zygote")
+    for name in fleet.children:
+        assert answers(fleet.config.instance(name).url), f"{name} keeps serving without its zygote"
+    [second] = wait_for(zygotes, "a new zygote")
+    assert second.pid != first.pid
+    old = fleet.children["mcqa"].process
+    os.kill(old.pid, signal.SIGKILL)
+    wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa restarted through the new zygote")
+    assert psutil.Process(fleet.children["mcqa"].process.pid).ppid() in forkers(second)
+    assert rollout_reward(fleet) == 1.0
+
+
 def test_servers_are_forked_by_one_zygote_serve_report_output_and_a_killed_one_is_forked_again():
     with fleet_with({"uvicorn_logging_show_200_ok": True}) as (fleet, output):
         [zygote] = zygotes()
@@ -134,18 +150,8 @@ def test_a_killed_zygote_is_replaced_while_servers_keep_serving_and_a_later_cras
     with fleet_with(extra) as (fleet, output):
         [first] = zygotes()
         first.kill()  # not psutil's wait(): it would reap the zygote before the supervisor could read its code
-        wait_for(lambda: "starting a new one" in output.getvalue(), "the supervisor saying it starts a new zygote")
+        assert_replaced_and_a_crash_restarts_through_the_new_one(fleet, output, first)
         assert f"the zygote (pid {first.pid}) exited with code -9" in output.getvalue()
-        for name in fleet.children:
-            assert answers(fleet.config.instance(name).url), f"{name} keeps serving without its zygote"
-        [second] = wait_for(zygotes, "a new zygote")
-        assert second.pid != first.pid
-
-        old = fleet.children["mcqa"].process
-        os.kill(old.pid, signal.SIGKILL)
-        wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa restarted through the new zygote")
-        assert psutil.Process(fleet.children["mcqa"].process.pid).ppid() in forkers(second)
-        assert rollout_reward(fleet) == 1.0
         said = output.getvalue()
         assert "server 'mcqa' exited unexpectedly with an unknown code" in said, "its dead zygote had its code"
         log = (tmp_path / "mcqa.log").read_text()
@@ -223,16 +229,7 @@ def test_the_zygote_imports_alongside_one_helper_and_a_dead_helper_gets_the_zygo
         assert rollout_reward(fleet) == 1.0
         for helper in helpers:
             os.kill(helper, signal.SIGKILL)
-            wait_for(lambda: "starting a new one" in output.getvalue(), "the zygote, helperless, replaced")
-            for name in fleet.children:
-                assert answers(fleet.config.instance(name).url), f"{name} keeps serving"
-            [second] = wait_for(zygotes, "a new zygote")
-            assert second.pid != zygote.pid
-            old = fleet.children["mcqa"].process
-            os.kill(old.pid, signal.SIGKILL)
-            wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa restarted through the new zygote")
-            assert psutil.Process(fleet.children["mcqa"].process.pid).ppid() in forkers(second)
-            assert rollout_reward(fleet) == 1.0
+            assert_replaced_and_a_crash_restarts_through_the_new_one(fleet, output, zygote)
 
 
 def test_two_claimers_share_the_groups_each_taking_each_once():
