@@ -302,6 +302,9 @@ class Fleet:
         """Validate every server in a child of the zygote (no second import of everything here); on any doubt,
         `validate()` here, which raises the real error. A zygote that cannot serve leaves fresh interpreters."""
         zygote = self._zygote
+        if zygote is None:  # it died while importing (its reader thread said so already)
+            self.validate()
+            return
         try:
             error = zygote.validate(json.loads(self._secrets_env), dict(os.environ))
         except ZygoteError as exc:

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gymfleet import http
 from gymfleet.cli.collect import main as collect_main
 from gymfleet.errors import JudgeError
-from gymfleet.metrics import MAX_LABEL_CHARS, MAX_TASKS, task_of
+from gymfleet import metrics
+from gymfleet.metrics import MAX_LABEL_CHARS, MAX_TARGETS, MAX_TASKS, BoundedLabel, target_of, task_of
 from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.server import JSONResponse, add_route
 from gymfleet.testing import free_port, make_response, running_fleet, serve
@@ -83,6 +84,14 @@ class ScoredServer(ResourcesServer):
 
 def _row(**fields) -> dict:
     return {"responses_create_params": {"input": "q"}, "response": make_response("a"), **fields}
+
+
+@pytest.fixture(autouse=True)
+def fresh_target_labels(monkeypatch):
+    """Upstream target labels are bounded per process (`MAX_TARGETS`, then `other`). A server process meets a few
+    targets in its life; a pytest worker meets hundreds of ephemeral ports across test files, so each test here
+    starts with this process's bound unspent, as a fresh server process would."""
+    monkeypatch.setattr(metrics, "_targets", BoundedLabel(MAX_TARGETS))
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +214,15 @@ def test_task_labels_are_bounded_and_cut(env_url):
     tasks = label_values(scrape(env_url), "gymfleet_reward_count", "task")
     assert len(tasks) <= MAX_TASKS + 1 and "other" in tasks
     assert max(len(task) for task in tasks) == MAX_LABEL_CHARS
+
+
+def test_upstream_target_labels_are_bounded_per_process():
+    urls = [f"http://127.0.0.1:{20000 + i}/v1/responses" for i in range(MAX_TARGETS + 3)]
+    labels = [target_of(url) for url in urls]
+    assert labels[:MAX_TARGETS] == [url.rsplit("/v1", 1)[0] for url in urls[:MAX_TARGETS]]
+    assert labels[MAX_TARGETS:] == ["other"] * 3
+    assert target_of(urls[0]) == "http://127.0.0.1:20000"  # a target seen before the bound keeps its label
+    assert target_of(None) == "unknown"
 
 
 def test_agent_counts_a_dead_model_by_hop_and_upstream_target():

@@ -296,3 +296,21 @@ def test_a_bad_field_stops_start_up_before_any_server_whichever_importer_validat
     assert "started " not in output.getvalue(), "no server was started"
     assert not fleet.children
     wait_for(lambda: not zygotes(), "no zygote left")
+
+
+def test_a_zygote_dead_while_importing_leaves_fresh_interpreters_and_the_fleet_starts(monkeypatch):
+    """Its reader thread may notice the death before start-up asks it to validate: the fleet validates here, says
+    once that servers start as fresh interpreters, and they serve."""
+    start = Fleet._start_zygote
+
+    def start_then_lose(fleet: Fleet) -> None:
+        start(fleet)
+        os.kill(fleet._zygote.pid, signal.SIGKILL)
+        wait_for(lambda: fleet._zygote is None, "the supervisor noticing its zygote died")
+
+    monkeypatch.setattr(Fleet, "_start_zygote", start_then_lose)
+    with fleet_with() as (fleet, output):
+        assert output.getvalue().count("fresh interpreters from now on") == 1
+        assert not zygotes()
+        assert all(isinstance(child.process, subprocess.Popen) for child in fleet.children.values())
+        assert rollout_reward(fleet) == 1.0
