@@ -193,6 +193,11 @@ def build_server(instance: ServerInstance, config: GlobalConfig | dict[str, Any]
     path = f"{instance.name}.{instance.server_type}.{instance.impl}"
     fields = {**instance.fields, "name": instance.name}
     validated = validate_fields(cls.config_class, fields, path)
+    why = cls.single_process_reason() if instance.num_workers > 1 else None
+    if why:
+        raise ConfigError(f"{path}.num_workers: {instance.num_workers}: {why}", path=f"{path}.num_workers",
+                          hint="Leave num_workers out (one process), or place it as num_replicas under Ray placement: "
+                               "each rollout keeps to one replica.")
     return cls(validated, data)
 
 

@@ -21,6 +21,14 @@ Failure boundary (ARCHITECTURE decision 4): a `JudgeError` / `SandboxError` / `T
 collectors route to the failures sidecar and keep out of rewards. A model's bad answer is `reward: 0.0`.
 Bad tool arguments are the model's fault too: HTTP 200 with `{"error": ...}` it can read.
 
+Sessions that outlive their process: an environment that keeps per-rollout state in memory (`keeps_session_state`;
+by default, one that overrides `seed_session`) answers a tool call or `/verify` whose session cookie was issued by
+an earlier process of this server (it crashed and `ng_run` restarted it) with HTTP 410 `session_lost`
+(`gymfleet.sessions`), never with its reward on an empty session; `/verify` of an environment whose reward does not
+read the session (`reverify_mode = "stateless"`) is still served. Agents turn the 410 into a failure row. Such an
+environment refuses `num_workers > 1` at start-up (the workers behind one port would each hold only some sessions);
+`num_replicas` under Ray placement keeps each rollout on one replica.
+
 Metrics (`gymfleet.metrics`): every `/verify` answer counts in `gymfleet_verify_results_total{environment, task,
 outcome}` (the environment is the instance name), scored rows' rewards in `gymfleet_reward{environment, task}`, and
 failure rows in `gymfleet_failures_total{failure_class, hop}` (the hop: the instance or upstream whose call failed,
@@ -57,6 +65,7 @@ from gymfleet.metrics import LOCAL_HOP, target_of
 from gymfleet.provenance import PROVENANCE_KEY
 from gymfleet.provenance import reward_provenance as compute_provenance
 from gymfleet.server import JSONResponse, Server, ServerConfig, add_route, release_freed_memory
+from gymfleet.sessions import SESSION_LOST
 from gymfleet.wire import Response, ResponseCreateParams
 
 log = logging.getLogger(__name__)
@@ -132,6 +141,8 @@ FAILURE_CLASSES: dict[type[Exception], str] = {
 FAILURE_HOPS = {"judge_failed": "judge", "sandbox_failed": "sandbox"}
 """The hop a failure counts under when its error names no URL."""
 
+_SESSIONLESS_ROUTES = frozenset({"/seed_session", "/aggregate_metrics"})
+"""Routes served whatever the session: seeding starts a new one, aggregation reads none."""
 _BASE_METHODS = frozenset(
     {"verify", "seed_session", "aggregate_metrics", "startup", "shutdown", "routes", "create_app"}
 )
@@ -143,6 +154,10 @@ class ResourcesServer(Server):
     config: ResourcesServerConfig
     reverify_mode: ClassVar[Literal["stateless", "unsupported", "unknown"]] = "unknown"
     """Whether `/verify` can be re-run on a stored rollout without its session (for `gym eval reverify`)."""
+    keeps_session_state: ClassVar[bool | None] = None
+    """Whether tools (and `/verify`, unless `reverify_mode` is "stateless") read state that `seed_session` put in this
+    process's memory, so that a session from an earlier process is refused as `session_lost`. None: whether the
+    class overrides `seed_session`."""
     reward_libraries: ClassVar[tuple[str, ...]] = ()
     """Distributions (pip names) whose versions decide this environment's rewards, for `reward_provenance`."""
     _provenance: dict[str, Any] | None = None
@@ -159,6 +174,31 @@ class ResourcesServer(Server):
     async def seed_session(self, body: SeedSessionRequest) -> dict[str, Any]:
         """Prepare per-rollout state (keyed by `gymfleet.sessions.session_id()`). Default: nothing."""
         return {}
+
+    @classmethod
+    def _keeps_session_state(cls) -> bool:
+        if cls.keeps_session_state is not None:
+            return cls.keeps_session_state
+        return cls.seed_session is not ResourcesServer.seed_session
+
+    @classmethod
+    def single_process_reason(cls) -> str | None:
+        if not cls._keeps_session_state():
+            return None
+        return (f"{cls.__name__} keeps each rollout's session in its process's memory, and the workers behind one "
+                "port would each see only some of a rollout's calls")
+
+    def lost_session_refusal(self, scope: dict[str, Any]) -> str | None:
+        path = scope.get("path", "")
+        if (not self._keeps_session_state() or scope.get("method") != "POST" or path in _SESSIONLESS_ROUTES
+                or (path == "/verify" and self.reverify_mode == "stateless")):
+            return None
+        self.metrics.failures.labels(SESSION_LOST, LOCAL_HOP).inc()
+        log.warning("POST %s: session %s was started by an earlier process of this server; refused as %s", path,
+                    scope.get(SESSION_LOST), SESSION_LOST)
+        return (f"{self.config.name}: POST {path}: this rollout's session was started by an earlier process of this "
+                "server, which has exited (a crash and restart), and its state went with it; the rollout cannot "
+                "go on. Run it again from /seed_session (ng_collect_rollouts +resume=true does).")
 
     def routes(self, app: FastAPI) -> None:
         verify_model = self.verify_request_model()

@@ -54,9 +54,10 @@ from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, TransportError
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
 from gymfleet.sessions import SessionCookieMiddleware, cookie_name
 
-NOT_THE_CALLERS_FAULT = frozenset({401, 403, 429})
+NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 """Inner 4xx answers that are the fleet's problem, not the caller's: credentials the fleet holds (a wrong
-`api_key` for the upstream model or judge; tagged `auth_failed`) and overload. They become a 502."""
+`api_key` for the upstream model or judge; tagged `auth_failed`), a session lost with a restarted server (410
+`session_lost`: `gymfleet.sessions`) and overload. They become a 502."""
 log = logging.getLogger(__name__)
 
 FLEET_TOKEN_ENV = "GYMFLEET_FLEET_TOKEN"
@@ -171,6 +172,16 @@ class Server:
         """Register this server's routes on `app`."""
 
     @classmethod
+    def single_process_reason(cls) -> str | None:
+        """Why this server cannot run as several worker processes behind one port (`num_workers > 1`), or None."""
+        return None
+
+    def lost_session_refusal(self, scope: dict[str, Any]) -> str | None:
+        """Why a request whose session died with an earlier process of this server cannot be served (answered 410
+        `session_lost`: `gymfleet.sessions`), or None to serve it on a fresh session. Default: serve it."""
+        return None
+
+    @classmethod
     def preload(cls) -> None:
         """Load, once per fleet, what every process of this server shares and only reads (tokenizer models, language
         profiles): `ng_run`'s zygote calls it before forking the servers, so they start with it loaded and share its
@@ -218,7 +229,7 @@ class Server:
         app.add_exception_handler(RequestBodyTimeout, self._on_body_timeout)
         app.add_exception_handler(ClientDisconnect, self._on_client_disconnect)
         app.add_exception_handler(Exception, self._on_error)
-        app.add_middleware(SessionCookieMiddleware, name=self.cookie_name)
+        app.add_middleware(SessionCookieMiddleware, name=self.cookie_name, refuse=self.lost_session_refusal)
         app.add_middleware(MetricsMiddleware, metrics=self.metrics, on_idle=release_memory_when_idle)
         app.add_middleware(BodyDeadlineMiddleware, timeout_s=self.config.request_body_timeout_s)
         return app

@@ -5,6 +5,16 @@ convention), so one cookie dict can carry the agent's, the resources server's an
 once. The value is Starlette's format (itsdangerous-signed base64 JSON `{"session_id": "<uuid4>"}`). Every
 response re-sends the cookie; a request without a valid cookie gets a fresh session id. Handlers read the id with
 `session_id()` (a context variable) or `request.session["session_id"]`.
+
+A session lives in the memory of the process that started it. A cookie signed before this process started (its
+itsdangerous timestamp, whole seconds, is older than this process) was issued by an earlier process of the same
+server, one that has since exited: `ng_run` restarted it after a crash (at least a second later), or a Ray replica
+came back on the same address. Such a cookie is replaced by a fresh session, and `request.scope["session_lost"]`
+holds the old session id. A server whose state lives in those sessions passes `refuse`: for the requests that need
+their session, it answers HTTP 410 `{"error_type": "session_lost", "detail": ...}` instead of serving them on
+nothing (a tool call or `/verify` that would otherwise act on an empty session and score a reward of 0 that is
+really the restart's). Agents end such a rollout with a typed failure (`_ng_failure_class: session_lost`) that a
+resume runs again.
 """
 
 from __future__ import annotations
@@ -12,13 +22,18 @@ from __future__ import annotations
 import base64
 import contextvars
 import json
+import time
 import uuid
+from collections.abc import Callable
 
 import itsdangerous
 from itsdangerous.exc import BadSignature
 
 SESSION_ID_KEY = "session_id"
 MAX_AGE_S = 14 * 24 * 3600
+SESSION_LOST = "session_lost"
+"""The `error_type` (and `_ng_failure_class`) of a request whose session died with an earlier server process."""
+SESSION_LOST_STATUS = 410
 
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("gymfleet_session_id", default=None)
 
@@ -54,10 +69,16 @@ class _Signer(itsdangerous.TimestampSigner):
 class SessionCookieMiddleware:
     """Attach `scope["session"] = {"session_id": ...}` from a signed cookie, and re-send the cookie."""
 
-    def __init__(self, app, name: str, secret: str | None = None):
+    def __init__(self, app, name: str, secret: str | None = None,
+                 refuse: Callable[[dict], str | None] | None = None):
+        """`refuse(scope)`: for a request that came with a lost session (`scope["session_lost"]`), the reason it
+        cannot be served without it (answered as a 410 `session_lost`), or None to serve it on the fresh session."""
         self.app = app
         self.name = name
         self.signer = _Signer(secret or name)
+        self.refuse = refuse
+        self.started = int(time.time())
+        """Whole seconds, as the cookies' timestamps: a cookie signed in an earlier second is an earlier process's."""
         self._morsel_suffix = f"; path=/; Max-Age={MAX_AGE_S}; httponly; samesite=lax"
 
     def _read(self, headers) -> tuple[dict, bytes | None]:
@@ -70,10 +91,13 @@ class SessionCookieMiddleware:
                 if part.startswith(prefix):
                     raw = part[len(prefix) :]
                     try:
-                        data = json.loads(base64.b64decode(self.signer.unsign(raw, max_age=MAX_AGE_S)))
+                        value, signed_at = self.signer.unsign(raw, max_age=MAX_AGE_S, return_timestamp=True)
+                        data = json.loads(base64.b64decode(value))
                     except (BadSignature, ValueError):
                         return {}, None
                     if isinstance(data, dict) and isinstance(data.get(SESSION_ID_KEY), str):
+                        if int(signed_at.timestamp()) < self.started:
+                            return {SESSION_LOST: data[SESSION_ID_KEY]}, None
                         return data, raw
                     return {}, None
         return {}, None
@@ -83,6 +107,12 @@ class SessionCookieMiddleware:
             await self.app(scope, receive, send)
             return
         session, raw = self._read(scope["headers"])
+        if SESSION_LOST in session:
+            scope[SESSION_LOST] = session[SESSION_LOST]
+            reason = self.refuse(scope) if self.refuse is not None else None
+            if reason is not None:
+                await _send_lost(send, reason)
+                return
         if SESSION_ID_KEY not in session:
             session = {SESSION_ID_KEY: str(uuid.uuid4())}
             raw = None
@@ -104,3 +134,10 @@ class SessionCookieMiddleware:
             await self.app(scope, receive, send_with_cookie)
         finally:
             _current.reset(token)
+
+
+async def _send_lost(send, reason: str) -> None:
+    body = json.dumps({"detail": reason, "error_type": SESSION_LOST}).encode()
+    await send({"type": "http.response.start", "status": SESSION_LOST_STATUS,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -48,3 +48,21 @@ def test_keys_the_config_defines_or_interpolates_are_accepted(capsys, monkeypatc
             "++mcqa.resources_servers.mcqa.grading_mode=strict_single_letter_boxed", "+dry_run=true"]
     code, err = exit_code_and_stderr(run.main, argv, capsys)
     assert code == 0, err
+
+
+@pytest.mark.parametrize(("env", "accepted"), [("example_weather", False), ("mcqa", True)])
+def test_num_workers_is_refused_for_an_environment_that_keeps_sessions_in_memory(env, accepted, capsys, monkeypatch,
+                                                                                  tmp_path):
+    """A rollout's calls to one port spread over its workers, so an environment whose tools read per-session memory
+    (example_weather records the calls) cannot run as several; a stateless one (mcqa) can."""
+    monkeypatch.chdir(tmp_path)
+    config = f"resources_servers/{env}/configs/{env}.yaml"
+    argv = [f"+config_paths=[responses_api_models/vllm_model/configs/vllm_model.yaml,{config}]", *POLICY,
+            f"+{env}.resources_servers.{env}.num_workers=2", "+dry_run=true"]
+    code, err = exit_code_and_stderr(run.main, argv, capsys)
+    if accepted:
+        assert code == 0, err
+        return
+    assert code == 2
+    assert f"{env}.resources_servers.{env}.num_workers: 2: ExampleWeatherServer keeps each rollout's session" in err
+    assert "num_replicas" in err

@@ -132,6 +132,40 @@ def _in_flight(url: str) -> float:
     return float(line.split()[-1])
 
 
+WEATHER = "resources_servers/example_weather/configs/example_weather.yaml"
+WEATHER_ROW = json.loads((ROOT / "resources_servers/example_weather/data/example.jsonl").read_text().splitlines()[0])
+
+
+def test_a_tool_call_whose_session_died_with_the_environment_ends_the_episode_as_session_lost():
+    """example_weather keeps each rollout's calls in memory. A rollout seeded before the server crashed and came
+    back is not played on to a reward of 0 on an empty session: its next tool call is a 410 `session_lost`, which
+    the agent answers as a typed 502, not a tool output for the model to read."""
+    city = WEATHER_ROW["expected_city"]
+    look_up = {"match": city, "match_in": "transcript", "text": "Let me look that up.",
+               "tool_calls": [{"name": "get_weather", "arguments": {"city": city}}]}
+    extra = {"scripted_llm": {"responses_api_models": {"scripted_model": {"rules": [look_up]}}}}
+    with running_fleet([QUICKSTART, WEATHER], extra) as fleet:
+        env = fleet.config.instance("example_weather").url
+        agent = fleet.config.instance("example_weather_simple_agent").url
+        seeded = httpx.post(env + "/seed_session", json=WEATHER_ROW, timeout=30)
+        assert seeded.status_code == 200
+        kill(fleet.children["example_weather"].process.pid)
+        wait_for(lambda: back_running(fleet.config.head_port, "example_weather", 1), "example_weather back")
+
+        # The rest of that rollout's episode, through the agent, with the session cookie of the process that died.
+        answer = httpx.post(agent + "/v1/responses", json=WEATHER_ROW["responses_create_params"],
+                            cookies=dict(seeded.cookies), timeout=120)
+        assert answer.status_code == 502, answer.text
+        body = answer.json()
+        assert body["error_type"] == "session_lost" and "earlier process" in body["detail"], body
+
+        again = httpx.post(agent + "/run", json=WEATHER_ROW, timeout=120)  # the same row, run again, is served
+        assert again.status_code == 200, again.text
+        calls = [item for item in again.json()["response"]["output"] if item["type"] == "function_call_output"]
+        assert calls and all("session_lost" not in call["output"] for call in calls)
+        fleet.poll()
+
+
 def test_a_port_taken_while_the_server_was_down_stops_the_fleet_with_the_port_named():
     with running_fleet([QUICKSTART]) as fleet:
         mcqa = fleet.config.instance("mcqa")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
+from contextlib import ExitStack
 
 import httpx
 import pytest
@@ -12,7 +14,7 @@ from pydantic import BaseModel
 
 from gymfleet.errors import JudgeError, SandboxError, TransportError
 from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
-from gymfleet.sessions import session_id
+from gymfleet.sessions import SESSION_LOST, session_id
 from gymfleet.testing import make_response, serve
 
 
@@ -155,6 +157,96 @@ def test_reverify_mode_and_aggregate_metrics(url):
     assert metrics["agent_metrics"]["mean/reward"] == pytest.approx(2 / 3)
     assert metrics["key_metrics"] == {"mean/reward": pytest.approx(2 / 3)}
     assert [group["mean/reward"] for group in metrics["group_level_metrics"]] == [0.5, 1.0]
+
+
+class Notebook(ResourcesServer):
+    """Keeps notes per session in memory (it overrides seed_session, so it keeps session state)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.notes: dict[str, list[int]] = {}
+
+    async def seed_session(self, body) -> dict:
+        self.notes[session_id()] = []
+        return {}
+
+    async def write(self, body: Counter) -> dict:
+        notes = self.notes.get(session_id())
+        if notes is None:
+            return {"error": "Session not initialized. Please call seed_session first."}
+        notes.append(body.step)
+        return {"notes": len(notes)}
+
+    async def verify(self, body: VerifyRequest) -> VerifyResponse:
+        return VerifyResponse.echo(body, reward=float(len(self.notes.pop(session_id(), []))))
+
+
+class Ledger(Notebook):
+    """Keeps session state for its tools, but its reward does not read the session."""
+
+    reverify_mode = "stateless"
+
+    async def verify(self, body: VerifyRequest) -> VerifyResponse:
+        return VerifyResponse.echo(body, reward=1.0)
+
+
+def _next_second() -> None:
+    """Sleep into the next whole second: a server started then is a later process than a cookie signed before."""
+    time.sleep(1.01 - time.time() % 1)
+
+
+@pytest.fixture(scope="module")
+def restarted():
+    """Per server class: a cookie seeded (and used) by one process, and the URL of the same instance's next process,
+    started in a later second, as `ng_run` restarts a crashed server (after at least a second)."""
+    kinds = {"notebook": Notebook, "ledger": Ledger, "demo": DemoServer}
+    cookies = {}
+    for name, cls in kinds.items():
+        with serve(cls({"name": name, "domain": "other"}).create_app()) as before:
+            seeded = httpx.post(f"{before}/seed_session", json={}).cookies
+            tool = "bump" if cls is DemoServer else "write"
+            assert httpx.post(f"{before}/{tool}", json={}, headers={"Cookie": _header(seeded)}).status_code == 200
+            cookies[name] = seeded
+    _next_second()
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(serve(cls({"name": name, "domain": "other"}).create_app()))
+                for name, cls in kinds.items()}
+        yield cookies, urls
+
+
+def test_a_stateful_environment_refuses_a_session_from_its_earlier_process_as_session_lost(restarted):
+    cookies, urls = restarted
+    url, old = urls["notebook"], {"Cookie": _header(cookies["notebook"])}
+    for route, body in (("/write", {}), ("/verify", _row())):
+        answer = httpx.post(url + route, json=body, headers=old)
+        assert answer.status_code == 410, answer.text
+        assert answer.json()["error_type"] == SESSION_LOST
+        assert "notebook" in answer.json()["detail"] and "earlier process" in answer.json()["detail"]
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'gymfleet_failures_total{failure_class="session_lost",hop="local"} 2.0' in metrics
+
+    reseeded = httpx.post(f"{url}/seed_session", json={}, headers=old)  # a rollout run again starts afresh
+    assert reseeded.status_code == 200 and reseeded.cookies["Notebook___notebook"] != cookies["notebook"][
+        "Notebook___notebook"]
+    new = {"Cookie": _header(reseeded.cookies)}
+    assert httpx.post(f"{url}/write", json={}, headers=new).json() == {"notes": 1}
+    _next_second()  # a session this process started stays its own in later seconds
+    assert httpx.post(f"{url}/write", json={}, headers=new).json() == {"notes": 2}
+    assert httpx.post(f"{url}/verify", json=_row(), headers=new).json()["reward"] == 2.0
+
+
+def test_an_environment_whose_reward_reads_no_session_still_verifies_an_earlier_processs_session(restarted):
+    cookies, urls = restarted
+    url, old = urls["ledger"], {"Cookie": _header(cookies["ledger"])}
+    assert httpx.post(f"{url}/write", json={}, headers=old).json()["error_type"] == SESSION_LOST
+    assert httpx.post(f"{url}/verify", json=_row(), headers=old).json()["reward"] == 1.0
+
+
+def test_an_environment_without_session_state_serves_an_earlier_processs_cookie_on_a_fresh_session(restarted):
+    cookies, urls = restarted
+    answer = httpx.post(f"{urls['demo']}/bump", json={}, headers={"Cookie": _header(cookies["demo"])})
+    assert answer.status_code == 200 and answer.json() == {"count": 1}
+    assert answer.cookies["DemoServer___demo"] != cookies["demo"]["DemoServer___demo"]
 
 
 def _header(cookies) -> str:

@@ -5,7 +5,9 @@ episode, then `POST <resources>/verify` with the row plus the episode's `respons
 between every call. The episode calls the model server's `/v1/responses` with the original input plus everything
 produced so far; it stops when the model answers without calling a tool, when the answer is incomplete (e.g.
 `max_output_tokens` hit), or after `max_steps` model calls. Tool calls are POSTed to `<resources>/<tool name>`;
-their answer body (whatever its status) becomes the `function_call_output` the model reads next. Arguments that are
+their answer body (whatever its status) becomes the `function_call_output` the model reads next, except a 410
+`session_lost` (the environment restarted mid-episode and its session is gone: `gymfleet.sessions`), which ends the
+rollout as a 502 `session_lost`. Arguments that are
 not a JSON object, and tools the row did not offer, become an error message for the model instead of a call.
 
 The returned `response` holds every item of the episode (model outputs and tool outputs) and `usage` summed over
@@ -25,6 +27,7 @@ from gymfleet.agent import AgentServer, AgentServerConfig, RunRequest
 from gymfleet.convert import tool_call_arguments
 from gymfleet.http import RetryPolicy
 from gymfleet.server import ServerRef
+from gymfleet.sessions import SESSION_LOST, SESSION_LOST_STATUS
 
 RESTART_RIDE_S = 10.0
 """How long a call that cannot connect keeps trying (`RetryPolicy.connect_retry_s`) when no session state is at stake:
@@ -127,5 +130,7 @@ class SimpleAgent(AgentServer):
             self.config.resources_server, f"/{name}", json=arguments, cookies=cookies,
             timeout_s=self.config.tool_timeout_s, retry=TOOL_RETRY,
         )
+        if result.status == SESSION_LOST_STATUS and result.failure_class == SESSION_LOST:  # the environment restarted mid-episode: not the model's to read
+            result.raise_for_status()
         return result.text, {**cookies, **result.cookies}
 

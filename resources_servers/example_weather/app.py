@@ -24,6 +24,10 @@ No fields of its own (`domain: agent`).
 - `get_weather(city: str)`: `{"city", "condition", "temperature_c"}` from the built-in table `FORECASTS`; an
   unknown city answers `{"error": "..."}` listing the known cities, which the model can read and retry.
 
+A `get_weather` call or `/verify` whose session was seeded before this server crashed and was restarted answers
+HTTP 410 `session_lost` (the calls it recorded are gone; `gymfleet.sessions`), which the agent ends as a failure
+row, not a reward of 0.0.
+
 ## Version history
 - v1: initial.
 - v2: an answer that names any other forecast condition besides the right one scores 0.0 (a policy looking up

@@ -41,7 +41,9 @@ Response fields: `model_patch` (the diff graded, or null), `reason` (null at 1.0
 
 Failures, kept out of rewards (`_ng_failure_class: sandbox_failed`): the sandbox is unreachable or fails; the
 session could not be seeded because the repository cannot be prepared (missing `repo_source`, unknown commit) or
-the row needs a container image this host lacks - the message names the image and how to provide it.
+the row needs a container image this host lacks - the message names the image and how to provide it. A tool call
+or `/verify` whose session was seeded before this server crashed and was restarted answers HTTP 410
+`session_lost` (`gymfleet.sessions`), which the agent ends as a failure row (not a `no_session` 0.0).
 `ng_prepare_data` accepts such rows (they are valid SWE-bench rows) and logs, once per image, which image each
 needs and how to provide it.
 

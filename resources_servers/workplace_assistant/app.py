@@ -40,6 +40,8 @@ of the compared tables that differ; empty when the reward is 1.0).
 arguments are dropped (the tool's default applies). An exception a tool does not catch answers
 `{"output": "Error executing tool '<tool>': <text>"}`; an unknown tool `Error executing tool 'foo': 'foo'`. Without
 a seeded session the answer is HTTP 400 `{"detail": "Session not initialized. Please call seed_session first."}`;
+with a session seeded before this server crashed and was restarted it is HTTP 410 `session_lost`
+(`gymfleet.sessions`; `/verify`, which replays the calls, is still served);
 a body that is not a JSON object is a 422. The 27 tools (`tools.py`, one class per toolkit):
 `company_directory_find_email_address`; `email_` get_email_information_by_id, search_emails, send_email,
 delete_email, forward_email, reply_email; `calendar_` get_event_information_by_id, search_events, create_event,
