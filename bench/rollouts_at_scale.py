@@ -27,8 +27,8 @@ Stall detector: no result for `--stall-s` (60 s) is a stall, printed when it hap
 result for `--abort-s` (600 s) gives the run up, counting what is left as `stalled`.
 
 `--placement ray --replicas 2` sets the top-level `placement: ray` and `num_replicas: 2` on every resources server,
-agent and the policy's model server. Ray placement needs a cluster: `$RAY_ADDRESS` (or this process already connected), or
-`--ray-nodes N`, which starts a local one of N nodes with Ray's own multi-node test fixture
+agent and the policy's model server. Ray placement needs a cluster: `$RAY_ADDRESS` (or this process already
+connected), or `--ray-nodes N`, which starts a local one of N nodes with Ray's own multi-node test fixture
 (`ray.cluster_utils.Cluster`, each node `--ray-node-cpus` CPUs) for the length of the run.
 """
 

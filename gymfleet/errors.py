@@ -26,7 +26,6 @@ import difflib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 

@@ -50,6 +50,8 @@ replica, backoff 1 s, 2 s, 4 s, ...; `exit_on_server_failure`), each logged in o
 and the head's `/metrics`; calls in flight to a dead replica fail as `connection_error`. `shutdown()` stops every
 server process, kills every actor and removes the placement groups; a server whose actor dies kills itself
 (`gymfleet.launch`'s parent watchdog), and Ray kills the actors of a driver that dies.
+
+Attaching to the cluster and what replicas reserve are `gymfleet.ray_cluster`; the actor is `gymfleet.ray_replica`.
 """
 
 from __future__ import annotations
@@ -57,16 +59,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import json
 import logging
-import os
 import re
-import shutil
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -75,7 +72,7 @@ from dataclasses import dataclass, field
 from secrets import token_hex
 from typing import IO, TYPE_CHECKING, Any
 
-from gymfleet.config import GlobalConfig, ServerInstance, validate_fields
+from gymfleet.config import GlobalConfig, ServerInstance
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet import (
     RESTART_BACKOFF_CAP_S,
@@ -86,7 +83,9 @@ from gymfleet.fleet import (
     ServerCrashedError,
     _restart_budget,
 )
-from gymfleet.launch import SECRETS_ENV, WORKDIR_PREFIX, bind_socket, load_server_class, split_secrets, write_resolved
+from gymfleet.launch import bind_socket, split_secrets
+from gymfleet.ray_cluster import NoRoomError, attach_ray, bundle_of, free_resources, ray_module, ray_options
+from gymfleet.ray_replica import PORT_FREE_TIMEOUT_S, ReplicaProcess, set_address
 
 if TYPE_CHECKING:
     import uvicorn
@@ -102,10 +101,7 @@ PLACEMENT_TIMEOUT_S = 60.0
 """How long the cluster may take to find room for an instance's replicas before start-up fails naming them."""
 ACTOR_CALL_TIMEOUT_S = 60.0
 """Deadline of one call to a replica's actor (bind, serve, status, restart); an actor that misses it counts as dead."""
-PORT_FREE_TIMEOUT_S = 10.0
-TAIL_LINES = 40
 LOOPBACK = ("127.0.0.1", "localhost", "0.0.0.0", "::", "::1", "")
-RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
 # ---------------------------------------------------------------------------------------------- choosing
@@ -123,7 +119,7 @@ def placement_of(config: GlobalConfig) -> str:
         return "local"
     if value is None and not address:
         return "local"
-    if _ray_module() is not None:
+    if ray_module() is not None:
         return "ray"
     if value == "ray":
         raise ConfigError(
@@ -161,10 +157,6 @@ def make_fleet(config: GlobalConfig, *, output: IO[str] | None = None, zygote: Z
     return Fleet(config, output=output, zygote=zygote)
 
 
-class NoRoomError(ConfigError):
-    """The Ray cluster cannot give an instance's replicas the resources they ask for (named by their YAML path)."""
-
-
 def start_fleet(config: GlobalConfig, *, output: IO[str] | None = None, timeout_s: float = 180.0,
                 zygote: Zygote | None = None) -> Fleet | RayFleet:
     """`make_fleet(config)`, started. When Ray placement was only implied (`ray_head_node_address` set, `placement`
@@ -187,279 +179,6 @@ def start_fleet(config: GlobalConfig, *, output: IO[str] | None = None, timeout_
         fleet = Fleet(config, output=output)
         fleet.start(timeout_s=timeout_s)
     return fleet
-
-
-def _free(available: dict[str, float]) -> dict[str, float]:
-    """Ray's available resources without the per-placement-group and per-node bookkeeping entries."""
-    return {name: amount for name, amount in sorted(available.items())
-            if "_group_" not in name and not name.startswith(("node:", "bundle_group"))}
-
-
-def _ray_module() -> Any:
-    try:
-        import ray
-    except ImportError:
-        return None
-    return ray
-
-
-def attach_ray(config: GlobalConfig) -> Any:
-    """Connect this process to the Ray cluster `config` names (never start one); returns the `ray` module.
-
-    Raises:
-        ConfigError: no cluster to attach to, or it does not answer, naming the key and the fix.
-    """
-    ray = _ray_module()
-    address = config.data.get("ray_head_node_address")
-    if address:
-        _check_reachable(str(address))
-        try:
-            ray.init(address=str(address), ignore_reinit_error=True)
-        except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError, ... for a bad address
-            raise ConfigError(
-                f"cannot attach to the Ray cluster at ray_head_node_address={address!r}: {type(exc).__name__}: "
-                f"{exc}",
-                path="ray_head_node_address",
-                hint="Give the GCS address of a running cluster (host:port), or use +placement=local.",
-            ) from exc
-        log.info("attached to the Ray cluster at %s", address)
-        return ray
-    if getattr(ray, "is_initialized", lambda: False)():
-        return ray
-    if not os.environ.get(RAY_ADDRESS_ENV):
-        raise ConfigError(
-            "placement: ray, but there is no Ray cluster to attach to: ray_head_node_address is not set, "
-            f"${RAY_ADDRESS_ENV} is empty and this process is not connected to Ray",
-            path="placement",
-            hint="Start a cluster (`ray start --head` on one node, `ray start --address=<head>:6379` on the others) "
-            "and set +ray_head_node_address=<head>:6379, or use +placement=local.",
-        )
-    _check_reachable(os.environ[RAY_ADDRESS_ENV], key=f"${RAY_ADDRESS_ENV}")
-    try:
-        ray.init(address="auto", ignore_reinit_error=True)
-    except Exception as exc:
-        raise ConfigError(
-            f"placement: ray: cannot attach to the Ray cluster at ${RAY_ADDRESS_ENV}="
-            f"{os.environ[RAY_ADDRESS_ENV]!r}: {type(exc).__name__}: {exc}",
-            path="placement",
-            hint="Fix $RAY_ADDRESS or set +ray_head_node_address=<head>:6379, or use +placement=local.",
-        ) from exc
-    return ray
-
-
-def _check_reachable(address: str, key: str = "ray_head_node_address") -> None:
-    """Fail fast when nothing listens at a `host:port` address (Ray itself retries for minutes)."""
-    match = re.fullmatch(r"(?:[a-z]+://)?\[?([^\]/]+?)\]?:(\d+)/?", address.strip())
-    if match is None or address.startswith("ray://"):
-        return
-    host, port = match.group(1), int(match.group(2))
-    try:
-        socket.create_connection((host, port), timeout=5).close()
-    except OSError as exc:
-        raise ConfigError(
-            f"no Ray cluster answers at {key}={address!r}: {exc.strerror or exc}",
-            path=key.lstrip("$"),
-            hint="Start the cluster first (`ray start --head --port=6379`), fix the address, or use "
-            "+placement=local.",
-        ) from None
-
-
-# ---------------------------------------------------------------------------------------------- resources
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-# "2GiB" -> 2 * 2**30, "4GB" / "4g" -> 4e9, "512" -> 512 bytes; "2 gigs" and "-1GiB" do not match.
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-
-
-def memory_bytes(value: int | str | None, path: str) -> int | None:
-    """`memory` of `ray_resources` in bytes: an integer, or a size such as `2GiB`, `512MiB`, `4GB`.
-
-    Examples:
-        >>> memory_bytes("2GiB", "x"), memory_bytes("1.5k", "x"), memory_bytes(1024, "x"), memory_bytes(None, "x")
-        (2147483648, 1500, 1024, None)
-
-    Raises:
-        ConfigError: anything else, naming `path`.
-    """
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return value
-    match = _SIZE.match(str(value)) if isinstance(value, str) else None
-    if match is None:
-        raise ConfigError(f"{path}: expected bytes or a size such as 2GiB, 512MiB or 4GB; got {value!r}", path=path)
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    base = 1024 if "i" in unit else 1000
-    power = "bkmgt".index(unit[0]) if unit else 0
-    return int(number * (base**power if unit[:1] != "b" else 1))
-
-
-def ray_options(instance: ServerInstance, server_class: Any | None = None) -> dict[str, Any]:
-    """What each replica of `instance` reserves: `{num_cpus, memory, resources}` (Ray's actor options).
-
-    The instance's `ray_resources` fields override its server class's `ray_resources_default` one by one.
-
-    Raises:
-        ConfigError: an unknown or invalid field, named by its YAML path.
-    """
-    from gymfleet.server import RayResources
-
-    cls = server_class or load_server_class(instance)
-    merged = {**getattr(cls, "ray_resources_default", {}), **(instance.ray_resources or {})}
-    path = f"{instance.path}.ray_resources"
-    resources = validate_fields(RayResources, merged, path)
-    return {"num_cpus": resources.num_cpus, "memory": memory_bytes(resources.memory, f"{path}.memory"),
-            "resources": dict(resources.resources)}
-
-
-def _bundle(options: dict[str, Any]) -> dict[str, float]:
-    bundle = {"CPU": options["num_cpus"], "memory": options["memory"] or 0, **options["resources"]}
-    bundle = {key: value for key, value in bundle.items() if value}
-    return bundle or {"CPU": 0.001}  # Ray refuses an empty bundle; a replica asking for nothing gets a sliver
-
-
-# ---------------------------------------------------------------------------------------------- the actor
-
-
-class ReplicaProcess:
-    """A Ray actor that serves one replica of an instance from a child process on its node (`ray.remote`'d lazily,
-    so importing this module needs no Ray).
-
-    `bind()` reserves a free port on the node's IP and reports it; `serve()` writes the config on the node (secrets
-    masked) and starts `python -m gymfleet.launch` on that port; `poll()`, `respawn()` and `stop()` watch, restart
-    and end the server process.
-    """
-
-    def __init__(self, instance_name: str, index: int) -> None:
-        self.instance_name, self.index = instance_name, index
-        self.label = f"{instance_name}#{index}"
-        self.host, self.port = "", 0
-        self._sock: socket.socket | None = None
-        self._process: subprocess.Popen | None = None
-        self._data: dict[str, Any] = {}
-        self._secrets: list = []
-        self._token = ""
-        self._path = ""
-        self._workdir: str | None = None
-        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self._lock = threading.Lock()
-
-    def bind(self, port: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
-        """Reserve a port on this node's IP (held until `serve`): `port` if it is free within `wait_s`, else any
-        free one; returns `{host, port, node, actor_pid}`."""
-        import ray
-
-        self.host = ray.util.get_node_ip_address()
-        deadline = time.monotonic() + wait_s
-        while port:
-            try:
-                self._sock = bind_socket(self.host, port, f"{self.instance_name}.port")
-                break
-            except ConfigError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-        if self._sock is None:
-            self._sock = bind_socket(self.host, 0, f"{self.instance_name}.port")
-        self.port = self._sock.getsockname()[1]
-        return {"host": self.host, "port": self.port, "node": ray.get_runtime_context().get_node_id(),
-                "actor_pid": os.getpid()}
-
-    def serve(self, data: dict[str, Any], secrets: list, token: str) -> int:
-        """Serve the instance from `data` (the fleet's config, secrets masked, this replica's address in its
-        instance) plus `secrets`; returns the server's pid."""
-        with self._lock:
-            self._data, self._secrets, self._token = data, secrets, token
-            self._workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")  # 0700
-            self._write_config()
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
-            return self._spawn()
-
-    def _write_config(self) -> None:
-        self._path = os.path.join(self._workdir, f"resolved_config_{self.port}.json")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path)
-        write_resolved(self._data, self._path)
-
-    def _spawn(self) -> int:
-        from gymfleet.server import FLEET_TOKEN_ENV
-
-        env = {**os.environ, SECRETS_ENV: json.dumps(self._secrets), FLEET_TOKEN_ENV: self._token}
-        command = [sys.executable, "-m", "gymfleet.launch", "--config", self._path, "--instance", self.instance_name,
-                   "--parent-pid", str(os.getpid()), "--workdir", self._workdir]
-        self._process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
-                                         errors="replace")
-        threading.Thread(target=self._pump, args=(self._process,), daemon=True).start()
-        return self._process.pid
-
-    def _pump(self, process: subprocess.Popen) -> None:
-        for line in process.stdout:
-            self._tail.append(line.rstrip("\n"))
-            print(f"({self.label}) {line.rstrip()}", flush=True)  # Ray forwards an actor's output to the driver
-        process.stdout.close()
-
-    def poll(self) -> dict[str, Any]:
-        """`{pid, returncode}` of the server process (returncode None while it runs)."""
-        process = self._process
-        return {"pid": process.pid if process else None, "returncode": process.poll() if process else None}
-
-    def tail(self) -> list[str]:
-        """The server's last output lines."""
-        return list(self._tail)
-
-    def respawn(self) -> dict[str, Any]:
-        """Start the server again: on its port once free, else on a new one; returns `{host, port, pid}`."""
-        with self._lock:
-            self._kill()
-            deadline = time.monotonic() + PORT_FREE_TIMEOUT_S
-            while True:
-                try:
-                    bind_socket(self.host, self.port, f"{self.instance_name}.port").close()
-                    break
-                except ConfigError:
-                    if time.monotonic() > deadline:
-                        sock = bind_socket(self.host, 0, f"{self.instance_name}.port")
-                        self.port = sock.getsockname()[1]
-                        sock.close()
-                        _set_address(self._data, self.instance_name, self.host, self.port)
-                        self._write_config()
-                        break
-                    time.sleep(0.2)
-            self._tail.clear()
-            return {"host": self.host, "port": self.port, "pid": self._spawn()}
-
-    def _kill(self, grace_s: float = 0.0) -> None:
-        process = self._process
-        if process is None:
-            return
-        if grace_s and process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(grace_s)
-        _signal_group(process.pid, signal.SIGKILL)  # workers of num_workers > 1 too
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(5)
-
-    def stop(self) -> None:
-        """Stop the server process (SIGTERM, then SIGKILL to its group) and remove the config folder."""
-        with self._lock:
-            self._kill(grace_s=5.0)
-            if self._sock is not None:
-                self._sock.close()
-            if self._workdir:
-                shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _set_address(data: dict[str, Any], name: str, host: str, port: int) -> None:
-    block = data[name]
-    fields = next(iter(next(iter(block.values())).values()))
-    fields["host"], fields["port"] = host, port
 
 
 # ---------------------------------------------------------------------------------------------- the fleet
@@ -565,7 +284,7 @@ class RayFleet:
         from ray.util.placement_group import placement_group
 
         for name, instance in self.config.instances.items():
-            bundle = _bundle(self._options[name])
+            bundle = bundle_of(self._options[name])
             self._groups[name] = placement_group([bundle] * instance.num_replicas, strategy="SPREAD",
                                                  name=f"gymfleet-{self.token[:8]}-{name}")
         for name, group in self._groups.items():
@@ -574,8 +293,9 @@ class RayFleet:
                 instance = self.config.instances[name]
                 raise NoRoomError(
                     f"{instance.path}.ray_resources: the Ray cluster has no room for {instance.num_replicas} "
-                    f"replica(s) of {name!r} asking for {_bundle(self._options[name])} each (waited "
-                    f"{PLACEMENT_TIMEOUT_S:g}s); the cluster has {_free(self._ray.available_resources())} free",
+                    f"replica(s) of {name!r} asking for {bundle_of(self._options[name])} each (waited "
+                    f"{PLACEMENT_TIMEOUT_S:g}s); the cluster has {free_resources(self._ray.available_resources())} "
+                    "free",
                     path=f"{instance.path}.ray_resources",
                     hint="Lower ray_resources or num_replicas, or add nodes with those resources.",
                 )
@@ -668,7 +388,7 @@ class RayFleet:
     def _serve(self, replica: _Replica) -> Any:
         """Start `replica`'s server from the fleet's config with its own address in its instance."""
         data = copy.deepcopy(self.config.data)
-        _set_address(data, replica.instance.name, replica.host, replica.port)
+        set_address(data, replica.instance.name, replica.host, replica.port)
         masked, secrets = split_secrets(data)
         return replica.actor.serve.remote(masked, secrets, self.token)
 

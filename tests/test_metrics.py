@@ -14,10 +14,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gymfleet import http
+from gymfleet import http, metrics
 from gymfleet.cli.collect import main as collect_main
 from gymfleet.errors import JudgeError
-from gymfleet import metrics
 from gymfleet.metrics import MAX_LABEL_CHARS, MAX_TARGETS, MAX_TASKS, BoundedLabel, target_of, task_of
 from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.server import JSONResponse, add_route

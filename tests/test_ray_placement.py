@@ -28,7 +28,8 @@ from gymfleet import http
 from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError, TransportError
 from gymfleet.fleet import Fleet
-from gymfleet.ray_placement import RayFleet, make_fleet, memory_bytes, placement_of
+from gymfleet.ray_cluster import memory_bytes
+from gymfleet.ray_placement import RayFleet, make_fleet, placement_of
 from gymfleet.rollout_helper import RolloutCollectionHelper
 from gymfleet.testing import free_port
 from resources_servers.example_weather.app import FORECASTS

@@ -20,11 +20,11 @@ import psutil
 import pytest
 
 from gymfleet import fleet as fleet_module
+from gymfleet.cli.run import prestart_zygote
 from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import Fleet
 from gymfleet.testing import free_port, serve
-from gymfleet.cli.run import prestart_zygote
 from gymfleet.zygote import ForkedProcess, Zygote, _claimed, _claims_pipe
 from responses_api_models.scripted_model.app import ScriptedModel
 

@@ -130,7 +130,8 @@ class SimpleAgent(AgentServer):
             self.config.resources_server, f"/{name}", json=arguments, cookies=cookies,
             timeout_s=self.config.tool_timeout_s, retry=TOOL_RETRY,
         )
-        if result.status == SESSION_LOST_STATUS and result.failure_class == SESSION_LOST:  # the environment restarted mid-episode: not the model's to read
+        # The environment restarted mid-episode and lost the session: not the model's to read.
+        if result.status == SESSION_LOST_STATUS and result.failure_class == SESSION_LOST:
             result.raise_for_status()
         return result.text, {**cookies, **result.cookies}
 

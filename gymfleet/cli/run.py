@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from gymfleet.config import GlobalConfig
 
 NO_PRESTART = {"dry_run": "true", "server_start": "spawn", "placement": "ray", "ray_head_node_address": None}
-"""`+key=value` arguments under which `ng_run` forks no servers here (`None`: any value): no zygote before the config."""
+"""`+key=value` arguments under which `ng_run` forks no servers here (`None`: any value): no zygote before the
+config."""
 
 
 def prestart_zygote(argv: list[str]) -> Zygote | None:

@@ -51,8 +51,8 @@ verifier's 4xx (the row lacks what it needs) is passed on as our 422.
 `POST /stateful_python_code_exec` with `{"code": "..."}` runs the code in the rollout's session (keyed by the
 signed session cookie; the session is opened at `/seed_session`, or at the first call of a rollout that was not
 seeded; a session seeded before this server crashed and was restarted answers HTTP 410 `session_lost`:
-`gymfleet.sessions`). The answer is HTTP 200 `text/plain`: what the code printed to stdout then stderr, without the final
-newline; a final expression's value is shown as in a notebook. An exception shows its traceback (model code's
+`gymfleet.sessions`). The answer is HTTP 200 `text/plain`: what the code printed to stdout then stderr, without the
+final newline; a final expression's value is shown as in a notebook. An exception shows its traceback (model code's
 frames only); past the time limit the output ends with a `TimeoutError` note (variables set before the call are
 kept); running out of memory ends with a `MemoryError` note. If the code ended the session (`os._exit`, a crash,
 the session's CPU budget), the next call starts a fresh one and its output begins with a note that earlier state

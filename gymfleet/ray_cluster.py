@@ -1,0 +1,160 @@
+"""The Ray cluster side of Ray placement (`gymfleet.ray_placement`): attaching to a cluster, and what each replica of
+an instance reserves on it.
+
+`attach_ray(config)` connects this process to the cluster `ray_head_node_address` (or `$RAY_ADDRESS`, or an existing
+`ray.init`) names, never starting one, and fails fast with a `ConfigError` naming the key when nothing answers there
+(Ray itself retries for minutes). `ray_options(instance)` is what each replica reserves (`{num_cpus, memory,
+resources}`, Ray's actor options): the instance's `ray_resources` fields over its server class's
+`ray_resources_default`, validated and named by their YAML path; `bundle_of` turns them into a placement-group
+bundle. `NoRoomError` is a cluster that cannot give an instance's replicas what they ask for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+from typing import Any
+
+from gymfleet.config import GlobalConfig, ServerInstance, validate_fields
+from gymfleet.errors import ConfigError
+from gymfleet.launch import load_server_class
+
+__all__ = ["NoRoomError", "attach_ray", "bundle_of", "free_resources", "memory_bytes", "ray_module", "ray_options"]
+
+log = logging.getLogger(__name__)
+
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
+
+
+class NoRoomError(ConfigError):
+    """The Ray cluster cannot give an instance's replicas the resources they ask for (named by their YAML path)."""
+
+
+
+def free_resources(available: dict[str, float]) -> dict[str, float]:
+    """Ray's available resources without the per-placement-group and per-node bookkeeping entries."""
+    return {name: amount for name, amount in sorted(available.items())
+            if "_group_" not in name and not name.startswith(("node:", "bundle_group"))}
+
+
+def ray_module() -> Any:
+    try:
+        import ray
+    except ImportError:
+        return None
+    return ray
+
+
+def attach_ray(config: GlobalConfig) -> Any:
+    """Connect this process to the Ray cluster `config` names (never start one); returns the `ray` module.
+
+    Raises:
+        ConfigError: no cluster to attach to, or it does not answer, naming the key and the fix.
+    """
+    ray = ray_module()
+    address = config.data.get("ray_head_node_address")
+    if address:
+        _check_reachable(str(address))
+        try:
+            ray.init(address=str(address), ignore_reinit_error=True)
+        except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError, ... for a bad address
+            raise ConfigError(
+                f"cannot attach to the Ray cluster at ray_head_node_address={address!r}: {type(exc).__name__}: "
+                f"{exc}",
+                path="ray_head_node_address",
+                hint="Give the GCS address of a running cluster (host:port), or use +placement=local.",
+            ) from exc
+        log.info("attached to the Ray cluster at %s", address)
+        return ray
+    if getattr(ray, "is_initialized", lambda: False)():
+        return ray
+    if not os.environ.get(RAY_ADDRESS_ENV):
+        raise ConfigError(
+            "placement: ray, but there is no Ray cluster to attach to: ray_head_node_address is not set, "
+            f"${RAY_ADDRESS_ENV} is empty and this process is not connected to Ray",
+            path="placement",
+            hint="Start a cluster (`ray start --head` on one node, `ray start --address=<head>:6379` on the others) "
+            "and set +ray_head_node_address=<head>:6379, or use +placement=local.",
+        )
+    _check_reachable(os.environ[RAY_ADDRESS_ENV], key=f"${RAY_ADDRESS_ENV}")
+    try:
+        ray.init(address="auto", ignore_reinit_error=True)
+    except Exception as exc:
+        raise ConfigError(
+            f"placement: ray: cannot attach to the Ray cluster at ${RAY_ADDRESS_ENV}="
+            f"{os.environ[RAY_ADDRESS_ENV]!r}: {type(exc).__name__}: {exc}",
+            path="placement",
+            hint="Fix $RAY_ADDRESS or set +ray_head_node_address=<head>:6379, or use +placement=local.",
+        ) from exc
+    return ray
+
+
+def _check_reachable(address: str, key: str = "ray_head_node_address") -> None:
+    """Fail fast when nothing listens at a `host:port` address (Ray itself retries for minutes)."""
+    match = re.fullmatch(r"(?:[a-z]+://)?\[?([^\]/]+?)\]?:(\d+)/?", address.strip())
+    if match is None or address.startswith("ray://"):
+        return
+    host, port = match.group(1), int(match.group(2))
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"no Ray cluster answers at {key}={address!r}: {exc.strerror or exc}",
+            path=key.lstrip("$"),
+            hint="Start the cluster first (`ray start --head --port=6379`), fix the address, or use "
+            "+placement=local.",
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------- resources
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+# "2GiB" -> 2 * 2**30, "4GB" / "4g" -> 4e9, "512" -> 512 bytes; "2 gigs" and "-1GiB" do not match.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def memory_bytes(value: int | str | None, path: str) -> int | None:
+    """`memory` of `ray_resources` in bytes: an integer, or a size such as `2GiB`, `512MiB`, `4GB`.
+
+    Examples:
+        >>> memory_bytes("2GiB", "x"), memory_bytes("1.5k", "x"), memory_bytes(1024, "x"), memory_bytes(None, "x")
+        (2147483648, 1500, 1024, None)
+
+    Raises:
+        ConfigError: anything else, naming `path`.
+    """
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    match = _SIZE.match(str(value)) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigError(f"{path}: expected bytes or a size such as 2GiB, 512MiB or 4GB; got {value!r}", path=path)
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    base = 1024 if "i" in unit else 1000
+    power = "bkmgt".index(unit[0]) if unit else 0
+    return int(number * (base**power if unit[:1] != "b" else 1))
+
+
+def ray_options(instance: ServerInstance, server_class: Any | None = None) -> dict[str, Any]:
+    """What each replica of `instance` reserves: `{num_cpus, memory, resources}` (Ray's actor options).
+
+    The instance's `ray_resources` fields override its server class's `ray_resources_default` one by one.
+
+    Raises:
+        ConfigError: an unknown or invalid field, named by its YAML path.
+    """
+    from gymfleet.server import RayResources
+
+    cls = server_class or load_server_class(instance)
+    merged = {**getattr(cls, "ray_resources_default", {}), **(instance.ray_resources or {})}
+    path = f"{instance.path}.ray_resources"
+    resources = validate_fields(RayResources, merged, path)
+    return {"num_cpus": resources.num_cpus, "memory": memory_bytes(resources.memory, f"{path}.memory"),
+            "resources": dict(resources.resources)}
+
+
+def bundle_of(options: dict[str, Any]) -> dict[str, float]:
+    bundle = {"CPU": options["num_cpus"], "memory": options["memory"] or 0, **options["resources"]}
+    bundle = {key: value for key, value in bundle.items() if value}
+    return bundle or {"CPU": 0.001}  # Ray refuses an empty bundle; a replica asking for nothing gets a sliver
