@@ -87,10 +87,12 @@ def _row(**fields) -> dict:
 
 @pytest.fixture(autouse=True)
 def fresh_target_labels(monkeypatch):
-    """Upstream target labels are bounded per process (`MAX_TARGETS`, then `other`). A server process meets a few
-    targets in its life; a pytest worker meets hundreds of ephemeral ports across test files, so each test here
-    starts with this process's bound unspent, as a fresh server process would."""
+    """Upstream target labels are per process: bounded (`MAX_TARGETS`, then `other`), and named after the fleet
+    instance known to serve a base URL. A server process meets a few targets in its life, from one config; a pytest
+    worker meets hundreds of ephemeral ports across test files, and a port an earlier test's instance used may be
+    handed out again. So each test here starts with this process's labels as a fresh server process has them."""
     monkeypatch.setattr(metrics, "_targets", BoundedLabel(MAX_TARGETS))
+    monkeypatch.setattr(metrics, "_instance_at", {})
 
 
 @pytest.fixture(scope="module")
