@@ -7,14 +7,14 @@ response re-sends the cookie; a request without a valid cookie gets a fresh sess
 `session_id()` (a context variable) or `request.session["session_id"]`.
 
 A session lives in the memory of the process that started it. A cookie signed before this process started (its
-itsdangerous timestamp, whole seconds, is older than this process) was issued by an earlier process of the same
-server, one that has since exited: `ng_run` restarted it after a crash (at least a second later), or a Ray replica
-came back on the same address. Such a cookie is replaced by a fresh session, and `request.scope["session_lost"]`
-holds the old session id. A server whose state lives in those sessions passes `refuse`: for the requests that need
-their session, it answers HTTP 410 `{"error_type": "session_lost", "detail": ...}` instead of serving them on
-nothing (a tool call or `/verify` that would otherwise act on an empty session and score a reward of 0 that is
-really the restart's). Agents end such a rollout with a typed failure (`_ng_failure_class: session_lost`) that a
-resume runs again.
+itsdangerous timestamp, whole seconds, is older than this process) was issued by an earlier process of the same server,
+one that has since exited: `ng_run` restarted it after a crash (at least a second later), or a Ray replica came back on
+the same address (a clock set back after start-up lowers that mark, so this process's own cookies are never taken for
+an earlier one's). Such a cookie is replaced by a fresh session, and `request.scope["session_lost"]` holds the old
+session id. A server whose state lives in those sessions passes `refuse`: for the requests that need their session, it
+answers HTTP 410 `{"error_type": "session_lost", "detail": ...}` instead of serving them on nothing (a tool call or
+`/verify` that would otherwise act on an empty session and score a reward of 0 that is really the restart's). Agents
+end such a rollout with a typed failure (`_ng_failure_class: session_lost`) that a resume runs again.
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ from __future__ import annotations
 import base64
 import contextvars
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
 
 import itsdangerous
 from itsdangerous.exc import BadSignature
+
+log = logging.getLogger(__name__)
 
 SESSION_ID_KEY = "session_id"
 MAX_AGE_S = 14 * 24 * 3600
@@ -81,6 +84,13 @@ class SessionCookieMiddleware:
         """Whole seconds, as the cookies' timestamps: a cookie signed in an earlier second is an earlier process's."""
         self._morsel_suffix = f"; path=/; Max-Age={MAX_AGE_S}; httponly; samesite=lax"
 
+    def _signing_at(self, now: int) -> None:
+        """Keep every cookie this process signs at or after `started`, even if the clock was set back since."""
+        if now < self.started:
+            log.warning("the clock went back %ds since %s started; session cookies signed from now on count as this "
+                        "process's", self.started - now, self.name)
+            self.started = now
+
     def _read(self, headers) -> tuple[dict, bytes | None]:
         prefix = self.name.encode() + b"="
         for key, value in headers:
@@ -124,6 +134,7 @@ class SessionCookieMiddleware:
             if message["type"] == "http.response.start":
                 value = raw
                 if value is None or scope["session"] != original:
+                    self._signing_at(int(time.time()))
                     value = self.signer.sign(base64.b64encode(json.dumps(scope["session"]).encode()))
                 cookie = self.name.encode() + b"=" + value + self._morsel_suffix.encode()
                 message.setdefault("headers", [])

@@ -249,5 +249,17 @@ def test_an_environment_without_session_state_serves_an_earlier_processs_cookie_
     assert answer.cookies["DemoServer___demo"] != cookies["demo"]["DemoServer___demo"]
 
 
+def test_sessions_of_this_process_stay_its_own_when_the_clock_is_set_back(monkeypatch):
+    """A cookie's age is its signing second: a clock set back after start-up must not make this process's own new
+    sessions look like an earlier process's."""
+    with serve(Notebook({"name": "clock", "domain": "other"}).create_app()) as url:
+        httpx.get(url + "/")  # started
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() - 30)
+        seeded = httpx.post(f"{url}/seed_session", json={})
+        answer = httpx.post(f"{url}/write", json={}, headers={"Cookie": _header(seeded.cookies)})
+        assert answer.status_code == 200 and answer.json() == {"notes": 1}, answer.text
+
+
 def _header(cookies) -> str:
     return "; ".join(f"{name}={value}" for name, value in cookies.items())
