@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import itsdangerous
 from itsdangerous.exc import BadSignature
+from starlette.responses import JSONResponse
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ class SessionCookieMiddleware:
             scope[SESSION_LOST] = session[SESSION_LOST]
             reason = self.refuse(scope) if self.refuse is not None else None
             if reason is not None:
-                await _send_lost(send, reason)
+                answer = JSONResponse({"detail": reason, "error_type": SESSION_LOST}, status_code=SESSION_LOST_STATUS)
+                await answer(scope, receive, send)
                 return
         if SESSION_ID_KEY not in session:
             session = {SESSION_ID_KEY: str(uuid.uuid4())}
@@ -145,10 +147,3 @@ class SessionCookieMiddleware:
             await self.app(scope, receive, send_with_cookie)
         finally:
             _current.reset(token)
-
-
-async def _send_lost(send, reason: str) -> None:
-    body = json.dumps({"detail": reason, "error_type": SESSION_LOST}).encode()
-    await send({"type": "http.response.start", "status": SESSION_LOST_STATUS,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})

@@ -7,8 +7,8 @@ produced so far; it stops when the model answers without calling a tool, when th
 `max_output_tokens` hit), or after `max_steps` model calls. Tool calls are POSTed to `<resources>/<tool name>`;
 their answer body (whatever its status) becomes the `function_call_output` the model reads next, except a 410
 `session_lost` (the environment restarted mid-episode and its session is gone: `gymfleet.sessions`), which ends the
-rollout as a 502 `session_lost`. Arguments that are
-not a JSON object, and tools the row did not offer, become an error message for the model instead of a call.
+rollout as a 502 `session_lost`. Arguments that are not a JSON object, and tools the row did not offer, become an
+error message for the model instead of a call.
 
 The returned `response` holds every item of the episode (model outputs and tool outputs) and `usage` summed over
 model calls.
