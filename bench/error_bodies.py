@@ -33,7 +33,7 @@ def serve(port: int) -> None:
 
     import uvicorn
 
-    from gymfleet.launch import _uvicorn_config
+    from gymfleet.fleet.launch import _uvicorn_config
     from resources_servers.mcqa.app import MCQAServer
 
     logging.basicConfig(level=logging.ERROR)

@@ -1,6 +1,6 @@
 """What `/metrics` costs per request: a trivial route with gymfleet's metrics on and off, side by side, in one run.
 
-Both servers are the same `gymfleet.server.Server` app with one plain route (`POST /ping`, answering `{"ok": true}`);
+Both servers are the same `gymfleet.serving.server.Server` app with one plain route (`POST /ping`, answering `{"ok": true}`);
 the "off" app has `MetricsMiddleware` taken out of its middleware, so the gap between the columns is the per-request
 cost of recording the route, status, latency and in-flight gauge. Three measurements:
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from gymfleet import http, metrics  # noqa: E402
 from gymfleet.metrics import MetricsMiddleware  # noqa: E402
-from gymfleet.server import JSONResponse, Server, add_route  # noqa: E402
+from gymfleet.serving.server import JSONResponse, Server, add_route  # noqa: E402
 from gymfleet.testing import free_port, spawn_server  # noqa: E402
 
 

@@ -8,7 +8,7 @@ Every rollout is two model calls and one tool call, so one rollout is 10 HTTP re
 
     python bench/nemo_rl_rollouts.py [--rollouts 4096] [--generations 16] [--max-concurrent-rollouts 0,256]
 
-`--max-concurrent-rollouts` takes one or more agent bounds (`gymfleet.agent`; 0 = unbounded, NeMo-Gym's way;
+`--max-concurrent-rollouts` takes one or more agent bounds (`gymfleet.serving.agent`; 0 = unbounded, NeMo-Gym's way;
 `default` = the agent's own default); each gets its own fresh fleet, one after the other, and one row of the
 table. Prints one table: rollouts/s, p50/p99 latency from dispatch to result (all rows are dispatched at t=0: with
 no bound every rollout progresses in lockstep and p50 is close to the wall time; with a bound results stream back

@@ -30,10 +30,10 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
-from gymfleet.ray_placement import make_fleet  # noqa: E402
-from gymfleet.rollout_helper import RolloutCollectionHelper  # noqa: E402
+from gymfleet.fleet.ray_placement import make_fleet  # noqa: E402
+from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from resources_servers.example_weather.app import FORECASTS  # noqa: E402
 

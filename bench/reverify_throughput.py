@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.collect import RolloutCollectionConfig, collect  # noqa: E402
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
-from gymfleet.reverify import FleetBackend, InProcessBackend, ReverifyConfig, reverify  # noqa: E402
+from gymfleet.rollouts.collect import RolloutCollectionConfig, collect  # noqa: E402
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
+from gymfleet.rollouts.reverify import FleetBackend, InProcessBackend, ReverifyConfig, reverify  # noqa: E402
 from gymfleet.testing import running_fleet  # noqa: E402
 
 EXAMPLE = ROOT / "resources_servers/mcqa/data/example.jsonl"

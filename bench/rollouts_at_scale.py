@@ -58,7 +58,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from bench.nemo_rl_rollouts import PeakRSS, instance_pids  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
-from gymfleet.launch import raise_nofile_limit  # noqa: E402
+from gymfleet.fleet.launch import raise_nofile_limit  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper  # noqa: E402
 from nemo_gym.rollout_collection import RolloutCollectionHelper  # noqa: E402

@@ -5,7 +5,7 @@ swe_agent each their own process), with a scripted upstream standing in for vLLM
 repository (git log, listings, file views, greps, test runs), writes the gold patch with `create_file`, applies it
 with `git apply`, runs the tests and looks at the diff: 20 tool calls, 21 model calls, then `/verify` grades the
 session's diff in a fresh sandbox, and scores 1.0. Rows cycle through the five example tasks. This process is
-`ng_collect_rollouts` (`gymfleet.collect.collect`, every `/run` at once).
+`ng_collect_rollouts` (`gymfleet.rollouts.collect.collect`, every `/run` at once).
 
     python bench/swe_rollouts.py [--rollouts 32] [--repeats 1]
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.collect import RolloutCollectionConfig, collect  # noqa: E402
+from gymfleet.rollouts.collect import RolloutCollectionConfig, collect  # noqa: E402
 from gymfleet.http import ServerClient  # noqa: E402
 from gymfleet.testing import running_fleet  # noqa: E402
 

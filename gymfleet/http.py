@@ -16,7 +16,7 @@ Which failures are retried:
 
 `ServerClient` resolves instance names from the global config to URLs, so callers say
 `await client.post("mcqa", "/verify", json=row, cookies=cookies)`. An instance placed as several replicas (Ray
-placement, `gymfleet.ray_placement`) resolves to one replica per rollout: rollouts spread over the replicas, the calls
+placement, `gymfleet.fleet.ray_placement`) resolves to one replica per rollout: rollouts spread over the replicas, the calls
 of one rollout stick to one (see `ServerClient`).
 
 Every attempt is counted in `gymfleet.metrics`' `gymfleet_upstream_seconds{target}` and

@@ -264,7 +264,7 @@ class MetricsMiddleware:
     """Pure ASGI middleware recording every HTTP request into a `ServerMetrics`.
 
     The route label is the matched route's template. FastAPI routes leave themselves in `scope["route"]`; plain
-    Starlette routes (`gymfleet.server.add_route`, `/metrics`, `/openapi.json`) only leave their endpoint, which is
+    Starlette routes (`gymfleet.serving.server.add_route`, `/metrics`, `/openapi.json`) only leave their endpoint, which is
     mapped back to its route's template once and cached. The metric children of each (route, method, status) are
     cached too, and the in-flight gauge reads a plain counter at scrape time: recording costs a few µs a request
     (`bench/metrics_cost.py`).

@@ -5,7 +5,7 @@ has (a wrongly typed `temperature` is an error naming the field) and keeps any o
 Responses API gains parameters with each `openai` release (`context_management`, `prompt_cache_retention`,
 `stream_options`, ...), and a newer client must not break the fleet. Each model server decides what such a key
 means for its upstream (`openai_model` passes it on; `vllm_model` forwards, drops with a warning, or refuses it:
-`gymfleet.convert.chat_extras`). `KNOWN_PARAMS` lists every parameter name the installed `openai` package knows.
+`gymfleet.serving.convert.chat_extras`). `KNOWN_PARAMS` lists every parameter name the installed `openai` package knows.
 The response model (`Response`) types what gymfleet reads of OpenAI's `Response` (its `output` items are the `openai`
 package's item models), widened so that
 message, function_call and reasoning items may carry `prompt_token_ids`, `generation_token_ids` and
@@ -15,6 +15,8 @@ into the episode's output). Unknown item types are kept as-is so hosted-tool ite
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Annotated, Any, Literal
 
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
@@ -262,3 +264,70 @@ class ResponseCreateParams(BaseModel):
 
 KNOWN_PARAMS = frozenset(ResponseCreateParams.model_fields) | frozenset(ResponseCreateParamsBase.__annotations__)
 """Every top-level Responses parameter name gymfleet or the installed `openai` package knows (for did-you-mean)."""
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+
+def make_response(
+    text: str | None = None,
+    *,
+    tool_calls: list[tuple[str, dict[str, Any] | str]] | None = None,
+    reasoning: str | None = None,
+    incomplete: bool = False,
+) -> dict[str, Any]:
+    """A Responses object (wire dict) with optional reasoning, one assistant message and tool calls."""
+    output: list[dict[str, Any]] = []
+    if reasoning is not None:
+        output.append(
+            {
+                "id": f"rs_{uuid.uuid4().hex[:8]}",
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": reasoning}],
+            }
+        )
+    if text is not None:
+        output.append(
+            {
+                "id": f"msg_{uuid.uuid4().hex[:8]}",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
+    for name, arguments in tool_calls or []:
+        call_id = f"call_{uuid.uuid4().hex[:8]}"
+        output.append(
+            {
+                "id": call_id,
+                "call_id": call_id,
+                "type": "function_call",
+                "status": "completed",
+                "name": name,
+                "arguments": arguments if isinstance(arguments, str) else _dumps(arguments),
+            }
+        )
+    return {
+        "id": f"resp_{uuid.uuid4().hex[:8]}",
+        "object": "response",
+        "created_at": 0,
+        "model": "test-model",
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": 10,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 5,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 15,
+        },
+    }
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value)

@@ -1,6 +1,6 @@
-"""NeMo-Gym's `nemo_gym.rollout_collection`: re-exports from `gymfleet.collect` and `gymfleet.rollout_helper`."""
+"""NeMo-Gym's `nemo_gym.rollout_collection`: re-exports from `gymfleet.rollouts.collect` and `gymfleet.rollouts.rollout_helper`."""
 
-from gymfleet.collect import RolloutCollectionConfig
-from gymfleet.rollout_helper import RolloutCollectionHelper
+from gymfleet.rollouts.collect import RolloutCollectionConfig
+from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
 
 __all__ = ["RolloutCollectionConfig", "RolloutCollectionHelper"]

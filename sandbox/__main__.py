@@ -15,9 +15,9 @@ from pathlib import Path
 import uvicorn
 import yaml
 
-from gymfleet.config import validate_fields
+from gymfleet.fleet.config import validate_fields
 from gymfleet.errors import GymfleetError
-from gymfleet.launch import raise_nofile_limit
+from gymfleet.fleet.launch import raise_nofile_limit
 from sandbox.app import SandboxConfig, SandboxServer
 
 

@@ -43,9 +43,9 @@ from fastapi import FastAPI, Request
 from pydantic import Field
 from starlette.responses import Response
 
-from gymfleet.bodies import read_json, validate
+from gymfleet.serving.bodies import read_json, validate
 from gymfleet.errors import ConfigError
-from gymfleet.server import JSONResponse, Server, ServerConfig, add_route, dump
+from gymfleet.serving.server import JSONResponse, Server, ServerConfig, add_route, dump
 from sandbox import isolation
 from sandbox.admission import Admission, Overloaded, machine_memory_budget_mb
 from sandbox.metrics import SandboxMetrics

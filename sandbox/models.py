@@ -5,7 +5,7 @@ or files/prelude that could not be set up), `timeout` (wall-clock or CPU limit),
 `MemoryError`, C++'s `bad_alloc`, an allocation error message, or the memory watch killed its processes), `killed`
 (ended by SIGKILL or the file-size limit without a timeout, or the program broke the sandbox's own supervisor),
 `sandbox_failed` (the host killed the sandbox from outside - its OOM killer, an operator - which the program cannot
-do: an infrastructure failure, never the program's, which `gymfleet.sandbox_client` raises as `SandboxError`).
+do: an infrastructure failure, never the program's, which `gymfleet.grading.sandbox_client` raises as `SandboxError`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from gymfleet.sandbox_client import RunResult, Status
+from gymfleet.grading.sandbox_client import RunResult, Status
 from sandbox.process import Frame
 
 Language = Literal["python", "bash"]

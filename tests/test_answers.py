@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from gymfleet import answers
+from gymfleet.grading import answers
 
 ABCD = "ABCD"
 ONE_MB = 1_000_000

@@ -20,7 +20,7 @@ from gymfleet.cli import aggregate, e2e_collect, gym, init_server, reward_profil
 from gymfleet.cli import test as ng_test
 from gymfleet.cli.reward_profile import pass_at_k
 from gymfleet.cli.run import dry_run
-from gymfleet.config import GlobalConfigDictParserConfig, ServerInstance, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, ServerInstance, parse_global_config
 from gymfleet.testing import free_port, make_response
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,7 +223,7 @@ def test_reward_profile_per_task(collection, capsys):
 
 def test_reward_profile_shows_progress_reading_a_large_file(collection, capsys, monkeypatch):
     """Off a terminal, reading a large rollouts file prints plain progress lines on stderr (no carriage returns)."""
-    monkeypatch.setattr(reward_profile, "PROGRESS_MIN_BYTES", 0)  # every file counts as large
+    monkeypatch.setattr("gymfleet.rollouts.rows.PROGRESS_MIN_BYTES", 0)  # every file counts as large
     code, _, err = run_main(reward_profile.main, [f"+input_jsonl_fpath={collection}"], capsys)
     assert code == 0, err
     assert f"Reading {collection.name}:" in err and "(100%)" in err and "\r" not in err

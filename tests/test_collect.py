@@ -17,10 +17,10 @@ import pytest
 
 from gymfleet import http
 from gymfleet.cli.collect import main as collect_main
-from gymfleet.collect import RolloutCollectionConfig, load_rows, read_results, run_rollout
-from gymfleet.config import repository_root
+from gymfleet.rollouts.collect import RolloutCollectionConfig, load_rows, read_results, run_rollout
+from gymfleet.fleet.config import repository_root
 from gymfleet.errors import DataError, TransportError
-from gymfleet.rollout_helper import RolloutCollectionHelper
+from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
 from gymfleet.testing import free_port, running_fleet
 
 ROOT = repository_root()

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ServerRefError
 from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel

@@ -9,7 +9,7 @@ import pydantic
 import pytest
 import yaml
 
-from gymfleet.config import (
+from gymfleet.fleet.config import (
     HEAD_SERVER_KEY_NAME,
     GlobalConfigDictParserConfig,
     parse_global_config,

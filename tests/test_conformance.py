@@ -13,8 +13,8 @@ import json
 import pytest
 import yaml
 
-from gymfleet.config import ServerInstance, repository_root
-from gymfleet.launch import build_server
+from gymfleet.fleet.config import ServerInstance, repository_root
+from gymfleet.fleet.launch import build_server
 from gymfleet.testing import check_resources_server, serve
 
 ROOT = repository_root()

@@ -1,4 +1,4 @@
-"""gymfleet.convert: every Responses ⇄ Chat Completions rule, as tables."""
+"""gymfleet.serving.convert: every Responses ⇄ Chat Completions rule, as tables."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-import gymfleet.convert
-from gymfleet.convert import chat_extras, chat_to_response, place_reasoning, responses_to_chat, split_reasoning
+import gymfleet.serving.convert
+from gymfleet.serving.convert import chat_extras, chat_to_response, place_reasoning, responses_to_chat, split_reasoning
 from gymfleet.errors import BadRequestError
 from gymfleet.testing import NEWER_RESPONSES_PARAMS
 from gymfleet.wire import Response
@@ -150,7 +150,7 @@ def test_responses_to_chat_fields(params, expected):
 
 
 def test_docstring_examples():
-    assert doctest.testmod(gymfleet.convert).failed == 0
+    assert doctest.testmod(gymfleet.serving.convert).failed == 0
 
 
 NEWER_PARAMS = NEWER_RESPONSES_PARAMS  # parameters of the Responses API gymfleet's own model does not declare
@@ -159,8 +159,8 @@ NEWER_PARAMS = NEWER_RESPONSES_PARAMS  # parameters of the Responses API gymflee
 @pytest.fixture
 def warned(monkeypatch, caplog) -> pytest.LogCaptureFixture:
     """Captures the drop warnings logged from now on (the once-per-process memory starts empty)."""
-    monkeypatch.setattr(gymfleet.convert, "_warned_dropped", set())
-    caplog.set_level(logging.WARNING, logger="gymfleet.convert")
+    monkeypatch.setattr(gymfleet.serving.convert, "_warned_dropped", set())
+    caplog.set_level(logging.WARNING, logger="gymfleet.serving.convert")
     return caplog
 
 

@@ -36,11 +36,11 @@ import pytest
 import yaml
 
 from gymfleet import http
-from gymfleet.collect import CollectionSummary, RolloutCollectionConfig, collect
-from gymfleet.config import GlobalConfig, repository_root
-from gymfleet.fleet import ServerCrashedError
+from gymfleet.rollouts.collect import CollectionSummary, RolloutCollectionConfig, collect
+from gymfleet.fleet.config import GlobalConfig, repository_root
+from gymfleet.fleet.supervisor import ServerCrashedError
 from gymfleet.http import ServerClient
-from gymfleet.launch import build_server
+from gymfleet.fleet.launch import build_server
 from gymfleet.testing import running_fleet, serve
 from tests.fault_tools import CuttingProxy, Outputs, key, read_jsonl
 

@@ -15,9 +15,9 @@ import psutil
 import pytest
 import yaml
 
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet import Fleet, ServerCrashedError
+from gymfleet.fleet.supervisor import Fleet, ServerCrashedError
 from gymfleet.testing import free_port, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,9 +30,9 @@ import yaml
 
 from gymfleet.cli.dump_config import UNASSIGNED_PORT, render
 from gymfleet.cli.prepare_data import main as prepare_main
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet import ENDPOINT_ANNOUNCE_AFTER_S, Fleet, _EndpointWatch
+from gymfleet.fleet.supervisor import ENDPOINT_ANNOUNCE_AFTER_S, Fleet, _EndpointWatch
 from gymfleet.progress import Progress
 from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -380,7 +380,7 @@ def test_prepare_data_shows_progress_on_large_files(tmp_path, monkeypatch, capsy
         return capsys.readouterr().err
 
     assert "Checking example.jsonl" not in prepare(), "a small file shows no progress"
-    monkeypatch.setattr("gymfleet.prepare_data.PROGRESS_MIN_BYTES", 1)
+    monkeypatch.setattr("gymfleet.rollouts.prepare_data.PROGRESS_MIN_BYTES", 1)
     size = data.stat().st_size
     err = prepare()
     assert f"Checking example.jsonl: {size / 1024:.1f} kB/{size / 1024:.1f} kB (100%)" in err

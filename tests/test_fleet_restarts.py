@@ -20,10 +20,10 @@ import httpx
 import psutil
 import pytest
 
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet import Fleet, PortInUseError, ServerCrashedError
-from gymfleet.run_helper import RunHelper
+from gymfleet.fleet.supervisor import Fleet, PortInUseError, ServerCrashedError
+from gymfleet.fleet.run_helper import RunHelper
 from gymfleet.testing import free_port, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]

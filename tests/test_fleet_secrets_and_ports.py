@@ -21,9 +21,9 @@ import httpx
 import psutil
 import pytest
 
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.fleet import Fleet, PortInUseError, _is_own_server, remove_stale_workdirs
-from gymfleet.launch import SECRETS_ENV, merge_secrets, split_secrets, take_secrets
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.supervisor import Fleet, PortInUseError, _is_own_server, remove_stale_workdirs
+from gymfleet.fleet.launch import SECRETS_ENV, merge_secrets, split_secrets, take_secrets
 from gymfleet.testing import free_port, running_fleet, serve
 from responses_api_models.scripted_model.app import ScriptedModel
 

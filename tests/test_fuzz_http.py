@@ -213,8 +213,8 @@ def _block(kind: str, impl: str, url: str) -> dict:
 def build_app(name: str, urls: dict[str, str]) -> Any:
     """The ASGI app of server `name`; `urls` holds the base URLs of those started before it (`SERVER_NAMES` order)."""
     from agents.simple_agent.app import SimpleAgent
-    from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
-    from gymfleet.head import create_head_app
+    from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+    from gymfleet.fleet.head import create_head_app
     from resources_servers.genrm_compare.app import GenRMCompareServer
     from resources_servers.mcqa.app import MCQAServer
     from resources_servers.workplace_assistant.app import WorkplaceAssistantServer

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gymfleet import answers, text, toolcalls
+from gymfleet.grading import answers, text, toolcalls
 from gymfleet.testing import make_response
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ tool_calls = st.lists(
 )
 
 
-# ---------------------------------------------------------------------------------------------- gymfleet.answers
+# ---------------------------------------------------------------------------------------------- gymfleet.grading.answers
 
 
 @FUZZ
@@ -133,7 +133,7 @@ def test_choice_letter_only_answers_an_allowed_letter(value, lenient, options):
         assert twice(answers.match_option_text, payload, options, substring=True) in (None, *options)
 
 
-# ---------------------------------------------------------------------------------------------- gymfleet.text
+# ---------------------------------------------------------------------------------------------- gymfleet.grading.text
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_text_helpers(language_models, left, right):
     assert text.sequence_similarity(left, left) == 1.0
 
 
-# ---------------------------------------------------------------------------------------------- gymfleet.toolcalls
+# ---------------------------------------------------------------------------------------------- gymfleet.grading.toolcalls
 
 
 @FUZZ
@@ -195,13 +195,13 @@ def _is_json(value: str) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------------------------- gymfleet.mathcheck
+# ---------------------------------------------------------------------------------------------- gymfleet.grading.mathcheck
 
 
 @settings(FUZZ, max_examples=max(5, EXAMPLES // 4))
 @given(texts.filter(lambda value: len(value) < 5_000), st.sampled_from(["42", "\\frac{1}{2}", "x^2+1", "\\sqrt{2}"]))
 def test_math_check_never_raises(value, gold):
-    from gymfleet.mathcheck import math_check, strip_math_delimiters
+    from gymfleet.grading.mathcheck import math_check, strip_math_delimiters
 
     assert isinstance(twice(strip_math_delimiters, value), str)
     first, second = asyncio.run(_check_twice(math_check, gold, value))
@@ -374,7 +374,7 @@ def test_swebench_report_and_score(stdout, report, fail_to_pass, pass_to_pass):
 
 
 run_results = st.builds(
-    lambda status, out, err, code, duration: __import__("gymfleet.sandbox_client", fromlist=["RunResult"]).RunResult(
+    lambda status, out, err, code, duration: __import__("gymfleet.grading.sandbox_client", fromlist=["RunResult"]).RunResult(
         status=status, stdout=out, stderr=err, return_code=code, duration_s=duration),
     st.sampled_from(["ok", "failed", "timeout", "oom", "killed"]), texts.filter(lambda v: len(v) < 20_000),
     st.text(max_size=50), st.none() | st.integers(-15, 255), st.floats(0, 100),

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from gymfleet.resources import AggregateMetricsRequest, ResourcesServer, VerifyRequest, VerifyResponse
+from gymfleet.serving.resources import AggregateMetricsRequest, ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.testing import serve
 
 ITEMS = 250_000

@@ -16,9 +16,9 @@ from fastapi import FastAPI, Request, Response
 from agents.simple_agent.app import MODEL_RETRY, SimpleAgent
 from gymfleet import http
 from gymfleet.errors import JudgeError, SandboxError, ServerRefError, TransportError
-from gymfleet.judge import JudgeClient
-from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
-from gymfleet.sandbox_client import SandboxClient
+from gymfleet.grading.judge import JudgeClient
+from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
+from gymfleet.grading.sandbox_client import SandboxClient
 from gymfleet.testing import free_port, serve
 
 FAST_RETRY = http.RetryPolicy(max_attempts=4, backoff_s=0.01, max_backoff_s=0.05)

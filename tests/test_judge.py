@@ -1,4 +1,4 @@
-"""gymfleet.judge against a real scripted model server: calls by instance name, retries, failures, verdicts."""
+"""gymfleet.grading.judge against a real scripted model server: calls by instance name, retries, failures, verdicts."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-import gymfleet.judge
+import gymfleet.grading.judge
 from gymfleet import http
 from gymfleet.errors import JudgeError, ServerRefError
-from gymfleet.judge import (
+from gymfleet.grading.judge import (
     JudgeClient,
     chat_text,
     find_verdict,
@@ -60,7 +60,7 @@ async def judge(judge_url):
 
 
 def test_docstring_examples():
-    assert doctest.testmod(gymfleet.judge).failed == 0
+    assert doctest.testmod(gymfleet.grading.judge).failed == 0
 
 
 @pytest.mark.parametrize(

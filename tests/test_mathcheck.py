@@ -1,4 +1,4 @@
-r"""gymfleet.mathcheck: math-verify equivalence in supervised workers, with reasons, caching and a hard deadline."""
+r"""gymfleet.grading.mathcheck: math-verify equivalence in supervised workers, with reasons, caching and a hard deadline."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import gymfleet.mathcheck
+import gymfleet.grading.mathcheck
 from gymfleet.errors import SandboxError
-from gymfleet.mathcheck import MathChecker, MathPoolError, MathResult, close_default_checker, math_check, math_equal
+from gymfleet.grading.mathcheck import MathChecker, MathPoolError, MathResult, close_default_checker, math_check, math_equal
 
 ROOT = Path(__file__).resolve().parents[1]
 POISON = r"so the answer is \boxed{9^{9^{9^{9}}}}"
@@ -31,7 +31,7 @@ def _close_default():
 
 
 def test_docstring_examples():
-    assert doctest.testmod(gymfleet.mathcheck).failed == 0
+    assert doctest.testmod(gymfleet.grading.mathcheck).failed == 0
 
 
 @pytest.mark.parametrize(
@@ -87,17 +87,17 @@ async def test_extracted_answer_is_the_matching_prediction(checker):
 
 @pytest.mark.parametrize("version", ["0.9.0", "0.9.12", "0.9.0rc1"])
 def test_supported_library_versions(version):
-    gymfleet.mathcheck.check_library_version(version)
+    gymfleet.grading.mathcheck.check_library_version(version)
 
 
 @pytest.mark.parametrize("version", ["0.8.0", "0.10.0", "1.0.0", "0", "dev"])
 def test_other_library_versions_are_refused_with_the_range(version):
     with pytest.raises(ImportError, match=r"math-verify>=0\.9,<0\.10"):
-        gymfleet.mathcheck.check_library_version(version)
+        gymfleet.grading.mathcheck.check_library_version(version)
 
 
 def test_installed_library_is_in_the_pinned_range():
-    gymfleet.mathcheck.check_library_version(importlib.metadata.version("math-verify"))
+    gymfleet.grading.mathcheck.check_library_version(importlib.metadata.version("math-verify"))
     pinned = [line for line in (ROOT / "pyproject.toml").read_text().splitlines() if '"math-verify' in line]
     assert len(pinned) == 1 and '"math-verify>=0.9,<0.10"' in pinned[0]
 

@@ -18,8 +18,8 @@ from gymfleet import http, metrics
 from gymfleet.cli.collect import main as collect_main
 from gymfleet.errors import JudgeError
 from gymfleet.metrics import MAX_LABEL_CHARS, MAX_TARGETS, MAX_TASKS, BoundedLabel, target_of, task_of
-from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
-from gymfleet.server import JSONResponse, add_route
+from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
+from gymfleet.serving.server import JSONResponse, add_route
 from gymfleet.testing import free_port, make_response, running_fleet, serve
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from omegaconf import DictConfig
 
-from gymfleet.config import client_limits, repository_root
+from gymfleet.fleet.config import client_limits, repository_root
 from gymfleet.errors import ConfigError, TransportError
 from gymfleet.http import ClientLimits
 from gymfleet.testing import free_port, serve
@@ -221,7 +221,7 @@ def test_poll_restarts_a_dead_server_and_shutdown_leaves_no_processes(fleet):
     helpers = [p for p in everything if "--helper-of" in _cmdline(p)]  # one, importing beside it, with 2+ CPUs
     started = [p for p in everything if p not in zygotes + helpers]
     assert len(started) == 3, "policy_model, example_weather and the agent run as processes"
-    assert len(zygotes) == 1, "forked from one pre-imported parent (gymfleet.zygote)"
+    assert len(zygotes) == 1, "forked from one pre-imported parent (gymfleet.fleet.zygote)"
     assert len(helpers) <= 1
     zygotes += helpers
     [victim] = [p for p in started if "example_weather" in p.cmdline()]
@@ -447,6 +447,6 @@ def test_aiohttp_limits_come_from_the_config_split_between_workers():
 def test_nemo_gym_modules_only_re_export_gymfleet(module):
     exported = importlib.import_module(f"nemo_gym.{module}")
     sources = [importlib.import_module(f"gymfleet.{name}")
-               for name in ("config", "collect", "rollout_helper", "run_helper", "server", "errors")]
+               for name in ("fleet.config", "rollouts.collect", "rollouts.rollout_helper", "fleet.run_helper", "serving.server", "errors")]
     for name in exported.__all__:
         assert any(getattr(source, name, None) is getattr(exported, name) for source in sources), name

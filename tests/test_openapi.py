@@ -158,8 +158,8 @@ def test_agent_documents_run(docs):
 
 
 def test_head_server_documents_its_routes():
-    from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
-    from gymfleet.head import create_head_app
+    from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+    from gymfleet.fleet.head import create_head_app
 
     config = parse_global_config(GlobalConfigDictParserConfig(
         initial_global_config_dict={"config_paths": [str(ROOT / "configs/quickstart.yaml")],

@@ -1,4 +1,4 @@
-"""gymfleet.procpool with real worker processes: deadlines, kill-and-replace, demotion, crashes, shutdown."""
+"""gymfleet.grading.procpool with real worker processes: deadlines, kill-and-replace, demotion, crashes, shutdown."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gymfleet.errors import SandboxError
-from gymfleet.procpool import ItemTimeout, PoolError, ProcessPool, RemoteError, WorkerCrashed
+from gymfleet.grading.procpool import ItemTimeout, PoolError, ProcessPool, RemoteError, WorkerCrashed
 
 # Targets run in the workers; the fork server imports this module to find them.
 

@@ -11,12 +11,12 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.aggregate import aggregate_metrics, infra_failures
-from gymfleet.config import ServerInstance, repository_root
+from gymfleet.serving.aggregate import aggregate_metrics, infra_failures
+from gymfleet.fleet.config import ServerInstance, repository_root
 from gymfleet.errors import JudgeError
-from gymfleet.launch import build_server
-from gymfleet.provenance import config_hash, docstring_version, library_versions, provenance_diff
-from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
+from gymfleet.fleet.launch import build_server
+from gymfleet.serving.provenance import config_hash, docstring_version, library_versions, provenance_diff
+from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.testing import check_resources_server, make_response, serve
 
 ROOT = repository_root()

@@ -1,4 +1,4 @@
-"""Ray placement across nodes (`gymfleet.ray_placement`) on a real 3-node Ray cluster on this machine.
+"""Ray placement across nodes (`gymfleet.fleet.ray_placement`) on a real 3-node Ray cluster on this machine.
 
 One module-scoped `ray.cluster_utils.Cluster` (Ray's own multi-node test fixture: a head and two worker nodes, each
 with its own CPUs and custom resources) runs one fleet: the scripted model behind `vllm_model`, example_weather as
@@ -25,12 +25,12 @@ import pytest
 import yaml
 
 from gymfleet import http
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.fleet import Fleet
-from gymfleet.ray_cluster import memory_bytes
-from gymfleet.ray_placement import RayFleet, make_fleet, placement_of
-from gymfleet.rollout_helper import RolloutCollectionHelper
+from gymfleet.fleet.supervisor import Fleet
+from gymfleet.fleet.ray_cluster import memory_bytes
+from gymfleet.fleet.ray_placement import RayFleet, make_fleet, placement_of
+from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
 from gymfleet.testing import free_port
 from resources_servers.example_weather.app import FORECASTS
 
@@ -118,7 +118,7 @@ def assert_nothing_left(fleet: RayFleet, actor_pids: list[int]) -> None:
     deadline = time.monotonic() + WAIT_S
     while True:
         servers = [p.pid for p in psutil.process_iter(["cmdline"])
-                   if "gymfleet.launch" in " ".join(p.info["cmdline"] or []) and fleet.token in _environ(p)]
+                   if "gymfleet.fleet.launch" in " ".join(p.info["cmdline"] or []) and fleet.token in _environ(p)]
         actors = [pid for pid in actor_pids if _running(pid)]
         reserved = {key: value for key, value in ray.cluster_resources().items()
                     if ray.available_resources().get(key) != value and not key.startswith("object_store")}
@@ -345,7 +345,7 @@ def test_no_room_on_the_cluster_falls_back_to_this_machine_only_when_ray_was_imp
     """NeMo-RL's address implies Ray placement; a cluster with no room for a server must not stop a training job
     that ran under NeMo-Gym (which never placed servers on Ray): one warning, and the fleet runs here. Under an
     explicit `placement: ray` the same is a `NoRoomError` naming the instance's `ray_resources`."""
-    from gymfleet import ray_placement
+    from gymfleet.fleet import ray_placement
 
     monkeypatch.setattr(ray_placement, "PLACEMENT_TIMEOUT_S", 2.0)
     nowhere = {ENV: {"resources_servers": {ENV: {"num_replicas": 1,

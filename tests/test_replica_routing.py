@@ -1,4 +1,4 @@
-"""How clients use an instance placed as several replicas (`gymfleet.http.ServerClient`, `gymfleet.sandbox_client`),
+"""How clients use an instance placed as several replicas (`gymfleet.http.ServerClient`, `gymfleet.grading.sandbox_client`),
 without Ray: real servers on ephemeral ports stand where Ray would have put the replicas.
 
 A rollout's calls stick to one replica (its session lives there), rollouts spread over the replicas, a replica that
@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from gymfleet import http
-from gymfleet.config import GlobalConfig
+from gymfleet.fleet.config import GlobalConfig
 from gymfleet.errors import TransportError
-from gymfleet.head import create_head_app
-from gymfleet.sandbox_client import SandboxClient
+from gymfleet.fleet.head import create_head_app
+from gymfleet.grading.sandbox_client import SandboxClient
 from gymfleet.testing import free_port, make_response, serve
 from resources_servers.example_weather.app import ExampleWeatherServer
 from sandbox.app import SandboxServer

@@ -13,8 +13,8 @@ import pytest
 from pydantic import BaseModel
 
 from gymfleet.errors import JudgeError, SandboxError, TransportError
-from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
-from gymfleet.sessions import SESSION_LOST, session_id
+from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
+from gymfleet.serving.sessions import SESSION_LOST, session_id
 from gymfleet.testing import make_response, serve
 
 

@@ -2,7 +2,7 @@
 
 For each `resources_servers/<env>/` (found as the conformance test finds them, so a new folder is covered without
 writing anything) a real server is built from its shipped config and served in-process over real HTTP. Each probe
-of `gymfleet.probes.generic_probes` (echo the prompt, empty, 100k characters, every candidate answer, the answers
+of `gymfleet.grading.probes.generic_probes` (echo the prompt, empty, 100k characters, every candidate answer, the answers
 hidden in a reasoning item or a `<think>` block, NaN / control characters, an injection aimed at the judge, a forged
 verdict), plus the environment's own probes from `ENV_PROBES` (code: exit early, write a result file; tools: call
 every tool; schemas: extra keys), is played on the first `ROWS` example rows and must score at most its ceiling:
@@ -30,10 +30,10 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet import text as textlib
-from gymfleet.config import ServerInstance, repository_root
-from gymfleet.launch import build_server
-from gymfleet.probes import (
+from gymfleet.grading import text as textlib
+from gymfleet.fleet.config import ServerInstance, repository_root
+from gymfleet.fleet.launch import build_server
+from gymfleet.grading.probes import (
     FAKE_VERDICT,
     GENERIC,
     JUDGE_INJECTION,
@@ -350,9 +350,9 @@ def test_failure_rows_are_not_rewards_but_http_errors_are_violations():
 def test_probe_generator_examples():
     import doctest
 
-    import gymfleet.probes
+    import gymfleet.grading.probes
 
-    outcome = doctest.testmod(gymfleet.probes)
+    outcome = doctest.testmod(gymfleet.grading.probes)
     assert outcome.attempted >= 6 and outcome.failed == 0
 
 

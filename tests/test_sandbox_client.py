@@ -1,4 +1,4 @@
-"""`gymfleet.sandbox_client` against a real sandbox server: results, batches, sessions, overload retries, and
+"""`gymfleet.grading.sandbox_client` against a real sandbox server: results, batches, sessions, overload retries, and
 every way the sandbox itself can fail becoming `SandboxError`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from gymfleet import http
 from gymfleet.errors import SandboxError
-from gymfleet.sandbox_client import RunResult, SandboxClient, tar_directory
+from gymfleet.grading.sandbox_client import RunResult, SandboxClient, tar_directory
 from gymfleet.testing import free_port, serve
 from sandbox.app import SandboxServer
 

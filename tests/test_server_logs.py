@@ -13,7 +13,7 @@ from resources_servers.mcqa.app import MCQAServer
 def test_a_huge_key_in_an_invalid_body_gives_a_short_log_line(caplog):
     huge_key = "k" * 1_000_000
     body = {"responses_create_params": {"input": "hi", "metadata": {huge_key: 5}}, "response": {"output": 5}}
-    with caplog.at_level(logging.WARNING, logger="gymfleet.server"), \
+    with caplog.at_level(logging.WARNING, logger="gymfleet.serving.server"), \
             serve(MCQAServer({"name": "mcqa", "domain": "knowledge"}).create_app()) as url:
         answer = httpx.post(url + "/verify", json=body, timeout=60)
     assert answer.status_code == 422

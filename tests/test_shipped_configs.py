@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gymfleet.cli.run import main as run_main
-from gymfleet.config_merge import load_config_files
+from gymfleet.fleet.config_merge import load_config_files
 from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from gymfleet.cli.run import main as run_main
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
 from gymfleet.testing import running_fleet
 

@@ -1,4 +1,4 @@
-"""gymfleet.text: word counts, the rule and Punkt sentence splitters, NLTK tokens, seeded language detection."""
+"""gymfleet.grading.text: word counts, the rule and Punkt sentence splitters, NLTK tokens, seeded language detection."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gymfleet import text
+from gymfleet.grading import text
 
 
 @pytest.mark.parametrize(

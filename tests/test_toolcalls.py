@@ -1,4 +1,4 @@
-"""gymfleet.toolcalls: action extraction, the recursive argument rule, and order-free multi-call matching."""
+"""gymfleet.grading.toolcalls: action extraction, the recursive argument rule, and order-free multi-call matching."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gymfleet.testing import make_response
-from gymfleet.toolcalls import (
+from gymfleet.grading.toolcalls import (
     Action,
     ArgumentsError,
     Call,

@@ -9,7 +9,7 @@ import pytest
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from pydantic import ValidationError
 
-from gymfleet.prepare_data import check_row, placeholder_response
+from gymfleet.rollouts.prepare_data import check_row, placeholder_response
 from gymfleet.testing import NEWER_RESPONSES_PARAMS, make_response
 from gymfleet.wire import KNOWN_PARAMS, Response, ResponseCreateParams
 

@@ -19,13 +19,13 @@ import httpx
 import psutil
 import pytest
 
-from gymfleet import fleet as fleet_module
+from gymfleet.fleet import supervisor as fleet_module
 from gymfleet.cli.run import prestart_zygote
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet import Fleet
+from gymfleet.fleet.supervisor import Fleet
 from gymfleet.testing import free_port, serve
-from gymfleet.zygote import ForkedProcess, Zygote, _claimed, _claims_pipe
+from gymfleet.fleet.zygote import ForkedProcess, Zygote, _claimed, _claims_pipe
 from responses_api_models.scripted_model.app import ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def test_with_no_zygote_restarts_left_servers_start_as_fresh_interpreters(monkey
         wait_for(lambda: back_running(fleet, "mcqa", 1), "mcqa restarted as a fresh interpreter")
         new = fleet.children["mcqa"].process
         assert isinstance(new, subprocess.Popen)
-        assert "gymfleet.launch" in psutil.Process(new.pid).cmdline()
+        assert "gymfleet.fleet.launch" in psutil.Process(new.pid).cmdline()
         assert rollout_reward(fleet) == 1.0
         assert output.getvalue().count("fresh interpreters from now on") == 1
 
@@ -211,7 +211,7 @@ def test_server_start_spawn_starts_fresh_interpreters():
         assert not zygotes()
         for name, child in fleet.children.items():
             assert isinstance(child.process, subprocess.Popen), name
-            assert "gymfleet.launch" in psutil.Process(child.process.pid).cmdline()
+            assert "gymfleet.fleet.launch" in psutil.Process(child.process.pid).cmdline()
         assert rollout_reward(fleet) == 1.0
 
 

@@ -6,7 +6,7 @@ between every call. The episode calls the model server's `/v1/responses` with th
 produced so far; it stops when the model answers without calling a tool, when the answer is incomplete (e.g.
 `max_output_tokens` hit), or after `max_steps` model calls. Tool calls are POSTed to `<resources>/<tool name>`;
 their answer body (whatever its status) becomes the `function_call_output` the model reads next, except a 410
-`session_lost` (the environment restarted mid-episode and its session is gone: `gymfleet.sessions`), which ends the
+`session_lost` (the environment restarted mid-episode and its session is gone: `gymfleet.serving.sessions`), which ends the
 rollout as a 502 `session_lost`. Arguments that are not a JSON object, and tools the row did not offer, become an
 error message for the model instead of a call.
 
@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gymfleet.agent import AgentServer, AgentServerConfig, RunRequest
-from gymfleet.convert import tool_call_arguments
+from gymfleet.serving.agent import AgentServer, AgentServerConfig, RunRequest
+from gymfleet.serving.convert import tool_call_arguments
 from gymfleet.http import RetryPolicy
-from gymfleet.server import ServerRef
-from gymfleet.sessions import SESSION_LOST, SESSION_LOST_STATUS
+from gymfleet.serving.server import ServerRef
+from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS
 
 RESTART_RIDE_S = 10.0
 """How long a call that cannot connect keeps trying (`RetryPolicy.connect_retry_s`) when no session state is at stake:

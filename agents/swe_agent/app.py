@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from agents.simple_agent.app import MODEL_RETRY, SimpleAgent, SimpleAgentConfig
-from gymfleet.agent import RunRequest
+from gymfleet.serving.agent import RunRequest
 from gymfleet.errors import TransportError
 
 CONTEXT_MARKERS = ("maximum context length", "context length", "context window", "too many tokens",

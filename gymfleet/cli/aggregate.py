@@ -1,7 +1,7 @@
 """`ng_aggregate_rollouts +input_jsonl_fpath=<rollouts.jsonl> [+output_json_fpath=<metrics.json>]`: aggregate metrics.
 
 Computes, with no fleet running, what `ng_collect_rollouts` writes to `<out>_aggregate_metrics.json`: per agent
-(`agent_ref.name`), `gymfleet.aggregate`'s `agent_metrics` (`mean/max/min/median/std` of every numeric result field
+(`agent_ref.name`), `gymfleet.serving.aggregate`'s `agent_metrics` (`mean/max/min/median/std` of every numeric result field
 and of `response.usage` tokens), `key_metrics` (the means) and `group_level_metrics` (the same per
 `_ng_task_index`). It is the computation every agent's `/aggregate_metrics` runs, so the numbers equal the
 collector's. Use it after `+disable_aggregation=true`, or over several shards of one collection:
@@ -24,12 +24,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from gymfleet.aggregate import aggregate_metrics
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.cli.reward_profile import read_jsonl
-from gymfleet.collect import for_aggregation
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
 from gymfleet.errors import ConfigError
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.rollouts.collect import for_aggregation
+from gymfleet.rollouts.rows import read_jsonl
+from gymfleet.serving.aggregate import aggregate_metrics
 
 
 class AggregateRolloutsConfig(BaseModel):

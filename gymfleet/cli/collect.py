@@ -31,7 +31,9 @@ import sys
 
 from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.collect import (
+from gymfleet.errors import ConfigError, TransportError
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.rollouts.collect import (
     CollectionSummary,
     OutputError,
     RolloutCollectionConfig,
@@ -40,8 +42,6 @@ from gymfleet.collect import (
     head_address,
     load_rows,
 )
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
-from gymfleet.errors import ConfigError, TransportError
 
 OUTPUT_ERROR_EXIT_CODE = 4
 

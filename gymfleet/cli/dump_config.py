@@ -11,7 +11,7 @@ import re
 import sys
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 
 UNASSIGNED_PORT = "<port assigned at start>"
 _NONE_PORT = re.compile(r"(?<=[\w\]]):None(?=[/?#\s]|$)")

@@ -26,9 +26,9 @@ from pathlib import Path
 from string import Template
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.resources import DOMAINS
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.serving.resources import DOMAINS
 
 EXAMPLES = (
     ("What is the capital of France?", "Paris"),

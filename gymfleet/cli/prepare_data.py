@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.config import validate_fields
-from gymfleet.prepare_data import TrainDataProcessorConfig, parse_prepare_config, prepare
+from gymfleet.fleet.config import validate_fields
+from gymfleet.rollouts.prepare_data import TrainDataProcessorConfig, parse_prepare_config, prepare
 
 
 def _run(argv: list[str]) -> int:

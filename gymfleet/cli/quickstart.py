@@ -17,9 +17,9 @@ from pathlib import Path
 from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.cli.collect import report
-from gymfleet.collect import RolloutCollectionConfig, collect, load_rows
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, repository_root
-from gymfleet.fleet import Fleet
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, repository_root
+from gymfleet.fleet.supervisor import Fleet
+from gymfleet.rollouts.collect import RolloutCollectionConfig, collect, load_rows
 from gymfleet.testing import free_port
 
 DEFAULTS = {

@@ -1,7 +1,7 @@
 """`ng_reverify +input_jsonl_fpath=<rollouts.jsonl> [+key=value ...]`: re-score stored rollouts, report changes.
 
 Re-POSTs every row's `/verify` to its environment (the resources server its `agent_ref` agent names) and reports
-which rewards changed and why (`gymfleet.reverify` has the rules). Against a running fleet by default
+which rewards changed and why (`gymfleet.rollouts.reverify` has the rules). Against a running fleet by default
 (`"+head_server={host: 127.0.0.1, port: 11000}"`), or, given `"+config_paths=[...]"`, in this process with the
 environments built from those files (for environments that call no other server; `+in_process=false` uses the
 fleet even then).
@@ -24,9 +24,16 @@ from pathlib import Path
 
 from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.config import GlobalConfig, GlobalConfigDictParserConfig, parse_global_config, validate_fields
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.reverify import FleetBackend, InProcessBackend, ReverifyConfig, ReverifySummary, read_rollouts, reverify
+from gymfleet.fleet.config import GlobalConfig, GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.rollouts.reverify import (
+    FleetBackend,
+    InProcessBackend,
+    ReverifyConfig,
+    ReverifySummary,
+    read_rollouts,
+    reverify,
+)
 
 
 async def _reverify(config: ReverifyConfig, global_config: GlobalConfig) -> ReverifySummary:

@@ -41,13 +41,12 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from gymfleet.aggregate import describe
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.collect import rollout_key
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
 from gymfleet.errors import DataError
-from gymfleet.prepare_data import PROGRESS_EVERY_S, PROGRESS_MIN_BYTES
-from gymfleet.progress import Progress
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.rollouts.collect import rollout_key
+from gymfleet.rollouts.rows import read_jsonl
+from gymfleet.serving.aggregate import describe
 
 
 class RewardProfileConfig(BaseModel):
@@ -71,32 +70,6 @@ class RewardProfileConfig(BaseModel):
     """Tasks printed in the table (the JSONL has all)."""
     allow_partial_rollouts: bool = True
     """Accepted for NeMo-Gym compatibility; missing rollouts are always reported, never fatal."""
-
-
-def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """`(line number, object)` for every non-blank line.
-
-    Raises:
-        DataError: the file does not exist, or a line is not a JSON object.
-    """
-    if not path.is_file():
-        raise DataError("no such file", file=str(path))
-    rows = []
-    size = path.stat().st_size
-    with path.open("rb") as handle, Progress(size, f"Reading {path.name}", unit="B", every_s=PROGRESS_EVERY_S,
-                                             enabled=size >= PROGRESS_MIN_BYTES) as progress:
-        for lineno, line in enumerate(handle, 1):
-            progress.update(len(line))
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                row = None
-            if not isinstance(row, dict):
-                raise DataError("not a JSON object", file=str(path), line=lineno)
-            rows.append((lineno, row))
-    return rows
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:

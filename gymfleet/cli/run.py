@@ -7,7 +7,7 @@ that, or does not come back, stops the whole fleet with one message (exit code 1
 stops the fleet at the first crash.
 
 With `+ray_head_node_address=<head>:6379` (and Ray installed) or `+placement=ray`, every server instance and its
-`num_replicas` run as Ray actors on the cluster's nodes (`gymfleet.ray_placement`); the head server publishes their
+`num_replicas` run as Ray actors on the cluster's nodes (`gymfleet.fleet.ray_placement`); the head server publishes their
 real addresses. `+placement=local` keeps them all on this machine.
 
 `+dry_run=true` resolves and validates the config (every server's fields against its config class, every server
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.errors import ConfigError
-from gymfleet.zygote import Zygote
+from gymfleet.fleet.zygote import Zygote
 
 # The config stack, the fleet and Ray placement are imported in the functions that use them: `main` starts the
 # zygote first, so it imports the servers' shared stack while this process imports these (~1 s) and parses the config.
 if TYPE_CHECKING:
-    from gymfleet.config import GlobalConfig
+    from gymfleet.fleet.config import GlobalConfig
 
 NO_PRESTART = {"dry_run": "true", "server_start": "spawn", "placement": "ray", "ray_head_node_address": None}
 """`+key=value` arguments under which `ng_run` forks no servers here (`None`: any value): no zygote before the
@@ -59,9 +59,9 @@ def _run_fleet(argv: list[str], zygote: Zygote | None) -> int:
     if wants_help(argv):
         print(__doc__)
         return 0
-    from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
-    from gymfleet.fleet import ServerCrashedError
-    from gymfleet.ray_placement import make_fleet, start_fleet
+    from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+    from gymfleet.fleet.ray_placement import make_fleet, start_fleet
+    from gymfleet.fleet.supervisor import ServerCrashedError
 
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv))
     reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers", "exit_on_server_failure",
@@ -100,7 +100,7 @@ def dry_run(config: GlobalConfig) -> str:
     Raises:
         ConfigError: no instances, or the first invalid instance, named by its YAML path.
     """
-    from gymfleet.launch import build_server
+    from gymfleet.fleet.launch import build_server
 
     if not config.instances:
         raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
@@ -120,7 +120,7 @@ def dry_run(config: GlobalConfig) -> str:
 
 def _references(node: object) -> list[str]:
     """Instance names that `{type, name}` references under `node` point to."""
-    from gymfleet.config import SERVER_TYPES
+    from gymfleet.fleet.config import SERVER_TYPES
 
     if isinstance(node, dict):
         if set(node) == {"type", "name"} and node["type"] in SERVER_TYPES:

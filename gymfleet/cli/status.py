@@ -7,7 +7,7 @@ head server's `/server_instances` lists it, plus `live` and, for model servers t
 view (starting, running, waiting for upstream, restarting, failed). LIVE is `yes` for a server that answers and
 whose upstream model endpoints answer too, `waiting for upstream` for a model server that answers but whose upstream
 does not yet (each such URL is listed below the table with how long so far and the timeout), `NO` otherwise.
-Under Ray placement (`gymfleet.ray_placement`) each instance's replicas follow it in the table, one row each
+Under Ray placement (`gymfleet.fleet.ray_placement`) each instance's replicas follow it in the table, one row each
 (`<instance>#<n>`: its URL on its node, the server's pid, status, restarts and liveness, NODE its Ray node id); in
 JSON each instance has `replicas: [{host, port, node, status, restarts, pid, live}, ...]`, and an instance is live
 when every replica answers. Exit code 0 when every instance is live, else 1.
@@ -21,11 +21,11 @@ import urllib.error
 import urllib.request
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError, TransportError
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 
 WAITING = "waiting for upstream"
-"""The supervisor's status for a model server whose upstream does not answer yet (`gymfleet.fleet`)."""
+"""The supervisor's status for a model server whose upstream does not answer yet (`gymfleet.fleet.supervisor`)."""
 
 
 def _get(url: str, timeout_s: float = 5.0):

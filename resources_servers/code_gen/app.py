@@ -60,11 +60,11 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gymfleet import answers
+from gymfleet.grading import answers
 from gymfleet.errors import ConfigError, SandboxError, ServerRefError
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from gymfleet.sandbox_client import RunResult, SandboxClient
-from gymfleet.server import ServerRef
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.grading.sandbox_client import RunResult, SandboxClient
+from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response
 from resources_servers.code_gen.checker import (
     MAX_JSON_DEPTH,

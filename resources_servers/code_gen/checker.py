@@ -17,7 +17,7 @@ from functools import cache
 from itertools import accumulate
 from typing import Any
 
-from gymfleet.sandbox_client import RunResult
+from gymfleet.grading.sandbox_client import RunResult
 
 # The modules competitive-programming graders pre-import (star-imported, then `builtins` restored, then the module
 # names bound), so solutions that forget an import still run, as they do under LiveCodeBench-style graders.

@@ -25,7 +25,7 @@ No fields of its own (`domain: agent`).
   unknown city answers `{"error": "..."}` listing the known cities, which the model can read and retry.
 
 A `get_weather` call or `/verify` whose session was seeded before this server crashed and was restarted answers
-HTTP 410 `session_lost` (the calls it recorded are gone; `gymfleet.sessions`), which the agent ends as a failure
+HTTP 410 `session_lost` (the calls it recorded are gone; `gymfleet.serving.sessions`), which the agent ends as a failure
 row, not a reward of 0.0.
 
 ## Version history
@@ -41,9 +41,9 @@ from collections import OrderedDict
 
 from pydantic import BaseModel, ConfigDict
 
-from gymfleet.answers import normalize
-from gymfleet.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
-from gymfleet.sessions import session_id
+from gymfleet.grading.answers import normalize
+from gymfleet.serving.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
+from gymfleet.serving.sessions import session_id
 from gymfleet.wire import Response
 
 FORECASTS: dict[str, tuple[str, int]] = {

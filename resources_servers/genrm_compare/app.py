@@ -31,7 +31,7 @@ differences inside a group mean anything.
    any), the top-percentile bonuses for the shortest non-empty reasoning and answer, the group length adjustment
    and the style penalty, exactly as `scoring`'s docstring gives them.
 5. Injection: a reply holding a GenRM verdict (`"score_1": ...` or `"score_2": ...`), a chat-template token
-   (`<|im_start|>`, `<|im_end|>`, ...) or an instruction override aimed at the grader (`gymfleet.judge.
+   (`<|im_start|>`, `<|im_end|>`, ...) or an instruction override aimed at the grader (`gymfleet.grading.judge.
    injection_signals`, or "ignore ... instructions ... rank / rate / prefer / better ..." for a pairwise judge) is
    never shown to the GenRM. It gets `scoring.reward_floor` (1 - 2.5 minus the three group
    coefficients: below any reward the aggregation can give), with `judge_injection` listing why. Its comparisons
@@ -116,12 +116,12 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.answers import strip_think
-from gymfleet.bodies import read_json, validate
+from gymfleet.grading.answers import strip_think
+from gymfleet.serving.bodies import read_json, validate
 from gymfleet.errors import JudgeError, ServerRefError
-from gymfleet.judge import JudgeClient, JudgeReply, chat_text, injection_signals, load_prompt, prompt_version
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from gymfleet.server import JSONResponse, ServerRef, add_route
+from gymfleet.grading.judge import JudgeClient, JudgeReply, chat_text, injection_signals, load_prompt, prompt_version
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.serving.server import JSONResponse, ServerRef, add_route
 from resources_servers.genrm_compare.cohorts import Cohort, CohortTimeout, Member
 from resources_servers.genrm_compare.scoring import (
     Shaping,

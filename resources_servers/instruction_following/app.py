@@ -56,8 +56,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, model_validator
 
-from gymfleet import text as textlib
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.grading import text as textlib
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from resources_servers.instruction_following import grading
 from resources_servers.instruction_following.checkers.base import Checker, RowError
 

@@ -13,7 +13,7 @@ r"""math_with_judge: math problems graded by math-verify, with an optional LLM j
    reasoning trace must neither score 0 for its length nor cost seconds of parsing.
 2. The answer is the content of the text's last `\boxed{}` (or `\fbox{}`). With no box, or an empty last box, the
    reward is 0.0 with `library_reason: no_boxed_answer`, and the judge is not asked.
-3. Library (`gymfleet.mathcheck`, math-verify as NeMo-Gym runs it): the gold, wrapped in `\boxed{}`, against the
+3. Library (`gymfleet.grading.mathcheck`, math-verify as NeMo-Gym runs it): the gold, wrapped in `\boxed{}`, against the
    last box's content. A box listing several answers (`\boxed{1, 2}`, `\boxed{x=1 \text{ or } x=2}`) is a set and
    does not match one gold; so is a box math-verify reads only in part (it reads `\boxed{0, 400, true}` as 400
    alone): when the box lists more items (top-level commas or semicolons, `listed_items`) than the answer
@@ -36,7 +36,7 @@ error after retries, or names neither label (NeMo-Gym scores an unlabelled judge
 policy's fault); `sandbox_failed` when the verification processes cannot be started.
 
 ## Library version
-math-verify `>=0.9,<0.10`, pinned in pyproject.toml and checked when the server starts (`gymfleet.mathcheck`
+math-verify `>=0.9,<0.10`, pinned in pyproject.toml and checked when the server starts (`gymfleet.grading.mathcheck`
 refuses another version). Releases read answers differently (0.8 and 0.9 disagree on text holding two boxes), so
 rewards are comparable only between runs on the same minor version; moving to another one is a new version of this
 environment (below), after its table tests pass on it.
@@ -86,12 +86,12 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from gymfleet.answers import last_boxed, tail
-from gymfleet.judge import JudgeClient, load_prompt, render_prompt, response_text, verdict
-from gymfleet.mathcheck import MathChecker, MathResult
-from gymfleet.procpool import available_cpus
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from gymfleet.server import ServerRef
+from gymfleet.grading.answers import last_boxed, tail
+from gymfleet.grading.judge import JudgeClient, load_prompt, render_prompt, response_text, verdict
+from gymfleet.grading.mathcheck import MathChecker, MathResult
+from gymfleet.grading.procpool import available_cpus
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.serving.server import ServerRef
 from gymfleet.wire import ResponseCreateParams
 
 EQUAL, NOT_EQUAL = "[[A=B]]", "[[A!=B]]"

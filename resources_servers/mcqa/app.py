@@ -57,7 +57,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from resources_servers.mcqa.scoring import GradingMode, score
 
 

@@ -30,7 +30,7 @@ end, so the clip loses nothing a grader should read, and it bounds the regex wor
 `output_regex`) on pathological outputs. On outputs longer than the clip, "first `answer:`" means the first one
 inside the clipped tail.
 
-Every mode reads letters with `gymfleet.answers.choice_letter`, given the option texts, so it rejects a payload
+Every mode reads letters with `gymfleet.grading.answers.choice_letter`, given the option texts, so it rejects a payload
 naming two or more distinct allowed letters, joined by punctuation, markdown or connector words ("A or B", "B. or
 C.", "B, or C", "**B** / **C**", "B (or maybe C)") or as option labels ("A: PCR B: ELISA", an echo of the prompt's
 option list); a label followed by another option's text ("(B) Venus" when Venus is option C); and a label whose text
@@ -43,7 +43,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from gymfleet import answers
+from gymfleet.grading import answers
 
 GradingMode = Literal["strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon", "lenient_answer_colon_md"]
 

@@ -47,7 +47,7 @@ and no item is scored 0 for it. An unlabelled verdict is not a failure: rule 3 g
   shows the judge an empty context).
 - The echoed row keeps its fields as sent (NeMo-Gym drops `rubric` and replaces `context`).
 - Our own prompt texts. A `judge_prompt_template` given in the config is filled with `{name}` placeholders in one
-  pass (`gymfleet.judge.render_prompt`), not `str.format`: braces need no doubling.
+  pass (`gymfleet.grading.judge.render_prompt`), not `str.format`: braces need no doubling.
 
 ## Config
 - `judge_model_server`: the judge's model server, `{type: responses_api_models, name: ...}` or a plain name; the
@@ -80,8 +80,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gymfleet.judge import find_verdict, load_prompt, prompt_version, render_prompt
-from gymfleet.resources import VerifyRequest
+from gymfleet.grading.judge import find_verdict, load_prompt, prompt_version, render_prompt
+from gymfleet.serving.resources import VerifyRequest
 from resources_servers.multichallenge.rubric import (
     ItemVerdict,
     JudgeItem,

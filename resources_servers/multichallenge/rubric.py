@@ -4,10 +4,10 @@ One judge call per rubric item, all in parallel (bounded by the judge client's c
 for the row. What the two environments share lives here:
 
 - `final_message_text` / `clean_response`: the text graded is the last assistant message, with `<think>` and
-  `<thinking>` reasoning removed (`gymfleet.answers.strip_think`'s rules, for both tag names).
+  `<thinking>` reasoning removed (`gymfleet.grading.answers.strip_think`'s rules, for both tag names).
 - `delimit` and `injection_reasons`: the answer reaches the judge only between `<model_response>` tags; an answer
   that writes a verdict label, a JSON verdict, a grader-aimed override or the delimiter itself is flagged
-  (`gymfleet.judge.injection_signals`) and scored 0 without asking the judge.
+  (`gymfleet.grading.judge.injection_signals`) and scored 0 without asking the judge.
 - `aggregate`: NeMo-Gym's `aggregation_mode`s (mean, min, max, all, any, weighted); no items score 0.
 - `RubricJudgeServer`: the judge client, the start-up check, the early zeros and the fan-out; an environment
   supplies the row's items and its verdict rule.
@@ -23,10 +23,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
-from gymfleet.answers import THINK_CLOSE, THINK_OPEN, strip_think
-from gymfleet.judge import JudgeClient, JudgeReply, injection_signals
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyResponse
-from gymfleet.server import ServerRef
+from gymfleet.grading.answers import THINK_CLOSE, THINK_OPEN, strip_think
+from gymfleet.grading.judge import JudgeClient, JudgeReply, injection_signals
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyResponse
+from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response, ResponseCreateParams
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def final_message_text(response: Response) -> str:
 
 
 def clean_response(text: str) -> str:
-    r"""The visible reply: `<think>`/`<thinking>` blocks removed, as `gymfleet.answers.strip_think` does.
+    r"""The visible reply: `<think>`/`<thinking>` blocks removed, as `gymfleet.grading.answers.strip_think` does.
 
     A complete block goes; text up to an unpaired closing tag (its opening tag was in the prompt) goes; a block
     that never closes (cut off while reasoning) goes with everything after it.
@@ -68,7 +68,7 @@ def delimit(text: str) -> str:
 
 
 def injection_reasons(text: str, labels: Sequence[str]) -> list[str]:
-    """`gymfleet.judge.injection_signals`, plus the answer writing the delimiter tags (an attempt to end the
+    """`gymfleet.grading.judge.injection_signals`, plus the answer writing the delimiter tags (an attempt to end the
     answer early and write the rest of the prompt)."""
     reasons = injection_signals(text, labels)
     folded = text.casefold()

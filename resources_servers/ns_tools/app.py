@@ -51,7 +51,7 @@ verifier's 4xx (the row lacks what it needs) is passed on as our 422.
 `POST /stateful_python_code_exec` with `{"code": "..."}` runs the code in the rollout's session (keyed by the
 signed session cookie; the session is opened at `/seed_session`, or at the first call of a rollout that was not
 seeded; a session seeded before this server crashed and was restarted answers HTTP 410 `session_lost`:
-`gymfleet.sessions`). The answer is HTTP 200 `text/plain`: what the code printed to stdout then stderr, without the
+`gymfleet.serving.sessions`). The answer is HTTP 200 `text/plain`: what the code printed to stdout then stderr, without the
 final newline; a final expression's value is shown as in a notebook. An exception shows its traceback (model code's
 frames only); past the time limit the output ends with a `TimeoutError` note (variables set before the call are
 kept); running out of memory ends with a `MemoryError` note. If the code ended the session (`os._exit`, a crash,
@@ -64,7 +64,7 @@ Sessions are closed at `/verify`, after `session_idle_s` idle, past `max_session
 (a session still waiting in the sandbox's queue is closed once it opens; `/verify` does not wait for it).
 
 ## Departures from NeMo-Gym
-- The Python tool runs in gymfleet's bubblewrap sandbox (`gymfleet.sandbox_client` sessions), not NeMo-Skills'
+- The Python tool runs in gymfleet's bubblewrap sandbox (`gymfleet.grading.sandbox_client` sessions), not NeMo-Skills'
   container and `ToolManager`; there is no MCP exposure and no `nemo_skills_tools` / `sandbox_host` / `sandbox_port`
   / `disable_session_restore` keys. As with NeMo-Gym's `disable_session_restore: true`, a lost session is not
   rebuilt by replaying earlier calls; the model is told instead.
@@ -98,19 +98,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import PlainTextResponse
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.bodies import read_json
+from gymfleet.serving.bodies import read_json
 from gymfleet.errors import ConfigError, JudgeError, SandboxError, ServerRefError, TransportError
 from gymfleet.http import RetryPolicy
-from gymfleet.resources import (
+from gymfleet.serving.resources import (
     ResourcesServer,
     ResourcesServerConfig,
     SeedSessionRequest,
     VerifyRequest,
     VerifyResponse,
 )
-from gymfleet.sandbox_client import RunResult, SandboxClient, SandboxSession, SessionGoneError
-from gymfleet.server import JSONResponse, ServerRef, add_route
-from gymfleet.sessions import session_id
+from gymfleet.grading.sandbox_client import RunResult, SandboxClient, SandboxSession, SessionGoneError
+from gymfleet.serving.server import JSONResponse, ServerRef, add_route
+from gymfleet.serving.sessions import session_id
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import field_validator
 
 from gymfleet.errors import did_you_mean
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from resources_servers.reasoning_gym.scoring import TASKS, extract_answer, score
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
-from gymfleet import answers
+from gymfleet.grading import answers
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ from collections import defaultdict
 from statistics import fmean
 from typing import Any, Literal
 
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from resources_servers.structured_outputs.documents import SchemaType
 from resources_servers.structured_outputs.scoring import ErrorType, Grade, Limits, grade_text, grade_tool_call
 

@@ -43,7 +43,7 @@ Failures, kept out of rewards (`_ng_failure_class: sandbox_failed`): the sandbox
 session could not be seeded because the repository cannot be prepared (missing `repo_source`, unknown commit) or
 the row needs a container image this host lacks - the message names the image and how to provide it. A tool call
 or `/verify` whose session was seeded before this server crashed and was restarted answers HTTP 410
-`session_lost` (`gymfleet.sessions`), which the agent ends as a failure row (not a `no_session` 0.0).
+`session_lost` (`gymfleet.serving.sessions`), which the agent ends as a failure row (not a `no_session` 0.0).
 `ng_prepare_data` accepts such rows (they are valid SWE-bench rows) and logs, once per image, which image each
 needs and how to provide it.
 
@@ -96,16 +96,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gymfleet.errors import ConfigError, SandboxError
-from gymfleet.resources import (
+from gymfleet.serving.resources import (
     ResourcesServer,
     ResourcesServerConfig,
     SeedSessionRequest,
     VerifyRequest,
     VerifyResponse,
 )
-from gymfleet.sandbox_client import SandboxClient, SandboxSession, SessionGoneError
-from gymfleet.server import ServerRef
-from gymfleet.sessions import session_id
+from gymfleet.grading.sandbox_client import SandboxClient, SandboxSession, SessionGoneError
+from gymfleet.serving.server import ServerRef
+from gymfleet.serving.sessions import session_id
 from resources_servers.swebench import grading, repos
 from resources_servers.swebench.repos import RepoSourceError, Snapshot
 

@@ -22,8 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from gymfleet.config import repository_root
-from gymfleet.sandbox_client import tar_directory
+from gymfleet.fleet.config import repository_root
+from gymfleet.grading.sandbox_client import tar_directory
 
 log = logging.getLogger(__name__)
 

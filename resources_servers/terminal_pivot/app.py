@@ -29,7 +29,7 @@ follows the last `</think>`. Checks in order; the first that fails gives reward 
 5. `KEYSTROKES_TOO_LONG`: the reply's keystrokes, joined, exceed `max_keystroke_chars`.
 6. `COMMAND_CORRECTNESS_FAILED`: the similarity is below the row's `threshold`.
 Otherwise **the reward is the similarity**: difflib's `SequenceMatcher` ratio of the gold's keystrokes joined (no
-separator) against the reply's (`gymfleet.text.sequence_similarity`, gold first). Both turns without commands
+separator) against the reply's (`gymfleet.grading.text.sequence_similarity`, gold first). Both turns without commands
 score 1.0; one without commands scores 0.0 (a command with empty keystrokes is a command). The response adds
 `model_output` (the text graded), `similarity` (null when not computed) and `failure_reason` (null on success).
 `/aggregate_metrics` adds `mean/failure_<code>`: the share of rows failing each way.
@@ -69,7 +69,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gymfleet.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from resources_servers.terminal_pivot.scoring import FailureCode, Rules, gold_problem, grade, reply_text
 
 

@@ -2,7 +2,7 @@
 
 A Terminus turn is one JSON object holding the next batch of terminal keystrokes. The reply is parsed, checked
 against its harness's schema, gated on the task-complete flag, and scored by how closely its keystrokes, joined,
-match the gold's (`gymfleet.text.sequence_similarity`). `resources_servers/terminal_pivot/app.py` documents the
+match the gold's (`gymfleet.grading.text.sequence_similarity`). `resources_servers/terminal_pivot/app.py` documents the
 rules for users; this module holds them.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 
-from gymfleet.text import sequence_similarity
+from gymfleet.grading.text import sequence_similarity
 from gymfleet.wire import Response
 
 Harness = Literal["terminus_1", "terminus_2"]

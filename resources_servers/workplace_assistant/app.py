@@ -41,7 +41,7 @@ arguments are dropped (the tool's default applies). An exception a tool does not
 `{"output": "Error executing tool '<tool>': <text>"}`; an unknown tool `Error executing tool 'foo': 'foo'`. Without
 a seeded session the answer is HTTP 400 `{"detail": "Session not initialized. Please call seed_session first."}`;
 with a session seeded before this server crashed and was restarted it is HTTP 410 `session_lost`
-(`gymfleet.sessions`; `/verify`, which replays the calls, is still served);
+(`gymfleet.serving.sessions`; `/verify`, which replays the calls, is still served);
 a body that is not a JSON object is a 422. The 27 tools (`tools.py`, one class per toolkit):
 `company_directory_find_email_address`; `email_` get_email_information_by_id, search_emails, send_email,
 delete_email, forward_email, reply_email; `calendar_` get_event_information_by_id, search_events, create_event,
@@ -82,17 +82,17 @@ from prometheus_client import Gauge
 from pydantic import Field
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.bodies import read_json
-from gymfleet.config import repository_root
-from gymfleet.resources import (
+from gymfleet.serving.bodies import read_json
+from gymfleet.fleet.config import repository_root
+from gymfleet.serving.resources import (
     ResourcesServer,
     ResourcesServerConfig,
     SeedSessionRequest,
     VerifyRequest,
     VerifyResponse,
 )
-from gymfleet.server import JSONResponse, add_route
-from gymfleet.sessions import session_id
+from gymfleet.serving.server import JSONResponse, add_route
+from gymfleet.serving.sessions import session_id
 from resources_servers.workplace_assistant import tools
 from resources_servers.workplace_assistant.tables import Workplace, differing_tables, load_workplace
 

@@ -86,8 +86,8 @@ from starlette.responses import Response as StarletteResponse
 
 from gymfleet import http
 from gymfleet.errors import ConfigError, GymfleetError, TransportError, UpstreamError
-from gymfleet.model import ModelServer
-from gymfleet.server import FLEET_TOKEN_ENV, JSONResponse, ServerConfig, add_route
+from gymfleet.serving.model import ModelServer
+from gymfleet.serving.server import FLEET_TOKEN_ENV, JSONResponse, ServerConfig, add_route
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
 __all__ = ["LocalVLLMModel", "LocalVLLMModelConfig", "LocalVLLMStartError"]

@@ -12,7 +12,7 @@ when `model` is empty).
   and returns the upstream's Responses object once it validates as `gymfleet.wire.Response`. `background: true` is a
   400: the answer to this request is returned, there is no background job to poll for.
 - `is_responses_native: false` (endpoints without the Responses API): the request is converted to Chat Completions
-  (`gymfleet.convert.responses_to_chat`, plus `chat_extras`: other parameters forwarded, dropped with a warning or
+  (`gymfleet.serving.convert.responses_to_chat`, plus `chat_extras`: other parameters forwarded, dropped with a warning or
   refused with a 400; reasoning goes back as `<think>` text), posted to `{base_url}/chat/completions`, and the
   completion converted back (`chat_to_response`).
 
@@ -53,9 +53,9 @@ import orjson
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
 
 from gymfleet import http
-from gymfleet.convert import chat_extras, chat_to_response, responses_to_chat
+from gymfleet.serving.convert import chat_extras, chat_to_response, responses_to_chat
 from gymfleet.errors import BadRequestError, UpstreamError
-from gymfleet.model import ModelServer, ModelServerConfig
+from gymfleet.serving.model import ModelServer, ModelServerConfig
 from gymfleet.wire import TOKEN_FIELDS, Response, ResponseCreateParams
 
 log = logging.getLogger(__name__)

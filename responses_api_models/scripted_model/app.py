@@ -18,7 +18,7 @@ token ids and logprobs, with the prefix contiguity across turns that RL training
   `tool_calls` are `{name, arguments}` (an object or a JSON string). `finish_reason` defaults to "tool_calls" with
   tool calls, else "stop"; "length" ends the generation without `<|im_end|>`. A bad regex fails at startup naming
   the rule (`rules.<index>.match`). (The field was once `on`; YAML 1.1 reads an unquoted `on:` as `true`, so
-  config files refuse such keys with their line: see `gymfleet.config_merge.check_yaml_keys`.)
+  config files refuse such keys with their line: see `gymfleet.fleet.config_merge.check_yaml_keys`.)
 - Fault injection (per rule, to test clients' retries and deadlines): `status` (400-599) answers that HTTP status
   with vLLM's error body `{"error": {message, type, param, code}}`; `fail_times: N` fails only the first N
   matching requests and then gives the rule's reply (unset: fail every time); `retry_after_s` adds a `Retry-After`
@@ -38,7 +38,7 @@ token ids and logprobs, with the prefix contiguity across turns that RL training
   Unknown fields are ignored; wrongly typed known fields are a 422.
 - `POST /tokenize` (vLLM's, at the root): `{messages, tools?, add_generation_prompt?}` or `{prompt}` →
   `{tokens, count, max_model_len}`; agrees with `prompt_token_ids`.
-- `POST /v1/responses`: Responses → Chat (`gymfleet.convert`), the same script (faults included), Chat →
+- `POST /v1/responses`: Responses → Chat (`gymfleet.serving.convert`), the same script (faults included), Chat →
   Responses.
 - `GET /v1/models`: `{"object": "list", "data": [{"id": <model>, "object": "model", ...}]}`.
 - `GET /` liveness and `GET /metrics`, from the base server.
@@ -67,10 +67,10 @@ from fastapi import FastAPI, Request
 from pydantic import Field
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.bodies import read_json, validate
-from gymfleet.convert import chat_to_response, responses_to_chat
-from gymfleet.model import ModelServer, ModelServerConfig
-from gymfleet.server import JSONResponse
+from gymfleet.serving.bodies import read_json, validate
+from gymfleet.serving.convert import chat_to_response, responses_to_chat
+from gymfleet.serving.model import ModelServer, ModelServerConfig
+from gymfleet.serving.server import JSONResponse
 from gymfleet.wire import ResponseCreateParams
 from responses_api_models.scripted_model.schema import ChatRequest, TokenizeRequest, plain_messages
 from responses_api_models.scripted_model.script import Reply, Rule, choose

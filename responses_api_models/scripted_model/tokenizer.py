@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from gymfleet.convert import split_reasoning
+from gymfleet.serving.convert import split_reasoning
 
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>")
 SPECIAL_IDS = {token: 256 + index for index, token in enumerate(SPECIAL_TOKENS)}

@@ -1,7 +1,7 @@
 """vllm_model: the policy model server in front of vLLM (or any OpenAI Chat Completions upstream).
 
 ## What it does
-`POST /v1/responses` converts the Responses request to a Chat Completions body (`gymfleet.convert`, then
+`POST /v1/responses` converts the Responses request to a Chat Completions body (`gymfleet.serving.convert`, then
 `request.py`: metadata JSON, extra bodies, chat template kwargs, sampling overrides), calls
 `POST {base_url}/chat/completions`, and converts the completion back to a Responses object. `POST
 /v1/chat/completions` is a pass-through for judges and Chat-speaking harnesses (config `model`, extra bodies,
@@ -62,11 +62,11 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response as StarletteResponse
 
 from gymfleet import http
-from gymfleet.convert import chat_to_response
+from gymfleet.serving.convert import chat_to_response
 from gymfleet.errors import TransportError, UpstreamError
-from gymfleet.model import ModelServer
-from gymfleet.server import FLEET_TOKEN_ENV, JSONResponse, add_route
-from gymfleet.sessions import session_id
+from gymfleet.serving.model import ModelServer
+from gymfleet.serving.server import FLEET_TOKEN_ENV, JSONResponse, add_route
+from gymfleet.serving.sessions import session_id
 from gymfleet.wire import ResponseCreateParams
 from responses_api_models.vllm_model.config import VLLMModelConfig
 from responses_api_models.vllm_model.request import chat_body, ends_with_bare_reasoning, passthrough_body

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from gymfleet.model import ModelServerConfig
+from gymfleet.serving.model import ModelServerConfig
 
 
 class VLLMModelConfig(ModelServerConfig):

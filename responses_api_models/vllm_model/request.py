@@ -1,6 +1,6 @@
 """The Chat Completions body vllm_model sends upstream (pure functions of the request and the config).
 
-The converted request is `gymfleet.convert.responses_to_chat` plus the Responses parameters Chat Completions has
+The converted request is `gymfleet.serving.convert.responses_to_chat` plus the Responses parameters Chat Completions has
 under the same name (`chat_extras`: `store`, `service_tier`, `prompt_cache_key`, ...); a parameter the upstream
 cannot honour (`background: true`, `previous_response_id`, `conversation`, `prompt`) is a 400, and any other one
 (`include`, `truncation`, `context_management`, an unknown name) is dropped with one warning per name per process.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gymfleet.convert import ReasoningMode, chat_extras, responses_to_chat, split_reasoning
+from gymfleet.serving.convert import ReasoningMode, chat_extras, responses_to_chat, split_reasoning
 from gymfleet.errors import BadRequestError
 from responses_api_models.vllm_model.config import VLLMModelConfig
 

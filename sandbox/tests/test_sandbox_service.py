@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.config import validate_fields
+from gymfleet.fleet.config import validate_fields
 from gymfleet.errors import ConfigError
 from gymfleet.testing import free_port, serve
 from sandbox.app import SandboxConfig, SandboxServer

@@ -91,7 +91,7 @@ def test_idle_sessions_expire_and_the_session_count_is_capped():
 
 
 async def test_the_client_session_api(sandbox_url):
-    from gymfleet.sandbox_client import SandboxClient, SessionGoneError
+    from gymfleet.grading.sandbox_client import SandboxClient, SessionGoneError
 
     client = SandboxClient(url=sandbox_url)
     async with await client.session(files={"a.txt": "A"}) as session:

@@ -10,8 +10,8 @@ import pytest
 from pydantic import BaseModel
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
-from gymfleet.sessions import session_id
+from gymfleet.serving.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
+from gymfleet.serving.sessions import session_id
 from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
 

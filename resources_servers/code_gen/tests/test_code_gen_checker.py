@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gymfleet.sandbox_client import RunResult
+from gymfleet.grading.sandbox_client import RunResult
 from resources_servers.code_gen.checker import (
     RESULT_MARKER,
     call_result_matches,

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gymfleet.sandbox_client import RunResult
+from gymfleet.grading.sandbox_client import RunResult
 from resources_servers.code_gen.app import VerifierMetadata
 from resources_servers.code_gen.checker import (
     MAX_JSON_DEPTH,

@@ -20,7 +20,7 @@ import yaml
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import ServerRefError
-from gymfleet.judge import load_prompt, render_prompt
+from gymfleet.grading.judge import load_prompt, render_prompt
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from gymfleet.wire import Response, ResponseCreateParams
 from resources_servers.equivalence_llm_judge.app import (

@@ -17,7 +17,7 @@ import re
 from functools import cached_property
 from typing import Any, ClassVar
 
-from gymfleet import text as textlib
+from gymfleet.grading import text as textlib
 
 LESS_THAN, AT_LEAST = "less than", "at least"
 RELATIONS = (LESS_THAN, AT_LEAST)
@@ -48,17 +48,17 @@ class Text:
 
     @cached_property
     def rule_sentences(self) -> list[str]:
-        """IFEval's regex-rule sentences (`gymfleet.text.rule_sentences`)."""
+        """IFEval's regex-rule sentences (`gymfleet.grading.text.rule_sentences`)."""
         return textlib.rule_sentences(self.raw)
 
     @cached_property
     def punkt_sentences(self) -> list[str]:
-        """NLTK Punkt sentences (`gymfleet.text.punkt_sentences`)."""
+        """NLTK Punkt sentences (`gymfleet.grading.text.punkt_sentences`)."""
         return textlib.punkt_sentences(self.raw)
 
     @cached_property
     def nltk_words(self) -> list[str]:
-        """NLTK `word_tokenize` tokens (`gymfleet.text.nltk_words`)."""
+        """NLTK `word_tokenize` tokens (`gymfleet.grading.text.nltk_words`)."""
         return [word for sentence in self.punkt_sentences for word in textlib.treebank_words(sentence)]
 
     @cached_property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gymfleet import text as textlib
+from gymfleet.grading import text as textlib
 from resources_servers.instruction_following.checkers.base import (
     DIVIDER,
     Checker,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from gymfleet import text as textlib
+from gymfleet.grading import text as textlib
 from resources_servers.instruction_following.checkers.base import Checker, Kwargs, NotFollowed, Text
 
 _SPACE_RUN = re.compile(r"\s*")

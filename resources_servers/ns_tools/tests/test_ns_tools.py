@@ -20,7 +20,7 @@ import pytest
 
 from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.http import NO_RETRY
-from gymfleet.sandbox_client import RunResult, SandboxClient
+from gymfleet.grading.sandbox_client import RunResult, SandboxClient
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from resources_servers.math_with_judge.app import MathWithJudgeServer
 from resources_servers.ns_tools.app import RESTARTED, NsToolsServer, format_output

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
 from gymfleet.errors import ConfigError
-from gymfleet.launch import build_server
+from gymfleet.fleet.launch import build_server
 from gymfleet.testing import serve
 from gymfleet.wire import Response
 from responses_api_models.openai_model.app import OpenAIModel, OpenAIModelConfig

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from gymfleet import http
-from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.testing import serve
 from gymfleet.wire import Response
 from responses_api_models.scripted_model.app import ScriptedModel, ScriptedModelConfig

@@ -18,10 +18,10 @@ import openai
 import pytest
 from pydantic import BaseModel, ValidationError
 
-import gymfleet.convert
+import gymfleet.serving.convert
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import BadRequestError
-from gymfleet.resources import ResourcesServer, VerifyRequest, VerifyResponse
+from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.testing import free_port, serve
 from gymfleet.wire import TOKEN_FIELDS, Response
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -419,8 +419,8 @@ NEWER_CLIENT_PARAMS = {  # what a newer `openai` client sends, as arguments
 
 
 async def test_a_newer_openai_client_is_answered(monkeypatch, caplog):
-    monkeypatch.setattr(gymfleet.convert, "_warned_dropped", set())
-    caplog.set_level(logging.WARNING, logger="gymfleet.convert")
+    monkeypatch.setattr(gymfleet.serving.convert, "_warned_dropped", set())
+    caplog.set_level(logging.WARNING, logger="gymfleet.serving.convert")
     with _stack(return_token_id_information=False) as stack:
         async with openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0) as client:
             for _ in range(2):

@@ -1,9 +1,9 @@
-"""The mechanics behind `gymfleet.config`: building the merged, still unresolved config tree, and reporting on it.
+"""The mechanics behind `gymfleet.fleet.config`: building the merged, still unresolved config tree, and reporting on it.
 
 Parsing Hydra-style CLI overrides into a nested dict, finding and loading YAML files (with their own `config_paths`
 includes), merging with OmegaConf, applying the NeMo-Gym directives `_inherit_from`, `_copy` and `_delete_key`,
 finding `???` values, masking secrets and turning pydantic errors into YAML-path messages. Trees are plain dicts
-whose `${...}` interpolations are kept as text; `gymfleet.config` resolves them once, after ports are assigned.
+whose `${...}` interpolations are kept as text; `gymfleet.fleet.config` resolves them once, after ports are assigned.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from gymfleet.errors import ConfigError, did_you_mean
 logger = logging.getLogger(__name__)
 
 MISSING = "???"
-SECRET_KEY = re.compile(r"api_key|token|secret|password", re.IGNORECASE)
 OVERRIDE_FORMS = (
     "Use +key=value to add a key, ++key=value to force-set it, dotted keys for nesting "
     "(+policy_model.responses_api_models.vllm_model.port=8000), brackets for lists "
@@ -268,7 +267,7 @@ def load_config_files(paths: Any, roots: list[Path]) -> list[tuple[Path, dict, f
     file reached twice is loaded once, at its first position (an environment's config may include the servers it
     needs, e.g. code_gen.yaml includes sandbox.yaml, and a recipe may list both). Each file's own `config_paths`
     key is removed. Each entry is `(path, data, includers)`: `includers` are the files that include it, directly
-    or not, whatever the route (they may override it; see `gymfleet.config.check_definitions`).
+    or not, whatever the route (they may override it; see `gymfleet.fleet.config.check_definitions`).
     """
     loaded: dict[Path, dict] = {}  # insertion order is the post-order
     parents: dict[Path, set[Path]] = {}
@@ -440,23 +439,6 @@ def find_missing(node: Any, at: str = "") -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- reporting
-
-
-def mask_secrets(node: Any) -> Any:
-    """A copy of `node` with the values of secret-looking keys (api_key, token, secret, password) as `****`."""
-    if isinstance(node, list):
-        return [mask_secrets(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    masked = {}
-    for key, value in node.items():
-        if SECRET_KEY.search(str(key)) and isinstance(value, str) and value:
-            masked[key] = "****"
-        elif SECRET_KEY.search(str(key)) and isinstance(value, list) and all(isinstance(v, str) for v in value):
-            masked[key] = ["****"] * len(value)
-        else:
-            masked[key] = mask_secrets(value)
-    return masked
 
 
 def describe_validation_error(

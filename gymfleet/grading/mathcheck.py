@@ -6,7 +6,7 @@ math_with_judge does (spec §1.2): the gold is stripped of outer `\(...\)` / `$.
 LaTeX extraction; the two are compared with math-verify's `verify` (numeric precision 6). `math_equal` is the same,
 as a bool.
 
-The answer is the last `\boxed{}` (`gymfleet.answers.last_boxed`), and only it:
+The answer is the last `\boxed{}` (`gymfleet.grading.answers.last_boxed`), and only it:
 
 - An output with no box, or whose last box is empty, is `no_boxed_answer` and never reaches math-verify. Handed
   the whole text, math-verify falls back to the last number or expression it can find, so hedges such as
@@ -22,7 +22,7 @@ several boxes, and some answers, differently, so results are only reproducible w
 Hardening, because SymPy can spin for minutes or exhaust memory on a few characters (`9^{9^{9^{9}}}`, a deeply
 nested fraction):
 
-- The work runs in a `gymfleet.procpool.ProcessPool` (default: one worker per CPU, started lazily): an item that
+- The work runs in a `gymfleet.grading.procpool.ProcessPool` (default: one worker per CPU, started lazily): an item that
   uses up its budget (`timeout_s` of CPU time, or four times that of wall-clock time) has its worker killed and
   replaced without failing other items, and an item that has burnt 0.1 s of CPU is moved to low priority so
   ordinary items keep flowing. math-verify's own `signal.alarm` timeouts are off inside the workers. Each worker's
@@ -54,8 +54,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gymfleet.answers import last_boxed
-from gymfleet.procpool import ItemTimeout, PoolError, ProcessPool, RemoteError, WorkerCrashed
+from gymfleet.grading.answers import last_boxed
+from gymfleet.grading.procpool import ItemTimeout, PoolError, ProcessPool, RemoteError, WorkerCrashed
 
 __all__ = [
     "MathChecker",
@@ -94,7 +94,7 @@ def check_library_version(version: str) -> None:
         >>> check_library_version("0.8.0")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ImportError: math-verify 0.8.0 is installed; gymfleet.mathcheck needs math-verify>=0.9,<0.10 ...
+        ImportError: math-verify 0.8.0 is installed; gymfleet.grading.mathcheck needs math-verify>=0.9,<0.10 ...
     """
     parts = version.split(".")
     try:
@@ -105,7 +105,7 @@ def check_library_version(version: str) -> None:
     if release is None or not low <= release < high:
         wanted = f"math-verify>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
         raise ImportError(
-            f"math-verify {version} is installed; gymfleet.mathcheck needs {wanted} (pip install '{wanted}')"
+            f"math-verify {version} is installed; gymfleet.grading.mathcheck needs {wanted} (pip install '{wanted}')"
         )
 
 
@@ -250,10 +250,10 @@ class MathChecker:
     """A process pool for math-verify plus a result cache. Servers own one and close it on shutdown.
 
     Args:
-        workers: Worker processes at full priority (default: `gymfleet.procpool.available_cpus()`).
+        workers: Worker processes at full priority (default: `gymfleet.grading.procpool.available_cpus()`).
         cache_size: How many `(gold, pred)` results to remember.
         memory_mb: Address-space limit per worker; None for no limit.
-        slow_after_s: After this much CPU time an item's worker drops to low priority (see `gymfleet.procpool`).
+        slow_after_s: After this much CPU time an item's worker drops to low priority (see `gymfleet.grading.procpool`).
             Ordinary answers need 1-20 ms of CPU; what a poison input burns at full priority is taken from them.
 
     Raises:
@@ -269,7 +269,7 @@ class MathChecker:
         slow_after_s: float | None = 0.1,
     ):
         if importlib.util.find_spec("math_verify") is None:  # fail where the server is built, not per answer
-            raise ImportError("gymfleet.mathcheck needs math-verify: pip install 'math-verify>=0.9,<0.10'")
+            raise ImportError("gymfleet.grading.mathcheck needs math-verify: pip install 'math-verify>=0.9,<0.10'")
         check_library_version(importlib.metadata.version("math-verify"))
         self.pool = ProcessPool(
             _verify_in_worker,

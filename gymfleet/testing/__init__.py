@@ -13,13 +13,14 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+
+from gymfleet.wire import make_response  # noqa: F401  (tests build responses with it from here)
 
 
 @contextmanager
@@ -58,79 +59,13 @@ NEWER_RESPONSES_PARAMS: dict[str, Any] = {
 """Responses API parameters newer `openai` clients send that gymfleet's `ResponseCreateParams` does not declare."""
 
 
-def make_response(
-    text: str | None = None,
-    *,
-    tool_calls: list[tuple[str, dict[str, Any] | str]] | None = None,
-    reasoning: str | None = None,
-    incomplete: bool = False,
-) -> dict[str, Any]:
-    """A Responses object (wire dict) with optional reasoning, one assistant message and tool calls."""
-    output: list[dict[str, Any]] = []
-    if reasoning is not None:
-        output.append(
-            {
-                "id": f"rs_{uuid.uuid4().hex[:8]}",
-                "type": "reasoning",
-                "summary": [{"type": "summary_text", "text": reasoning}],
-            }
-        )
-    if text is not None:
-        output.append(
-            {
-                "id": f"msg_{uuid.uuid4().hex[:8]}",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        )
-    for name, arguments in tool_calls or []:
-        call_id = f"call_{uuid.uuid4().hex[:8]}"
-        output.append(
-            {
-                "id": call_id,
-                "call_id": call_id,
-                "type": "function_call",
-                "status": "completed",
-                "name": name,
-                "arguments": arguments if isinstance(arguments, str) else _dumps(arguments),
-            }
-        )
-    return {
-        "id": f"resp_{uuid.uuid4().hex[:8]}",
-        "object": "response",
-        "created_at": 0,
-        "model": "test-model",
-        "status": "incomplete" if incomplete else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": {
-            "input_tokens": 10,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": 5,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": 15,
-        },
-    }
-
-
-def _dumps(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
-
-
 def check_resources_server(url: str, rows: list[dict[str, Any]], texts: list[str | None] | None = None) -> None:
     """Conformance checks on a running resources server; raises AssertionError naming the failed check.
 
     For each row: `/seed_session` answers 200 and sets a cookie; `/verify` with a response (`texts[i]`, default an
     empty answer) answers 200, echoes every row field unchanged, returns a finite float `reward`, and gives the same
     reward twice (determinism), and carries a `reward_provenance` whose `version` is not `v0` (the module
-    docstring's `## Version history` must have a `- vN:` entry; `gymfleet.provenance`).
+    docstring's `## Version history` must have a `- vN:` entry; `gymfleet.serving.provenance`).
     Also `GET /` is live, `/reverify_mode` answers a known mode, `/metrics` is
     Prometheus text, `/aggregate_metrics` accepts the results, and a body that is not a row is a 422.
     """
@@ -216,8 +151,8 @@ def running_fleet(config_paths: list[str], extra: dict[str, Any] | None = None) 
     `extra` is merged over the files, as NeMo-RL's `initial_global_config_dict` is. The head server gets a free
     port; `fleet.config` has every instance's URL.
     """
-    from gymfleet.config import GlobalConfigDictParserConfig, parse_global_config
-    from gymfleet.fleet import Fleet
+    from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+    from gymfleet.fleet.supervisor import Fleet
 
     initial = {
         "config_paths": list(config_paths),
@@ -244,7 +179,7 @@ def nemo_gym_examples(env: str) -> Path:
     Raises:
         FileNotFoundError: none of those has the folder; the message says where it looked and how to point at it.
     """
-    from gymfleet.config import repository_root
+    from gymfleet.fleet.config import repository_root
 
     roots = [Path(os.environ["GYMFLEET_SHARED_DIR"])] if os.environ.get("GYMFLEET_SHARED_DIR") else []
     roots += [repository_root().parent / "shared", Path("/work/shared")]

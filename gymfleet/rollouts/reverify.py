@@ -6,7 +6,7 @@ its environment: the agent named by the row's `agent_ref` names its resources se
 (`responses_api_agents.<impl>.resources_server`). Two backends:
 
 - `FleetBackend`: a running fleet, found through its head server, over `gymfleet.http`;
-- `InProcessBackend`: no fleet: each environment is built from the config files (`gymfleet.launch.build_server`)
+- `InProcessBackend`: no fleet: each environment is built from the config files (`gymfleet.fleet.launch.build_server`)
   and its real app is called through an ASGI transport (routes, middleware and lifespan included). Meant for
   environments that call no other server; a judge environment's judge is not there (its rows fail, typed).
 
@@ -23,7 +23,7 @@ environment version, config, library or judge changes the key, so exactly that e
 Output: a table per environment (rows, re-scored, from cache, unchanged, changed, skipped, failed), and
 `<stem>_reverify.jsonl` with one line per changed row: its input line, key, task and rollout indices, environment,
 old and new reward, and `why`: the provenance fields that differ between the stored row and now
-(`gymfleet.provenance.provenance_diff`), or `["same provenance"]` (the environment is not deterministic).
+(`gymfleet.serving.provenance.provenance_diff`), or `["same provenance"]` (the environment is not deterministic).
 Infrastructure failures while re-verifying (environment unreachable, non-2xx, a `_ng_failure_class` answer) are
 counted by class, never as changed rewards, and never cached.
 """
@@ -46,12 +46,12 @@ from typing import IO, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from gymfleet.cli.reward_profile import read_jsonl
-from gymfleet.config import GlobalConfig
 from gymfleet.errors import ConfigError, DataError, TransportError
+from gymfleet.fleet.config import GlobalConfig
 from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
 from gymfleet.progress import Progress
-from gymfleet.provenance import PROVENANCE_KEY, provenance_diff
+from gymfleet.rollouts.rows import read_jsonl
+from gymfleet.serving.provenance import PROVENANCE_KEY, provenance_diff
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class InProcessBackend:
     async def environment(self, instance: str) -> Environment:
         import httpx
 
-        from gymfleet.launch import build_server
+        from gymfleet.fleet.launch import build_server
 
         if instance in self._built:
             return self._built[instance]

@@ -45,11 +45,11 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.aggregate import aggregate_metrics
-from gymfleet.bodies import read_json, validate
 from gymfleet.metrics import LATENCY_BUCKETS_S
-from gymfleet.resources import AggregateMetricsRequest
-from gymfleet.server import JSONResponse, Server, ServerConfig, add_route
+from gymfleet.serving.aggregate import aggregate_metrics
+from gymfleet.serving.bodies import read_json, validate
+from gymfleet.serving.resources import AggregateMetricsRequest, VerifyResponse
+from gymfleet.serving.server import PROTOCOL_DOCS, JSONResponse, RouteDoc, Server, ServerConfig, add_route
 from gymfleet.wire import ResponseCreateParams
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,9 @@ class RunRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     responses_create_params: ResponseCreateParams
+
+
+PROTOCOL_DOCS["/run"] = RouteDoc(RunRequest, VerifyResponse, "One rollout: the environment's /verify answer")
 
 
 class Admission:

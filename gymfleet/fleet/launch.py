@@ -4,14 +4,14 @@
 `Server` subclass defined there; `build_server(instance, config)` validates the instance's YAML fields against that
 class's config (unknown keys fail with the YAML path and the closest field) and builds it.
 
-`python -m gymfleet.launch --config <resolved.json> --instance <name>` serves one instance; with `num_workers > 1`
+`python -m gymfleet.fleet.launch --config <resolved.json> --instance <name>` serves one instance; with `num_workers > 1`
 it binds the port once and runs that many worker processes on the shared socket. `serve_supervised` is that
-command's body, and also what a server forked by the zygote runs (`gymfleet.zygote`, `server_start: zygote`): such a
+command's body, and also what a server forked by the zygote runs (`gymfleet.fleet.zygote`, `server_start: zygote`): such a
 server gets its secrets over the zygote's private socket instead of its environment, and watches the supervisor
 through a pidfd instead of its parent (the zygote).
 
 Secrets never sit on disk: the supervisor writes the resolved config owner-only (0600) with every secret value
-(`gymfleet.config_merge.SECRET_KEY`) masked as `****` (`split_secrets`, `write_resolved`) and hands the real values
+(`gymfleet.masking.SECRET_KEY`) masked as `****` (`split_secrets`, `write_resolved`) and hands the real values
 to each child in the `GYMFLEET_SECRETS` environment variable, which the child removes from its environment at once
 (so nothing it starts inherits them) and merges back into its config (`merge_secrets`); workers get them through
 multiprocessing's spawn pipe. A taken port makes the child exit with `EXIT_PORT_IN_USE` (the supervisor names the
@@ -39,14 +39,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gymfleet.config import GlobalConfig, ServerInstance, client_limits, repository_root, validate_fields
-from gymfleet.config_merge import mask_secrets
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
+from gymfleet.fleet.config import GlobalConfig, ServerInstance, client_limits, repository_root, validate_fields
+from gymfleet.masking import mask_secrets
 
 if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and should say its first words quickly
     import uvicorn
 
-    from gymfleet.server import Server
+    from gymfleet.serving.server import Server
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def load_server_class(instance: ServerInstance) -> type[Server]:
         raise ConfigError(
             f"{where}: entrypoint file {path} does not exist.{did_you_mean(path.name, siblings)}", path=where
         )
-    from gymfleet.server import Server
+    from gymfleet.serving.server import Server
 
     name = _module_name(path)
     if name is not None:
@@ -208,7 +208,7 @@ def die_with_parent(parent_pid: int, interval_s: float = 0.5, workdir: Path | No
     A watchdog thread notices the supervisor is gone when this process is re-parented. Unlike the kernel's
     parent-death signal, this does not depend on which supervisor *thread* started us (NeMo-RL may start the fleet
     from any thread), and it needs no `preexec_fn` (unsafe in a multi-threaded supervisor). A server forked by the
-    zygote (`gymfleet.zygote`) is the zygote's child, not the supervisor's: it watches `supervisor_pidfd` instead
+    zygote (`gymfleet.fleet.zygote`) is the zygote's child, not the supervisor's: it watches `supervisor_pidfd` instead
     (readable once the supervisor exits), so it outlives a dead zygote but not its supervisor. A supervisor killed
     outright cannot remove its work folder, so the first child to notice removes `workdir` (a `gymfleet-*` folder).
     """
@@ -359,7 +359,7 @@ def serve_supervised(config_path: Path, instance_name: str, secrets: Secrets, *,
                      workdir: Path | None = None, supervisor_pidfd: int | None = None) -> None:
     """Serve one instance as the supervisor's child (blocking); exits with `EXIT_PORT_IN_USE` or 2 on failure.
 
-    What `python -m gymfleet.launch` runs, and what a server forked by the zygote runs (`gymfleet.zygote`).
+    What `python -m gymfleet.fleet.launch` runs, and what a server forked by the zygote runs (`gymfleet.fleet.zygote`).
     """
     _configure_logging(instance_name)
     if parent_pid:

@@ -10,7 +10,7 @@ supervisor restarted a crashed one); `GET /metrics` counts those restarts as
 metrics (RSS, CPU seconds, open fds) in the Prometheus text (`gymfleet.metrics`). `GET /openapi.json` and
 `GET /docs` describe the routes.
 
-Under Ray placement (`gymfleet.ray_placement`) each instance may run as several replicas whose addresses are
+Under Ray placement (`gymfleet.fleet.ray_placement`) each instance may run as several replicas whose addresses are
 known only once they run (and change when a replica is restarted on another node). The supervisor then passes
 `replicas()`: per instance, a list of `{host, port, node, status, restarts, pid}`. The published config gives each
 instance `host`/`port` of its first replica (what NeMo-Gym clients read) plus `replicas: [{host, port}, ...]`
@@ -29,8 +29,8 @@ import yaml
 from fastapi import FastAPI
 from starlette.responses import Response
 
-from gymfleet.config import GlobalConfig
-from gymfleet.config_merge import mask_secrets
+from gymfleet.fleet.config import GlobalConfig
+from gymfleet.masking import mask_secrets
 from gymfleet.metrics import MetricsMiddleware, fleet_metrics
 
 Replicas = dict[str, list[dict[str, Any]]]

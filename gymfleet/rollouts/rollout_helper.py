@@ -19,10 +19,10 @@ import orjson
 import yaml
 
 from gymfleet import http
-from gymfleet.collect import RUN_RETRY, head_address
-from gymfleet.config import client_limits
 from gymfleet.errors import TransportError
+from gymfleet.fleet.config import client_limits
 from gymfleet.http import ServerClient
+from gymfleet.rollouts.collect import RUN_RETRY, head_address
 
 
 class RolloutCollectionHelper:

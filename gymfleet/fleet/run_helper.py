@@ -9,13 +9,13 @@ check and `shutdown()` at the end (`spec/protocol.md` §6.2). Config semantics i
 - `head_server: {host: "0.0.0.0", port: P}` binds the head server on every interface (clients reach it through
   the node address or 127.0.0.1); `default_host` and `port_range_low/high` place the servers;
 - `ray_head_node_address` (NeMo-RL passes its own cluster's GCS address) places the servers on that Ray cluster's
-  nodes when the `ray` package is importable (`gymfleet.ray_placement`: each instance and its `num_replicas` as
+  nodes when the `ray` package is importable (`gymfleet.fleet.ray_placement`: each instance and its `num_replicas` as
   Ray actors, the real addresses published by the head server); a cluster is never started. `placement: local`
   keeps every server on this machine; `placement: ray` without an address uses the cluster this process is
   connected to (NeMo-RL's Gym actor is). An address nothing answers at is a `ConfigError` naming the key; without
   the `ray` package the key is logged once and every server runs locally;
 - `global_aiohttp_connector_limit[_per_host]` set every fleet process's HTTP pool limits (see
-  `gymfleet.config.client_limits`); `uv_venv_dir`, `uv_cache_dir`, `skip_venv_if_present` are accepted and unused
+  `gymfleet.fleet.config.client_limits`); `uv_venv_dir`, `uv_cache_dir`, `skip_venv_if_present` are accepted and unused
   (one Python environment serves the whole fleet), and unknown top-level scalars (`num_gpu_nodes`) are ignored;
 - `dry_run: true` validates the config and builds every server in this process, then returns without starting
   anything;
@@ -32,15 +32,15 @@ import logging
 
 from omegaconf import DictConfig
 
-from gymfleet.config import (
+from gymfleet.errors import ConfigError
+from gymfleet.fleet.config import (
     BaseServerConfig,
     GlobalConfig,
     GlobalConfigDictParserConfig,
     parse_global_config,
 )
-from gymfleet.errors import ConfigError
-from gymfleet.fleet import Fleet
-from gymfleet.ray_placement import RayFleet, make_fleet, start_fleet
+from gymfleet.fleet.ray_placement import RayFleet, make_fleet, start_fleet
+from gymfleet.fleet.supervisor import Fleet
 
 __all__ = ["RunHelper", "get_global_config_dict"]
 
@@ -101,7 +101,7 @@ class RunHelper:
 
         A watcher thread restarts crashed servers on their own ports whether or not `poll()` is called; the policy
         (`restart_crashed_servers`, default 5 restarts per server within 10 minutes, backoff 1 s, 2 s, 4 s, ...;
-        `exit_on_server_failure: true` to raise at the first crash) is `gymfleet.fleet`'s.
+        `exit_on_server_failure: true` to raise at the first crash) is `gymfleet.fleet.supervisor`'s.
 
         Raises:
             ServerCrashedError: the head server died, or a server died past its restart budget, or did not answer

@@ -200,7 +200,7 @@ class _Zygote:
     def __init__(self, payload: bytes, preload: Sequence[str], start_timeout_s: float):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
-                f"from gymfleet.procpool import _zygote_main; _zygote_main({theirs.fileno()})")
+                f"from gymfleet.grading.procpool import _zygote_main; _zygote_main({theirs.fileno()})")
         try:
             self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()],
                                             stdin=subprocess.DEVNULL)

@@ -24,7 +24,7 @@ Bad tool arguments are the model's fault too: HTTP 200 with `{"error": ...}` it 
 Sessions that outlive their process: an environment that keeps per-rollout state in memory (`keeps_session_state`;
 by default, one that overrides `seed_session`) answers a tool call or `/verify` whose session cookie was issued by
 an earlier process of this server (it crashed and `ng_run` restarted it) with HTTP 410 `session_lost`
-(`gymfleet.sessions`), never with its reward on an empty session; `/verify` of an environment whose reward does not
+(`gymfleet.serving.sessions`), never with its reward on an empty session; `/verify` of an environment whose reward does not
 read the session (`reverify_mode = "stateless"`) is still served. Agents turn the 410 into a failure row. Such an
 environment refuses `num_workers > 1` at start-up (the workers behind one port would each hold only some sessions);
 `num_replicas` under Ray placement keeps each rollout on one replica.
@@ -36,7 +36,7 @@ failure rows in `gymfleet_failures_total{failure_class, hop}` (the hop: the inst
 `/openapi.json` shows `/verify` with the environment's own request and response classes (the latter or a
 `VerifyFailureRow`), `/seed_session` and each tool with their argument and return types.
 
-Provenance (`gymfleet.provenance`): every `/verify` answer, failure rows included, carries `reward_provenance`:
+Provenance (`gymfleet.serving.provenance`): every `/verify` answer, failure rows included, carries `reward_provenance`:
 `{environment, instance, version, config_hash, libraries, judge?}`, computed once per server (`reward_provenance()`,
 cached). A subclass declares the libraries that decide its rewards in `reward_libraries` (distribution names, e.g.
 `("math-verify", "sympy")`; `gymfleet` is always added); its version is the last `- vN:` entry of its module
@@ -58,14 +58,22 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.aggregate import aggregate_metrics
-from gymfleet.bodies import read_json, validate
 from gymfleet.errors import MAX_REPORTED_ERRORS, JudgeError, SandboxError, TransportError, first_errors
 from gymfleet.metrics import LOCAL_HOP, target_of
-from gymfleet.provenance import PROVENANCE_KEY
-from gymfleet.provenance import reward_provenance as compute_provenance
-from gymfleet.server import JSONResponse, Server, ServerConfig, add_route, release_freed_memory
-from gymfleet.sessions import SESSION_LOST
+from gymfleet.serving.aggregate import aggregate_metrics
+from gymfleet.serving.bodies import read_json, validate
+from gymfleet.serving.provenance import PROVENANCE_KEY
+from gymfleet.serving.provenance import reward_provenance as compute_provenance
+from gymfleet.serving.server import (
+    PROTOCOL_DOCS,
+    JSONResponse,
+    RouteDoc,
+    Server,
+    ServerConfig,
+    add_route,
+    release_freed_memory,
+)
+from gymfleet.serving.sessions import SESSION_LOST
 from gymfleet.wire import Response, ResponseCreateParams
 
 log = logging.getLogger(__name__)
@@ -132,6 +140,9 @@ class AggregateMetricsRequest(BaseModel):
     verify_responses: Annotated[list[dict[str, Any]], Field(fail_fast=True)]
 
 
+PROTOCOL_DOCS["/aggregate_metrics"] = RouteDoc(AggregateMetricsRequest, dict[str, Any], "Metrics over /verify answers")
+
+
 FAILURE_CLASSES: dict[type[Exception], str] = {
     JudgeError: "judge_failed",
     SandboxError: "sandbox_failed",
@@ -163,7 +174,7 @@ class ResourcesServer(Server):
     _provenance: dict[str, Any] | None = None
 
     def reward_provenance(self) -> dict[str, Any]:
-        """The `reward_provenance` every `/verify` answer carries (`gymfleet.provenance`); computed once."""
+        """The `reward_provenance` every `/verify` answer carries (`gymfleet.serving.provenance`); computed once."""
         if self._provenance is None:
             self._provenance = compute_provenance(self)
         return self._provenance
@@ -172,7 +183,7 @@ class ResourcesServer(Server):
         raise NotImplementedError(f"{type(self).__name__} must implement verify()")
 
     async def seed_session(self, body: SeedSessionRequest) -> dict[str, Any]:
-        """Prepare per-rollout state (keyed by `gymfleet.sessions.session_id()`). Default: nothing."""
+        """Prepare per-rollout state (keyed by `gymfleet.serving.sessions.session_id()`). Default: nothing."""
         return {}
 
     @classmethod

@@ -1,4 +1,4 @@
-"""The Ray cluster side of Ray placement (`gymfleet.ray_placement`): attaching to a cluster, and what each replica of
+"""The Ray cluster side of Ray placement (`gymfleet.fleet.ray_placement`): attaching to a cluster, and what each replica of
 an instance reserves on it.
 
 `attach_ray(config)` connects this process to the cluster `ray_head_node_address` (or `$RAY_ADDRESS`, or an existing
@@ -17,9 +17,9 @@ import re
 import socket
 from typing import Any
 
-from gymfleet.config import GlobalConfig, ServerInstance, validate_fields
 from gymfleet.errors import ConfigError
-from gymfleet.launch import load_server_class
+from gymfleet.fleet.config import GlobalConfig, ServerInstance, validate_fields
+from gymfleet.fleet.launch import load_server_class
 
 __all__ = ["NoRoomError", "attach_ray", "bundle_of", "free_resources", "memory_bytes", "ray_module", "ray_options"]
 
@@ -144,7 +144,7 @@ def ray_options(instance: ServerInstance, server_class: Any | None = None) -> di
     Raises:
         ConfigError: an unknown or invalid field, named by its YAML path.
     """
-    from gymfleet.server import RayResources
+    from gymfleet.serving.server import RayResources
 
     cls = server_class or load_server_class(instance)
     merged = {**getattr(cls, "ray_resources_default", {}), **(instance.ray_resources or {})}

@@ -9,7 +9,7 @@ state survives between `exec` calls. Any of them can start from a repository sna
 (or any tar archive's bytes) is unpacked into the workspace before `files` are written. Calls go through
 `gymfleet.http`: an overloaded sandbox's 429 is retried, honouring `Retry-After`, a bounded number of times.
 
-A sandbox placed as several replicas (Ray placement, `num_replicas`; `gymfleet.ray_placement`) is resolved by
+A sandbox placed as several replicas (Ray placement, `num_replicas`; `gymfleet.fleet.ray_placement`) is resolved by
 instance name per rollout (`gymfleet.http.ServerClient`): rollouts spread over the replicas, and a session stays on
 the replica that created it (its kernel and workspace live there) for all its `exec` calls and its deletion.
 

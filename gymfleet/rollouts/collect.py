@@ -37,7 +37,7 @@ printed one per rollout.
 Progress goes to stderr (`gymfleet.progress`): a bar on a terminal, else one plain line every `PROGRESS_EVERY_S`
 (`Rollouts: 120/500 (24%), 30 s elapsed, mean_reward=0.412`) and a last one at the end.
 
-NeMo-RL's library entry point, `RolloutCollectionHelper.run_examples`, is in `gymfleet.rollout_helper`.
+NeMo-RL's library entry point, `RolloutCollectionHelper.run_examples`, is in `gymfleet.rollouts.rollout_helper`.
 """
 
 from __future__ import annotations
@@ -59,11 +59,19 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gymfleet import http
-from gymfleet.config import GlobalConfig
-from gymfleet.errors import ConfigError, DataError, GymfleetError, TransportError, did_you_mean
+from gymfleet.errors import ConfigError, DataError, GymfleetError, TransportError
+from gymfleet.fleet.config import GlobalConfig
 from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
 from gymfleet.progress import Progress
-from gymfleet.wire import KNOWN_PARAMS, ResponseCreateParams
+from gymfleet.rollouts.rows import (
+    describe_errors,
+    placeholder_response,
+    row_problems,
+    task_fields_problem,
+    verify_request_model,
+    warn_unknown_params,
+)
+from gymfleet.wire import ResponseCreateParams
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +79,6 @@ RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retr
 """`/run` is retried on connection failures only: any answer, even a 5xx, may mean the rollout ran. One that cannot
 connect keeps trying for 10 s, so an agent its supervisor restarts costs only the rollouts in flight at its death."""
 DETAIL_MAX_CHARS = 2000
-MAX_LISTED_ROWS = 50
-"""Bad rows named one by one in a refusal; the rest are counted."""
 FLEET_DOWN_EXIT_CODE = 3
 HEAD_PROBE = RetryPolicy(max_attempts=2, retry_statuses=frozenset())
 DEFAULT_HEAD = ("127.0.0.1", 11000)
@@ -214,35 +220,6 @@ def read_tasks(config: RolloutCollectionConfig) -> list[tuple[int, dict[str, Any
     return bases
 
 
-def warn_unknown_params(path: Path, rows: Iterable[tuple[int, dict[str, Any]]]) -> list[str]:
-    """Log one warning per `responses_create_params` key that neither gymfleet nor the `openai` package knows.
-
-    Such keys are passed on (a newer client's parameters must not break the fleet), so a typo (`temprature`)
-    would otherwise pass silently and be dropped or refused by the model server. Returns the names warned about.
-    """
-    first_seen: dict[str, tuple[int, int]] = {}  # name -> (first line, count)
-    for lineno, row in rows:
-        params = row.get("responses_create_params")
-        for name in params if isinstance(params, dict) else ():
-            if name not in KNOWN_PARAMS:
-                line, count = first_seen.get(name, (lineno, 0))
-                first_seen[name] = (line, count + 1)
-    for name, (line, count) in first_seen.items():
-        log.warning("%s:%d: responses_create_params.%s (in %d rows) is not a Responses API parameter gymfleet or "
-                    "the installed openai package knows; model servers pass it on, drop it or refuse it.%s",
-                    path, line, name, count, did_you_mean(name, KNOWN_PARAMS))
-    return list(first_seen)
-
-
-def row_problems(path: Path, problems: list[tuple[int, str]], why: str = "") -> DataError:
-    """One error naming every bad line as `file:line: reason` (the first `MAX_LISTED_ROWS`; the rest counted)."""
-    (first, reason), rest = problems[0], problems[1:MAX_LISTED_ROWS]
-    more = "".join(f"\n{path}:{lineno}: {problem}" for lineno, problem in rest)
-    if len(problems) > MAX_LISTED_ROWS:
-        more += f"\n... and {len(problems) - MAX_LISTED_ROWS} more bad lines"
-    return DataError(reason + more + (f"\n{why}" if why else ""), file=str(path), line=first)
-
-
 def _parse_row(text: str, config: RolloutCollectionConfig) -> tuple[dict[str, Any], str | None]:
     try:
         row = orjson.loads(text)
@@ -266,15 +243,6 @@ def _parse_row(text: str, config: RolloutCollectionConfig) -> tuple[dict[str, An
     except ValidationError as exc:
         return row, "responses_create_params: " + describe_errors(exc)
     return row, None
-
-
-def describe_errors(exc: ValidationError, limit: int = 3) -> str:
-    """`a.b: msg; c: msg` for the first `limit` errors of a pydantic validation error."""
-    errors = exc.errors(include_url=False)
-    parts = [f"{'.'.join(map(str, e['loc'])) or '(row)'}: {e['msg']}" for e in errors[:limit]]
-    if len(errors) > limit:
-        parts.append(f"... {len(errors) - limit} more")
-    return "; ".join(parts)
 
 
 def _repeat(base: dict[str, Any], config: RolloutCollectionConfig) -> Iterator[dict[str, Any]]:
@@ -361,7 +329,6 @@ def check_task_fields(config: RolloutCollectionConfig, client: ServerClient) -> 
     Raises:
         DataError: rows the environment would refuse, each named as `file:line: reason`.
     """
-    from gymfleet.prepare_data import placeholder_response, task_fields_problem
 
     tasks = read_tasks(config)
     models = _request_models(client, {row["agent_ref"]["name"] for _, row in tasks})
@@ -380,7 +347,6 @@ def check_task_fields(config: RolloutCollectionConfig, client: ServerClient) -> 
 
 def _request_models(client: ServerClient, agents: set[str]) -> dict[str, type[BaseModel] | None]:
     """Each agent's environment `/verify` request model (None where there is none to check with)."""
-    from gymfleet.prepare_data import verify_request_model
 
     try:
         fleet_config = GlobalConfig.from_data(client.config)

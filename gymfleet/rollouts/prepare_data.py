@@ -31,23 +31,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from gymfleet.collect import describe_errors, warn_unknown_params
-from gymfleet.config import (
+from gymfleet.errors import ConfigError, DataError, GymfleetError, ServerRefError
+from gymfleet.fleet.config import (
     GlobalConfig,
     GlobalConfigDictParserConfig,
-    ServerInstance,
     parse_global_config,
     repository_root,
-    resolve_server_ref,
     validate_fields,
 )
-from gymfleet.config_merge import join_path
-from gymfleet.errors import ConfigError, DataError, GymfleetError, ServerRefError
+from gymfleet.fleet.config_merge import join_path
 from gymfleet.progress import Progress
-from gymfleet.wire import Response, ResponseCreateParams
+from gymfleet.rollouts.rows import (  # noqa: F401  (check_row, placeholder_response: this module's API)
+    PROGRESS_EVERY_S,
+    PROGRESS_MIN_BYTES,
+    check_row,
+    placeholder_response,
+    verify_request_model,
+    warn_unknown_params,
+)
+from gymfleet.wire import Response
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +60,6 @@ MODE_TYPES = {"example_validation": ("example",), "train_preparation": ("train",
 POLICY_SEEDS = {"policy_base_url": "", "policy_api_key": "", "policy_model_name": ""}
 PLACEHOLDER_MODEL = {"responses_api_models": {"dummy_model": {"entrypoint": "app.py"}}}
 REL_TOL, ABS_TOL = 5e-3, 5e-4
-PROGRESS_MIN_BYTES = 16 << 20
-"""Datasets at least this large (bytes) show progress while they are checked (a few seconds of work and up)."""
-PROGRESS_EVERY_S = 5.0
-"""Seconds between plain progress lines when stderr is not a terminal."""
 
 
 class DatasetConfig(BaseModel):
@@ -179,29 +179,6 @@ def _resolve_path(jsonl_fpath: str) -> Path:
     return in_repo if in_repo.exists() else path
 
 
-def verify_request_model(global_config: GlobalConfig, agent: ServerInstance) -> type[BaseModel] | None:
-    """The `/verify` request model of the agent's resources server (`agent.resources_server`), or None when the
-    agent names none, it cannot be loaded (logged), or it takes any row (the base `VerifyRequest`).
-
-    `ng_prepare_data` and `ng_collect_rollouts` check rows with it (`task_fields_problem`)."""
-    from gymfleet.launch import load_server_class
-    from gymfleet.resources import ResourcesServer, VerifyRequest
-
-    ref = agent.fields.get("resources_server")
-    if ref is None:
-        return None
-    try:
-        name = resolve_server_ref(ref, "resources_servers", global_config, f"{agent.path}.resources_server")
-        server_class = load_server_class(global_config.instance(name))
-    except (GymfleetError, ImportError, SyntaxError) as exc:  # the row check is extra; ng_run reports these too
-        log.warning("%s: rows are checked without the resources server's verify model: %s", agent.name, exc)
-        return None
-    if not issubclass(server_class, ResourcesServer):
-        return None
-    model = server_class.verify_request_model()
-    return None if model is VerifyRequest else model
-
-
 # ---------------------------------------------------------------------------------------------- checking
 
 
@@ -229,47 +206,6 @@ def read_dataset(dataset: Dataset, placeholder: Response) -> None:
                 dataset.invalid.append((lineno, reason))
         bar.update(read - bar.done)
     warn_unknown_params(dataset.path, numbered)
-
-
-def check_row(line: str, verify_model: type[BaseModel] | None, placeholder: Response) -> tuple[Any, str | None]:
-    """`(row, None)` for a valid line, else `(None, reason)`."""
-    try:
-        row = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        return None, f"not valid JSON ({exc})"
-    if not isinstance(row, dict):
-        return None, f"expected a JSON object, got {type(row).__name__}"
-    if not isinstance(row.get("responses_create_params"), dict):
-        return None, "missing responses_create_params (an object with at least `input`)"
-    try:
-        ResponseCreateParams.model_validate(row["responses_create_params"])
-    except ValidationError as exc:
-        return None, "responses_create_params: " + describe_errors(exc)
-    reason = task_fields_problem(row, verify_model, placeholder)
-    return (row, None) if reason is None else (None, reason)
-
-
-def task_fields_problem(
-    row: dict[str, Any], verify_model: type[BaseModel] | None, placeholder: Response
-) -> str | None:
-    """Why the environment's `/verify` would refuse `row` (with `placeholder` as the model's response), or None.
-
-    Example: `not a valid MCQARequest: expected_answer: Input should be a valid string`.
-    """
-    if verify_model is None:
-        return None
-    try:
-        verify_model.model_validate({**row, "response": placeholder})
-    except ValidationError as exc:
-        return f"not a valid {verify_model.__name__}: " + describe_errors(exc)
-    return None
-
-
-def placeholder_response() -> Response:
-    """An empty model response, standing in for the one a row's rollout will have when its fields are checked."""
-    from gymfleet.testing import make_response
-
-    return Response.model_validate(make_response(""))
 
 
 # ---------------------------------------------------------------------------------------------- metrics

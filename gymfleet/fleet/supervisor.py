@@ -2,16 +2,16 @@
 
 Every instance runs in this same Python environment (no per-server virtualenvs), in its own process group, and stops
 itself if the supervisor dies (no orphans). How it starts is `server_start`: `zygote` (the default) forks it from one
-pre-imported parent, `python -m gymfleet.zygote`, started as a fresh interpreter once per fleet (safe whichever
+pre-imported parent, `python -m gymfleet.fleet.zygote`, started as a fresh interpreter once per fleet (safe whichever
 thread calls `start()`), which imports the shared stack and every instance's `app.py` once: the fleet is ready
-in seconds and its servers share those pages copy-on-write (see `gymfleet.zygote`). `spawn` starts each server as
-a fresh interpreter, `python -m gymfleet.launch`, importing everything again. Any other value is a `ConfigError`
+in seconds and its servers share those pages copy-on-write (see `gymfleet.fleet.zygote`). `spawn` starts each server as
+a fresh interpreter, `python -m gymfleet.fleet.launch`, importing everything again. Any other value is a `ConfigError`
 naming the key and the choices. A zygote that dies is said so once; the servers it forked keep serving; a new one
 is started (at most `ZYGOTE_RESTARTS` times, and only for one that had got ready), else servers are started as
 fresh interpreters from then on. Crashed servers are restarted through whichever is current. Output lines are
 prefixed `(<instance>) ` and the last lines of each are kept, so a server that dies is reported with its own last
 words. `start()` returns once every instance answers `GET /` as this fleet's own server (the fleet's random token
-and the instance name in its headers, see `gymfleet.server`; another process on the same port never counts) and
+and the instance name in its headers, see `gymfleet.serving.server`; another process on the same port never counts) and
 every upstream `base_url` answers, if configured; `shutdown()` stops everything within seconds (SIGTERM, then
 SIGKILL to the whole process group).
 
@@ -38,7 +38,7 @@ failed) and `restarts`.
 A port taken by another process (checked before anything is spawned, and again when a child fails to bind) is a
 `PortInUseError` naming the port, its YAML path and the `++path=<free port>` override. The children read the
 resolved config from a private work folder (0700, the file 0600) holding no secrets: those reach each child in its
-environment (`gymfleet.launch`). The folder is removed on every way out: `shutdown()`, a failed `start()`, garbage
+environment (`gymfleet.fleet.launch`). The folder is removed on every way out: `shutdown()`, a failed `start()`, garbage
 collection or interpreter exit, and, if the supervisor is killed outright, by its children's watchdog; if they are
 killed too, the next fleet that starts removes it (its name carries the supervisor's pid).
 """
@@ -66,9 +66,9 @@ from pathlib import Path
 from secrets import token_hex
 from typing import IO, TYPE_CHECKING, Any
 
-from gymfleet.config import GlobalConfig, ServerInstance
 from gymfleet.errors import ConfigError, GymfleetError
-from gymfleet.launch import (
+from gymfleet.fleet.config import GlobalConfig, ServerInstance
+from gymfleet.fleet.launch import (
     EXIT_PORT_IN_USE,
     SECRETS_ENV,
     WORKDIR_PREFIX,
@@ -78,9 +78,9 @@ from gymfleet.launch import (
     split_secrets,
     write_resolved,
 )
+from gymfleet.fleet.zygote import EXIT_UNKNOWN, ForkedProcess, Zygote, ZygoteError
+from gymfleet.fleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
 from gymfleet.progress import Progress
-from gymfleet.zygote import EXIT_UNKNOWN, ForkedProcess, Zygote, ZygoteError
-from gymfleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
 
 if TYPE_CHECKING:  # imported where used, so `ng_run` names the model endpoints it waits for within a second
     import uvicorn
@@ -253,7 +253,7 @@ class Fleet:
         self._head_socket = bind_socket(host, port, "head_server.port", assigned_if_unset=False)
         import uvicorn
 
-        from gymfleet.head import create_head_app
+        from gymfleet.fleet.head import create_head_app
 
         app = create_head_app(self.config, self.process_table)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
@@ -280,7 +280,7 @@ class Fleet:
     # ------------------------------------------------------------------------------------------ zygote
 
     def _start_zygote(self) -> None:
-        """Start a zygote (`gymfleet.zygote`): a fresh interpreter that imports every server once, then forks them."""
+        """Start a zygote (`gymfleet.fleet.zygote`): a fresh interpreter that imports every server once, then forks them."""
         self._zygote_starts += 1
         prestarted, self._prestarted = self._prestarted, None
         if prestarted is not None:
@@ -359,7 +359,7 @@ class Fleet:
         the zygote, or (`server_start: spawn`, or no zygote left) a fresh interpreter."""
         zygote = self._zygote
         if zygote is not None:
-            from gymfleet.server import FLEET_TOKEN_ENV
+            from gymfleet.serving.server import FLEET_TOKEN_ENV
 
             env = {**os.environ, FLEET_TOKEN_ENV: self.token}
             try:
@@ -369,11 +369,11 @@ class Fleet:
         return self._spawn_popen(instance)
 
     def _spawn_popen(self, instance: ServerInstance) -> subprocess.Popen:
-        """`instance` as a fresh interpreter: `python -m gymfleet.launch`."""
+        """`instance` as a fresh interpreter: `python -m gymfleet.fleet.launch`."""
         command = [
             sys.executable,
             "-m",
-            "gymfleet.launch",
+            "gymfleet.fleet.launch",
             "--config",
             str(self._config_path),
             "--instance",
@@ -383,7 +383,7 @@ class Fleet:
             "--workdir",
             str(self.workdir),
         ]
-        from gymfleet.server import FLEET_TOKEN_ENV
+        from gymfleet.serving.server import FLEET_TOKEN_ENV
 
         # Secrets and the fleet token go in the child's environment: not on disk, not in `ps` (owner-only).
         env = {**os.environ, SECRETS_ENV: self._secrets_env, FLEET_TOKEN_ENV: self.token}
@@ -811,7 +811,7 @@ def _signal_group(process: subprocess.Popen | ForkedProcess, sig: int) -> None:
 
 def _is_own_server(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
     """Whether `GET url/` answers 200 as instance `name` of the fleet holding `token` (not just anything there)."""
-    from gymfleet.server import FLEET_HEADER, INSTANCE_HEADER
+    from gymfleet.serving.server import FLEET_HEADER, INSTANCE_HEADER
 
     try:
         with urllib.request.urlopen(url + "/", timeout=timeout_s) as response:

@@ -1,7 +1,7 @@
 """Run the fleet's servers on a Ray cluster's nodes: each instance as `num_replicas` Ray actors (ARCHITECTURE 3).
 
 Where servers run is the top-level `placement` key: `local` (every server a child process of `ng_run`, as
-`gymfleet.fleet.Fleet` does) or `ray`. Unset, it is `ray` when `ray_head_node_address` is set (NeMo-RL passes its
+`gymfleet.fleet.supervisor.Fleet` does) or `ray`. Unset, it is `ray` when `ray_head_node_address` is set (NeMo-RL passes its
 cluster's address) and the `ray` package is importable, else `local`; an address without Ray installed is one
 warning and local placement. `placement: ray` without the package, or with no cluster to attach to (no
 `ray_head_node_address`, no `RAY_ADDRESS`, this process not connected), or an address where nothing answers, is a
@@ -33,10 +33,10 @@ binds a free port on its node's IP and reports `host:port`; then the config is c
 (each instance's `host`/`port` is its first replica, `replicas: [{host, port}, ...]` lists them all, and URLs that
 named a server's pre-assigned address, such as `policy_base_url: http://${scripted_llm...host}:${...port}/v1`, are
 rewritten to its first replica) and each actor serves its instance in a child process, `python -m
-gymfleet.launch`, from a private copy of that config on its own node (secrets masked on disk; the actor receives
-them as call arguments and hands them to the child in its environment, as `gymfleet.fleet` does). The head server
+gymfleet.fleet.launch`, from a private copy of that config on its own node (secrets masked on disk; the actor receives
+them as call arguments and hands them to the child in its environment, as `gymfleet.fleet.supervisor` does). The head server
 runs in this process, listens on every interface when its host is a loopback one and publishes this node's IP, and
-serves the real addresses (`gymfleet.head`): `/server_instances` lists each instance's replicas (host, port, node,
+serves the real addresses (`gymfleet.fleet.head`): `/server_instances` lists each instance's replicas (host, port, node,
 status, restarts), `/global_config_dict_yaml` the addresses clients spread rollouts over (`gymfleet.http`). A
 `port` set in YAML is not used under Ray placement (a port free here says nothing about a node's), and each
 server's output reaches `ng_run` through Ray's log forwarding, every line prefixed `(<instance>#<n>)`, rather than
@@ -49,9 +49,9 @@ the head server. Restarts follow the local fleet's budget (`restart_crashed_serv
 replica, backoff 1 s, 2 s, 4 s, ...; `exit_on_server_failure`), each logged in one line and counted in `ng_status`
 and the head's `/metrics`; calls in flight to a dead replica fail as `connection_error`. `shutdown()` stops every
 server process, kills every actor and removes the placement groups; a server whose actor dies kills itself
-(`gymfleet.launch`'s parent watchdog), and Ray kills the actors of a driver that dies.
+(`gymfleet.fleet.launch`'s parent watchdog), and Ray kills the actors of a driver that dies.
 
-Attaching to the cluster and what replicas reserve are `gymfleet.ray_cluster`; the actor is `gymfleet.ray_replica`.
+Attaching to the cluster and what replicas reserve are `gymfleet.fleet.ray_cluster`; the actor is `gymfleet.fleet.ray_replica`.
 """
 
 from __future__ import annotations
@@ -72,9 +72,12 @@ from dataclasses import dataclass, field
 from secrets import token_hex
 from typing import IO, TYPE_CHECKING, Any
 
-from gymfleet.config import GlobalConfig, ServerInstance
 from gymfleet.errors import ConfigError, GymfleetError
-from gymfleet.fleet import (
+from gymfleet.fleet.config import GlobalConfig, ServerInstance
+from gymfleet.fleet.launch import bind_socket, split_secrets
+from gymfleet.fleet.ray_cluster import NoRoomError, attach_ray, bundle_of, free_resources, ray_module, ray_options
+from gymfleet.fleet.ray_replica import PORT_FREE_TIMEOUT_S, ReplicaProcess, set_address
+from gymfleet.fleet.supervisor import (
     RESTART_BACKOFF_CAP_S,
     RESTART_BACKOFF_S,
     RESTART_READY_TIMEOUT_S,
@@ -83,14 +86,11 @@ from gymfleet.fleet import (
     ServerCrashedError,
     _restart_budget,
 )
-from gymfleet.launch import bind_socket, split_secrets
-from gymfleet.ray_cluster import NoRoomError, attach_ray, bundle_of, free_resources, ray_module, ray_options
-from gymfleet.ray_replica import PORT_FREE_TIMEOUT_S, ReplicaProcess, set_address
 
 if TYPE_CHECKING:
     import uvicorn
 
-    from gymfleet.zygote import Zygote
+    from gymfleet.fleet.zygote import Zygote
 
 __all__ = ["NoRoomError", "RayFleet", "make_fleet", "placement_of", "ray_options", "start_fleet"]
 
@@ -246,7 +246,7 @@ class RayFleet:
 
     def validate(self) -> None:
         """Attach to the cluster, and check every instance's fields and Ray resources (YAML paths on errors)."""
-        from gymfleet.launch import build_server
+        from gymfleet.fleet.launch import build_server
 
         self._ray = attach_ray(self.config)
         for instance in self.config.instances.values():
@@ -356,7 +356,7 @@ class RayFleet:
         """The head server in this process, reachable from every node (all interfaces for a loopback host)."""
         import uvicorn
 
-        from gymfleet.head import create_head_app
+        from gymfleet.fleet.head import create_head_app
 
         head = self.config.data["head_server"]
         host = head["host"]
@@ -644,7 +644,7 @@ def _rewrite(node: Any, moved: dict[str, str]) -> Any:
 
 def _answers_as(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
     """Whether `GET url/` answers 200 as instance `name` of the fleet holding `token`."""
-    from gymfleet.server import FLEET_HEADER, INSTANCE_HEADER
+    from gymfleet.serving.server import FLEET_HEADER, INSTANCE_HEADER
 
     try:
         with urllib.request.urlopen(url + "/", timeout=timeout_s) as response:

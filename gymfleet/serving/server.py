@@ -2,7 +2,7 @@
 
 A `Server` owns a validated pydantic config, the global config dict (to reach other servers by name through
 `gymfleet.http.ServerClient`), and builds a FastAPI app with: `GET /` liveness, `GET /metrics` (Prometheus),
-signed session cookies (`gymfleet.sessions`), and error mapping:
+signed session cookies (`gymfleet.serving.sessions`), and error mapping:
 
 - a malformed request body is a 422 naming the offending field (FastAPI's shape) and is logged;
 - a `TransportError` from an inner call is a 502 naming the server that failed, with its `error_type`; an inner
@@ -52,12 +52,12 @@ from starlette.routing import Route
 from gymfleet import http
 from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, TransportError, too_many_errors
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
-from gymfleet.sessions import SessionCookieMiddleware, cookie_name
+from gymfleet.serving.sessions import SessionCookieMiddleware, cookie_name
 
 NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 """Inner 4xx answers that are the fleet's problem, not the caller's: credentials the fleet holds (a wrong
 `api_key` for the upstream model or judge; tagged `auth_failed`), a session lost with a restarted server (410
-`session_lost`: `gymfleet.sessions`) and overload. They become a 502."""
+`session_lost`: `gymfleet.serving.sessions`) and overload. They become a 502."""
 log = logging.getLogger(__name__)
 
 FLEET_TOKEN_ENV = "GYMFLEET_FLEET_TOKEN"
@@ -103,7 +103,7 @@ class ServerConfig(BaseModel):
     """Worker processes behind one port (uvicorn workers)."""
     num_replicas: int = Field(default=1, ge=1)
     """Copies of this server, each with its own address, placed on a Ray cluster's nodes (`placement: ray`, see
-    `gymfleet.ray_placement`); clients spread rollouts over them, each rollout sticking to one."""
+    `gymfleet.fleet.ray_placement`); clients spread rollouts over them, each rollout sticking to one."""
     ray_resources: RayResources | None = None
     """What each replica asks of its Ray node (`num_cpus`, `memory`, custom `resources`); None: the server class's
     `ray_resources_default`. Ignored without Ray placement."""
@@ -178,14 +178,14 @@ class Server:
 
     def lost_session_refusal(self, scope: dict[str, Any]) -> str | None:
         """Why a request whose session died with an earlier process of this server cannot be served (answered 410
-        `session_lost`: `gymfleet.sessions`), or None to serve it on a fresh session. Default: serve it."""
+        `session_lost`: `gymfleet.serving.sessions`), or None to serve it on a fresh session. Default: serve it."""
         return None
 
     @classmethod
     def preload(cls) -> None:
         """Load, once per fleet, what every process of this server shares and only reads (tokenizer models, language
         profiles): `ng_run`'s zygote calls it before forking the servers, so they start with it loaded and share its
-        pages (`gymfleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing."""
+        pages (`gymfleet.fleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing."""
 
     async def startup(self) -> None:
         """Called once when the app starts serving."""
@@ -287,7 +287,7 @@ class Server:
 
 def _capped(errors: Any) -> list[dict[str, Any]]:
     """JSON-safe errors: at most `MAX_REPORTED_ERRORS`, plus one entry counting the rest (if not there already)."""
-    if len(errors) <= MAX_REPORTED_ERRORS + 1:  # a list `gymfleet.bodies.validate` capped, or a short one
+    if len(errors) <= MAX_REPORTED_ERRORS + 1:  # a list `gymfleet.serving.bodies.validate` capped, or a short one
         return [_jsonable_error(error) for error in errors]
     listed = [_jsonable_error(error) for error in errors[:MAX_REPORTED_ERRORS]]
     return listed + too_many_errors(len(errors), len(listed), ("body",))
@@ -317,7 +317,7 @@ def release_freed_memory() -> None:
 
 IDLE_TRIM_DELAYS_S = (0.0, 31.0)
 """When a server falls idle after a burst: trim at once (request memory), and again once the burst's idle
-keep-alive connections have closed (`gymfleet.launch.KEEP_ALIVE_S`, 30 s), which frees their buffers."""
+keep-alive connections have closed (`gymfleet.fleet.launch.KEEP_ALIVE_S`, 30 s), which frees their buffers."""
 
 
 def release_memory_when_idle() -> None:
@@ -438,7 +438,7 @@ def add_route(
 ) -> None:
     """Register a hot-path route as a plain Starlette route.
 
-    The endpoint takes the `Request` and returns a response; it parses its own body (`gymfleet.bodies`), which
+    The endpoint takes the `Request` and returns a response; it parses its own body (`gymfleet.serving.bodies`), which
     skips FastAPI's dependency solving and response encoding — about half the per-request cost of `/verify`.
     Errors still go through the app's exception handlers. `request` and `response` are the body and answer types
     `/openapi.json` shows; they document, they do not validate.
@@ -447,16 +447,17 @@ def add_route(
     app.router.routes.append(DocumentedRoute(path, endpoint, methods=list(methods), doc=doc))
 
 
-def _protocol_docs() -> dict[str, RouteDoc]:
-    """The wire-protocol routes' types (`spec/protocol.md`), for servers that register them without any.
+PROTOCOL_DOCS: dict[str, RouteDoc] = {}
+"""The wire-protocol routes' types (`spec/protocol.md`), for servers that register them without any. Each module
+that defines a protocol route's types registers them here (`gymfleet.serving.agent`: `/run`;
+`gymfleet.serving.resources`: `/aggregate_metrics`), so this base module imports none of its subclasses."""
 
-    Imported when `/openapi.json` is first asked for: `gymfleet.agent` and `gymfleet.resources` build on this module.
-    """
+
+def _protocol_docs() -> dict[str, RouteDoc]:
+    """`PROTOCOL_DOCS` plus the model routes' types (imported when `/openapi.json` is first asked for)."""
     from openai.types.chat import ChatCompletion
     from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
 
-    from gymfleet.agent import RunRequest
-    from gymfleet.resources import AggregateMetricsRequest, VerifyResponse
     from gymfleet.wire import Response as ResponsesObject
     from gymfleet.wire import ResponseCreateParams
 
@@ -465,8 +466,7 @@ def _protocol_docs() -> dict[str, RouteDoc]:
         "/v1/chat/completions": RouteDoc(
             CompletionCreateParamsNonStreaming, ChatCompletion, "One model call (OpenAI Chat Completions API)"
         ),
-        "/run": RouteDoc(RunRequest, VerifyResponse, "One rollout: the environment's /verify answer"),
-        "/aggregate_metrics": RouteDoc(AggregateMetricsRequest, dict[str, Any], "Metrics over /verify answers"),
+        **PROTOCOL_DOCS,
     }
 
 

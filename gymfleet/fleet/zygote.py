@@ -1,6 +1,6 @@
 """Start servers by forking them from one pre-imported parent, the zygote (`ng_run`'s default, `server_start: zygote`).
 
-A fresh interpreter per server (`python -m gymfleet.launch`, `server_start: spawn`) imports fastapi, pydantic,
+A fresh interpreter per server (`python -m gymfleet.fleet.launch`, `server_start: spawn`) imports fastapi, pydantic,
 uvicorn, aiohttp and its environment's libraries again: for the Nano 3 fleet that is most of its start-up time and
 of its memory. The zygote imports all of it once (the shared stack and the `app.py` of every instance in the
 config), calls `gc.freeze()` so the garbage collector does not touch (and so copy) the imported objects, and forks
@@ -19,7 +19,7 @@ two imported its class, so neither imports anything after its first server share
 Why a fresh interpreter and not a fork of the supervisor: forking a multi-threaded process copies locks other
 threads may hold (logging, the import lock, malloc's) into a child with none of those threads. The supervisor has
 threads (head server, log pumps, endpoint probes), and its caller may too: NeMo-RL's Ray actor calls
-`RunHelper.start` with many threads running. So the supervisor starts `python -m gymfleet.zygote` with
+`RunHelper.start` with many threads running. So the supervisor starts `python -m gymfleet.fleet.zygote` with
 `subprocess` (safe from any thread), and only the zygote, single-threaded by construction, ever forks. A zygote
 whose imports start a Python thread refuses to serve (the fleet falls back to fresh interpreters).
 
@@ -32,7 +32,7 @@ packet; file descriptors travel with `socket.send_fds`, SCM_RIGHTS):
   `{"op": "spawn", "id", "instance", "env", "secrets"}` with the write end of the child's output pipe, answered
   `{"op": "spawned", "id", "pid"}`; `{"op": "validate", "secrets", "env"}` with a pipe, on which throwaway children
   (one from the zygote and one from its helper, each for the servers it imported: `parts` in the answer) write one
-  JSON line each saying whether their servers build (`gymfleet.fleet.Fleet.validate` without importing everything a
+  JSON line each saying whether their servers build (`gymfleet.fleet.supervisor.Fleet.validate` without importing everything a
   second time).
 - zygote ↔ helper: the same messages on a socket pair of their own; the zygote forwards a spawn of a server the
   helper imported, and relays the helper's `spawned` and `exit` messages. A helper that dies takes the zygote with it
@@ -42,7 +42,7 @@ Each child starts its own session (process group), takes the pipe as stdout and 
 gets the supervisor's environment of the moment plus the fleet token (`env`), its secrets in memory (never on disk,
 argv or even its environment), a fresh random seed (`random`, and `numpy.random` if imported), default signal
 handlers and fresh logging handlers; no event loop, aiohttp session or thread exists in the zygote to inherit.
-It then serves exactly as `python -m gymfleet.launch` does (`gymfleet.launch.serve_supervised`), `num_workers`,
+It then serves exactly as `python -m gymfleet.fleet.launch` does (`gymfleet.fleet.launch.serve_supervised`), `num_workers`,
 `EXIT_PORT_IN_USE` and all, and dies with the supervisor: it watches the supervisor's pidfd, which the zygote
 opened, so a child outlives its zygote but never its supervisor. The zygote exits when the supervisor closes the
 socket or dies; its children keep serving.
@@ -95,9 +95,9 @@ SHARED_MODULES = (
     "asyncio", "json", "multiprocessing.spawn", "pydantic", "fastapi", "starlette.applications", "aiohttp",
     "uvicorn", "uvicorn.config", "uvicorn.server", "uvicorn.lifespan.on", "uvicorn.loops.auto",
     "uvicorn.loops.uvloop", "uvicorn.protocols.http.auto", "uvicorn.protocols.http.httptools_impl",
-    "uvicorn.protocols.http.h11_impl", "uvicorn.protocols.websockets.auto", "gymfleet.server", "gymfleet.http",
-    "gymfleet.launch", "gymfleet.resources", "gymfleet.agent", "gymfleet.model", "gymfleet.judge",
-    "gymfleet.sandbox_client",
+    "uvicorn.protocols.http.h11_impl", "uvicorn.protocols.websockets.auto", "gymfleet.serving.server", "gymfleet.http",
+    "gymfleet.fleet.launch", "gymfleet.serving.resources", "gymfleet.serving.agent", "gymfleet.serving.model", "gymfleet.grading.judge",
+    "gymfleet.grading.sandbox_client",
 )  # fmt: skip
 """Imported first, whatever the config: what every server imports (uvicorn's `auto` modules load at serve time;
 the resources, agent and model bases bring the `openai` types). Imported once, before the helper forks: what the
@@ -208,7 +208,7 @@ class Zygote:
         self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.started_at = time.monotonic()
         with theirs:
-            command = [sys.executable, "-m", "gymfleet.zygote", "--control-fd", str(theirs.fileno()),
+            command = [sys.executable, "-m", "gymfleet.fleet.zygote", "--control-fd", str(theirs.fileno()),
                        "--parent-pid", str(os.getpid()), *(["--config", str(config_path)] if config_path else []),
                        "--room", CMDLINE_ROOM]
             self.process = subprocess.Popen(
@@ -408,7 +408,7 @@ def import_shared() -> None:
 
 def server_groups(config_path: Path) -> list[list[Any]]:
     """The config's instances grouped by the server file they run (instances of one class share one import)."""
-    from gymfleet.launch import load_config
+    from gymfleet.fleet.launch import load_config
 
     groups: dict[Path, list[Any]] = {}
     for instance in load_config(config_path, []).instances.values():
@@ -425,7 +425,7 @@ def preload(groups: list[list[Any]], claims: int | None = None) -> list[str]:
     group as soon as it is free. A failed import is logged, not raised: that instance's child imports it again and
     fails with its own error.
     """
-    from gymfleet.launch import load_server_class
+    from gymfleet.fleet.launch import load_server_class
 
     loaded: list[str] = []
     for group in _claimed(groups, claims):
@@ -470,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent-pid", required=True, type=int, help="the supervisor: exit when it does")
     parser.add_argument("--room", help=argparse.SUPPRESS)  # CMDLINE_ROOM
     args = parser.parse_args(argv)
-    set_cmdline([sys.executable, "-m", "gymfleet.zygote", "--control-fd", str(args.control_fd), "--parent-pid",
+    set_cmdline([sys.executable, "-m", "gymfleet.fleet.zygote", "--control-fd", str(args.control_fd), "--parent-pid",
                  str(args.parent_pid), *(["--config", str(args.config)] if args.config else [])])
     logging.basicConfig(level=os.environ.get("GYMFLEET_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -569,7 +569,7 @@ class _Helper:
                args: argparse.Namespace) -> int:
         """The helper's whole life: import what it claims, say so, then fork servers until the zygote goes."""
         zygote = os.getppid()
-        set_cmdline([sys.executable, "-m", "gymfleet.zygote", "--helper-of", str(zygote)])
+        set_cmdline([sys.executable, "-m", "gymfleet.fleet.zygote", "--helper-of", str(zygote)])
         os.close(args.control_fd)  # the supervisor's socket is the zygote's alone
         loaded = preload(groups, claims)
         os.close(claims)
@@ -706,7 +706,7 @@ class _Loop:
                 code = _validate_child(self.args.config, message["secrets"], fd, message.get("only"),
                                        message.get("skip", ()))
             else:
-                from gymfleet.launch import serve_supervised
+                from gymfleet.fleet.launch import serve_supervised
 
                 secrets = [(list(path), value) for path, value in message["secrets"]]
                 serve_supervised(self.args.config, message["instance"], secrets, parent_pid=self.args.parent_pid,
@@ -752,7 +752,7 @@ class _Loop:
             os.close(fd)
             sys.stdout.reconfigure(line_buffering=True)
         name = message.get("instance", "validate")
-        set_cmdline([sys.executable, "-m", "gymfleet.zygote", "--instance", name, "--forked-by", str(os.getppid())])
+        set_cmdline([sys.executable, "-m", "gymfleet.fleet.zygote", "--instance", name, "--forked-by", str(os.getppid())])
         os.environ.clear()
         os.environ.update(message["env"])
         import random
@@ -794,7 +794,7 @@ def _validate_child(config_path: Path, secrets: list, fd: int, only: list[str] |
                     skip: Iterable[str] = ()) -> int:
     """Build the config's servers (what `Fleet.validate` does: all, or those in `only`, less those in `skip`) and
     write the verdict to `fd` as one JSON line (the zygote and its helper may share the pipe)."""
-    from gymfleet.launch import build_server, load_config
+    from gymfleet.fleet.launch import build_server, load_config
 
     try:
         config = load_config(config_path, [(list(path), value) for path, value in secrets])

@@ -1,7 +1,7 @@
 """Reward provenance: what decided a reward, small enough to ride on every `/verify` answer.
 
 A resources server adds one `reward_provenance` object to every `/verify` answer (scored rows and
-`_ng_failure_class` rows alike; see `gymfleet.resources`):
+`_ng_failure_class` rows alike; see `gymfleet.serving.resources`):
 
     {"environment": "mcqa", "instance": "mcqa", "version": "v2", "config_hash": "3f9c0a1b2d4e5f60",
      "libraries": {"gymfleet": "0.1.0"}, "judge": {...}}          # `judge` only for environments with a judge
@@ -13,12 +13,12 @@ A resources server adds one `reward_provenance` object to every `/verify` answer
 - `config_hash`: the first 16 hex digits of the SHA-256 of the effective config (every field, defaults included,
   as canonical JSON) without the keys that cannot change a reward: where the server listens and how many workers
   it runs, descriptive keys, deadlines that only turn a verify into a failure row, concurrency caps, URLs, and
-  secrets (`gymfleet.config_merge.SECRET_KEY`). The same config on another machine hashes the same.
+  secrets (`gymfleet.masking.SECRET_KEY`). The same config on another machine hashes the same.
 - `libraries`: `{distribution: version}` of the libraries that decide the reward (the server class's
   `reward_libraries`, plus `gymfleet` itself); a library that is not installed is `"not installed"`.
 - `judge`: `{server, model, prompt_version, seed}` of the server's `JudgeClient` (`self.judge`): the model is the
   judge requests' `model` if the config sets one, else the judge instance's configured `model`; the prompt version
-  the server's `prompt_version` / `version` attribute (`gymfleet.judge.prompt_version`), else a hash of the
+  the server's `prompt_version` / `version` attribute (`gymfleet.grading.judge.prompt_version`), else a hash of the
   environment folder's prompt files (`*.txt`); the seed the judge requests' `seed`.
 
 `provenance_diff(old, new)` says which of `version`, `config_hash`, `libraries`, `judge` differ between two such
@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from gymfleet.config_merge import SECRET_KEY
+from gymfleet.masking import SECRET_KEY
 
 if TYPE_CHECKING:
-    from gymfleet.resources import ResourcesServer
+    from gymfleet.serving.server import Server
 
 PROVENANCE_KEY = "reward_provenance"
 NO_VERSION = "v0"
@@ -174,9 +174,11 @@ def _prompt_files_version(server_class: type) -> str | None:
     return f"prompts@{digest.hexdigest()[:12]}" if found else None
 
 
-def judge_identity(server: ResourcesServer) -> dict[str, Any] | None:
+def judge_identity(server: Server) -> dict[str, Any] | None:
     """`{server, model, prompt_version, seed}` of the server's judge, or None when it has none (module docstring)."""
-    from gymfleet.judge import JudgeClient  # gymfleet.judge imports gymfleet.http; keep this module light
+    from gymfleet.grading.judge import (
+        JudgeClient,  # gymfleet.grading.judge imports gymfleet.http; keep this module light
+    )
 
     judge = getattr(server, "judge", None)
     if not isinstance(judge, JudgeClient):
@@ -193,7 +195,7 @@ def judge_identity(server: ResourcesServer) -> dict[str, Any] | None:
     }
 
 
-def reward_provenance(server: ResourcesServer) -> dict[str, Any]:
+def reward_provenance(server: Server) -> dict[str, Any]:
     """The `reward_provenance` object of `server` (module docstring). Cheap to call once, not per request."""
     server_class = type(server)
     provenance: dict[str, Any] = {

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gymfleet.testing import make_response
+from gymfleet.wire import make_response
 
 GENERIC = (
     "echo_prompt",

@@ -13,7 +13,7 @@ collector's `_aggregate_metrics.json` and trainers' metric loggers included; no 
   (`_ng_failure_class`; superseded ones not counted) and their share of all rows; per environment
   (`reward_provenance.environment`, else the agent's) as `infra_failure_count/<env>` and `infra_failure_share/<env>`.
   The share is only as good as the rows passed in: a caller that passes successful rows only gets 0.
-- per reward provenance (`gymfleet.provenance`), keyed `provenance/<environment>/<version>/<config_hash>`:
+- per reward provenance (`gymfleet.serving.provenance`), keyed `provenance/<environment>/<version>/<config_hash>`:
   `.../rows` (scored rows), `.../mean_reward` and `.../infra_failures`, so a mix of environment versions or configs
   in one file shows. Rows without `reward_provenance` are not counted there.
 

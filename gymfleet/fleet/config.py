@@ -38,7 +38,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gymfleet.config_merge import (
+from gymfleet.errors import ConfigError, ServerRefError, did_you_mean
+from gymfleet.fleet.config_merge import (
     apply_directives,
     describe_validation_error,
     find_missing,
@@ -46,14 +47,13 @@ from gymfleet.config_merge import (
     join_path,
     load_config_files,
     load_env_yaml,
-    mask_secrets,
     merge,
     parse_overrides,
     resolve,
     resolved_config_paths,
     to_plain,
 )
-from gymfleet.errors import ConfigError, ServerRefError, did_you_mean
+from gymfleet.masking import mask_secrets
 
 if TYPE_CHECKING:
     from gymfleet.http import ClientLimits
@@ -103,7 +103,7 @@ RESERVED_KEYS = frozenset(
 )  # fmt: skip
 # Global keys gymfleet reads besides RESERVED_KEYS (NeMo-Gym's): the policy endpoint every recipe interpolates,
 # the HTTP pool limits, the access log switch, the restart budget, where servers run (`placement`, see
-# `gymfleet.ray_placement`) and how the fleet starts its server processes (`server_start`, read by `gymfleet.fleet`).
+# `gymfleet.fleet.ray_placement`) and how the fleet starts its server processes (`server_start`, read by `gymfleet.fleet.supervisor`).
 GLOBAL_KEYS = frozenset(
     {
         "policy_base_url", "policy_api_key", "policy_model_name", "global_aiohttp_connector_limit",
@@ -125,7 +125,7 @@ DEFAULT_PORT_RANGE = (10001, 20000)
 
 def repository_root() -> Path:
     """The directory that holds the `gymfleet` package (and `resources_servers/`, `agents/`, ...)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.bodies import read_json, validate
-from gymfleet.server import JSONResponse, Server, ServerConfig, add_route
+from gymfleet.serving.bodies import read_json, validate
+from gymfleet.serving.server import JSONResponse, Server, ServerConfig, add_route
 from gymfleet.wire import ResponseCreateParams
 
 

@@ -1,0 +1,1 @@
+"""Working with rollouts: collecting them, preparing datasets, re-verifying, NeMo-RL's RolloutCollectionHelper."""
