@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from gymfleet.grading import answers
+from gymfleet.grading import answers, choices, latex, think
 
 ABCD = "ABCD"
 ONE_MB = 1_000_000
@@ -11,9 +11,10 @@ JUNK = "Let me reconsider the kinetics {k_1} and \\frac{1}{2} once more, 12 34. 
 HUGE_JUNK = JUNK * (ONE_MB // len(JUNK))
 
 
-def test_every_docstring_example_holds():
-    outcome = doctest.testmod(answers)
-    assert outcome.attempted > 20 and outcome.failed == 0
+@pytest.mark.parametrize("module", [answers, choices, latex, think], ids=lambda module: module.__name__)
+def test_every_docstring_example_holds(module):
+    outcome = doctest.testmod(module)
+    assert outcome.attempted > 3 and outcome.failed == 0
 
 
 def _fast(fn, *args, budget_s=2.0):
@@ -57,7 +58,7 @@ def _fast(fn, *args, budget_s=2.0):
     ],
 )
 def test_last_boxed(text, expected):
-    assert answers.last_boxed(text) == expected
+    assert latex.last_boxed(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -71,7 +72,7 @@ def test_last_boxed(text, expected):
     ],
 )
 def test_last_boxed_is_fast_on_huge_text(text, expected):
-    assert _fast(answers.last_boxed, text) == expected
+    assert _fast(latex.last_boxed, text) == expected
 
 
 # ---------------------------------------------------------------------------------------------- strip_think
@@ -93,7 +94,7 @@ def test_last_boxed_is_fast_on_huge_text(text, expected):
     ],
 )
 def test_strip_think(text, expected):
-    assert answers.strip_think(text) == expected
+    assert think.strip_think(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -105,7 +106,7 @@ def test_strip_think(text, expected):
     ],
 )
 def test_strip_think_is_fast_on_huge_text(text):
-    assert _fast(answers.strip_think, text) == ""
+    assert _fast(think.strip_think, text) == ""
 
 
 # ---------------------------------------------------------------------------------------------- answer_after
@@ -210,19 +211,19 @@ def test_answer_after_is_fast_on_huge_text():
     ],
 )
 def test_choice_letter(payload, strict, lenient):
-    assert answers.choice_letter(payload, ABCD) == strict
-    assert answers.choice_letter(payload, ABCD, lenient=True) == lenient
+    assert choices.choice_letter(payload, ABCD) == strict
+    assert choices.choice_letter(payload, ABCD, lenient=True) == lenient
 
 
 def test_choice_letter_accepts_letter_list():
-    assert answers.choice_letter("J", ["A", "B", "J"]) == "J"
-    assert answers.choice_letter("J", []) is None
+    assert choices.choice_letter("J", ["A", "B", "J"]) == "J"
+    assert choices.choice_letter("J", []) is None
 
 
 def test_choice_letter_lenient_skips_capitals_outside_options():
-    assert answers.choice_letter("Then D", ABCD, lenient=True) == "D"
-    assert answers.choice_letter("So D, as in J", ABCD, lenient=True) == "D"
-    assert answers.choice_letter("So D, as in J", "ABCDEFGHIJ", lenient=True) == "J"
+    assert choices.choice_letter("Then D", ABCD, lenient=True) == "D"
+    assert choices.choice_letter("So D, as in J", ABCD, lenient=True) == "D"
+    assert choices.choice_letter("So D, as in J", "ABCDEFGHIJ", lenient=True) == "J"
 
 
 @pytest.mark.parametrize(
@@ -237,7 +238,7 @@ def test_choice_letter_lenient_skips_capitals_outside_options():
     ],
 )
 def test_choice_letter_pronoun_i_with_ten_options(payload, expected):
-    assert answers.choice_letter(payload, "ABCDEFGHIJ", lenient=True) == expected
+    assert choices.choice_letter(payload, "ABCDEFGHIJ", lenient=True) == expected
 
 
 MERCURY = {"A": "Venus", "B": "Mercury", "C": "Hepatitis B or C infection", "D": None}
@@ -258,7 +259,7 @@ MERCURY = {"A": "Venus", "B": "Mercury", "C": "Hepatitis B or C infection", "D":
     ],
 )
 def test_choice_letter_with_option_texts(payload, expected):
-    assert answers.choice_letter(payload, MERCURY) == expected
+    assert choices.choice_letter(payload, MERCURY) == expected
 
 
 @pytest.mark.parametrize(
@@ -270,7 +271,7 @@ def test_choice_letter_with_option_texts(payload, expected):
     ],
 )
 def test_choice_letter_is_fast_on_huge_payload(payload):
-    _fast(answers.choice_letter, payload, ABCD, True)
+    _fast(choices.choice_letter, payload, ABCD, True)
 
 
 # ---------------------------------------------------------------------------------------------- match_option_text
@@ -293,7 +294,7 @@ OPTIONS = {"A": "PCR", "B": "RT-PCR", "C": "Western blot", "D": None}
     ],
 )
 def test_match_option_text(payload, substring, expected):
-    assert answers.match_option_text(payload, OPTIONS, substring=substring) == expected
+    assert choices.match_option_text(payload, OPTIONS, substring=substring) == expected
 
 
 # ---------------------------------------------------------------------------------------------- last_number
@@ -373,12 +374,12 @@ def _letter_params(script, letters, ascii_letters):
     ],
 )
 def test_normalize_letter(ch, expected):
-    assert answers.normalize_letter(ch) == expected
+    assert choices.normalize_letter(ch) == expected
 
 
 def test_unwrap_latex_text():
-    assert answers.unwrap_latex_text(r"\mathrm{  C }") == "C"
-    assert answers.unwrap_latex_text(r"\texttt{B}") == r"\texttt{B}"
+    assert latex.unwrap_latex_text(r"\mathrm{  C }") == "C"
+    assert latex.unwrap_latex_text(r"\texttt{B}") == r"\texttt{B}"
 
 
 # ---------------------------------------------------------------------------------------------- last_fenced_block

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gymfleet.grading import answers, text, toolcalls
+from gymfleet.grading import answers, choices, latex, text, think, toolcalls
 from gymfleet.testing import make_response
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ tool_calls = st.lists(
 )
 
 
-# ---------------------------------------------------------------------------------------------- gymfleet.grading.answers
+# ------------------------------------------------------------------ gymfleet.grading.answers, choices, latex, think
 
 
 @FUZZ
@@ -108,29 +108,29 @@ tool_calls = st.lists(
 def test_answer_extractors_never_raise_and_are_deterministic(value, keep):
     assert len(twice(answers.tail, value, keep)) <= max(keep, 0) or len(value) <= keep
     assert isinstance(twice(answers.normalize, value), str)
-    assert isinstance(twice(answers.strip_think, value), str)
-    assert isinstance(twice(answers.unwrap_latex_text, value), str)
-    for extract in (answers.last_boxed, answers.last_fenced_block, answers.last_tagged, answers.answer_after,
-                    answers.option_label, answers.last_number):
+    assert isinstance(twice(think.strip_think, value), str)
+    assert isinstance(twice(latex.unwrap_latex_text, value), str)
+    for extract in (latex.last_boxed, answers.last_fenced_block, answers.last_tagged, answers.answer_after,
+                    choices.option_label, answers.last_number):
         found = twice(extract, value)
         assert found is None or isinstance(found, str), extract.__name__
     assert all(isinstance(item, str) for item in twice(answers.answer_values, value))
     assert all(isinstance(item, str) for item in twice(answers.answer_values, value, "Final answer", markdown=False))
     if value:
-        assert isinstance(twice(answers.normalize_letter, value[0]), str)
+        assert isinstance(twice(choices.normalize_letter, value[0]), str)
 
 
 @FUZZ
 @given(texts, st.booleans(), st.dictionaries(st.sampled_from("ABCDEFGHIJ"), st.none() | st.text(max_size=12),
                                              min_size=1, max_size=10))
 def test_choice_letter_only_answers_an_allowed_letter(value, lenient, options):
-    for payload in (value, answers.last_boxed(value)):
+    for payload in (value, latex.last_boxed(value)):
         for allowed in (options, "".join(options)):
-            letter = twice(answers.choice_letter, payload, allowed, lenient)
+            letter = twice(choices.choice_letter, payload, allowed, lenient)
             assert letter is None or letter in options
-        matched = twice(answers.match_option_text, payload, options)
+        matched = twice(choices.match_option_text, payload, options)
         assert matched is None or matched in options
-        assert twice(answers.match_option_text, payload, options, substring=True) in (None, *options)
+        assert twice(choices.match_option_text, payload, options, substring=True) in (None, *options)
 
 
 # ---------------------------------------------------------------------------------------------- gymfleet.grading.text
@@ -153,7 +153,7 @@ def test_text_helpers(language_models, left, right):
     assert text.sequence_similarity(left, left) == 1.0
 
 
-# ---------------------------------------------------------------------------------------------- gymfleet.grading.toolcalls
+# ------------------------------------------------------------------------------------------ gymfleet.grading.toolcalls
 
 
 @FUZZ
@@ -195,7 +195,7 @@ def _is_json(value: str) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------------------------- gymfleet.grading.mathcheck
+# ------------------------------------------------------------------------------------------ gymfleet.grading.mathcheck
 
 
 @settings(FUZZ, max_examples=max(5, EXAMPLES // 4))
@@ -374,7 +374,8 @@ def test_swebench_report_and_score(stdout, report, fail_to_pass, pass_to_pass):
 
 
 run_results = st.builds(
-    lambda status, out, err, code, duration: __import__("gymfleet.grading.sandbox_client", fromlist=["RunResult"]).RunResult(
+    lambda status, out, err, code, duration: __import__(
+        "gymfleet.grading.sandbox_client", fromlist=["RunResult"]).RunResult(
         status=status, stdout=out, stderr=err, return_code=code, duration_s=duration),
     st.sampled_from(["ok", "failed", "timeout", "oom", "killed"]), texts.filter(lambda v: len(v) < 20_000),
     st.text(max_size=50), st.none() | st.integers(-15, 255), st.floats(0, 100),

@@ -6,7 +6,7 @@ math_with_judge does (spec §1.2): the gold is stripped of outer `\(...\)` / `$.
 LaTeX extraction; the two are compared with math-verify's `verify` (numeric precision 6). `math_equal` is the same,
 as a bool.
 
-The answer is the last `\boxed{}` (`gymfleet.grading.answers.last_boxed`), and only it:
+The answer is the last `\boxed{}` (`gymfleet.grading.latex.last_boxed`), and only it:
 
 - An output with no box, or whose last box is empty, is `no_boxed_answer` and never reaches math-verify. Handed
   the whole text, math-verify falls back to the last number or expression it can find, so hedges such as
@@ -22,8 +22,8 @@ several boxes, and some answers, differently, so results are only reproducible w
 Hardening, because SymPy can spin for minutes or exhaust memory on a few characters (`9^{9^{9^{9}}}`, a deeply
 nested fraction):
 
-- The work runs in a `gymfleet.grading.procpool.ProcessPool` (default: one worker per CPU, started lazily): an item that
-  uses up its budget (`timeout_s` of CPU time, or four times that of wall-clock time) has its worker killed and
+- The work runs in a `gymfleet.grading.procpool.ProcessPool` (default: one worker per CPU, started lazily): an item
+  that uses up its budget (`timeout_s` of CPU time, or four times that of wall-clock time) has its worker killed and
   replaced without failing other items, and an item that has burnt 0.1 s of CPU is moved to low priority so
   ordinary items keep flowing. math-verify's own `signal.alarm` timeouts are off inside the workers. Each worker's
   address space is capped (`memory_mb`). The workers are forked from a fork server that has imported math-verify
@@ -54,7 +54,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gymfleet.grading.answers import last_boxed
+from gymfleet.grading.latex import last_boxed
 from gymfleet.grading.procpool import ItemTimeout, PoolError, ProcessPool, RemoteError, WorkerCrashed
 
 __all__ = [
@@ -253,8 +253,9 @@ class MathChecker:
         workers: Worker processes at full priority (default: `gymfleet.grading.procpool.available_cpus()`).
         cache_size: How many `(gold, pred)` results to remember.
         memory_mb: Address-space limit per worker; None for no limit.
-        slow_after_s: After this much CPU time an item's worker drops to low priority (see `gymfleet.grading.procpool`).
-            Ordinary answers need 1-20 ms of CPU; what a poison input burns at full priority is taken from them.
+        slow_after_s: After this much CPU time an item's worker drops to low priority (see
+            `gymfleet.grading.procpool`). Ordinary answers need 1-20 ms of CPU; what a poison input burns at full
+            priority is taken from them.
 
     Raises:
         ImportError: math-verify is not installed, or its version is outside `>=0.9,<0.10`.

@@ -16,7 +16,7 @@ a regex) and `nl2bash_equivalency` (`configs/nl2bash-equivalency.yaml`: one bash
 ## Reward
 1. The answer is the text of the last assistant message of the response (its text parts joined by newlines,
    stripped; reasoning items excluded), of which only the last `judge_answer_max_chars` characters are read. With
-   no such text, or nothing but `<think>` reasoning (blank once `gymfleet.grading.answers.strip_think` drops it), the
+   no such text, or nothing but `<think>` reasoning (blank once `gymfleet.grading.think.strip_think` drops it), the
    reward is 0.0 (`reason: no_answer`) and the judge is not asked.
 2. Extraction: with `use_per_record_regex` and a row regex, that regex, else `response_extract_regex`, is searched
    (multiline, dot matches newline); the last match's first non-empty group (else the whole match) is the answer,
@@ -24,13 +24,13 @@ a regex) and `nl2bash_equivalency` (`configs/nl2bash-equivalency.yaml`: one bash
    `extraction_length_threshold` characters: such an answer is judged on the whole text, with no swap check and no
    full-text retry (the steps below that the threshold names "skipped for length").
 3. Injection screen: the text about to be shown to the judge (the answer, and later the whole text for step 6) is
-   checked with `gymfleet.grading.judge.injection_signals` against the two verdict labels (a label or verdict line written
-   into the answer, a JSON verdict, "ignore the instructions above ..." aimed at a grader), and for the delimiter
-   tags of the prompt (`<candidate_answer>`, ...). A signal scores 0.0 without asking the judge, recorded in
+   checked with `gymfleet.grading.judge.injection_signals` against the two verdict labels (a label or verdict line
+   written into the answer, a JSON verdict, "ignore the instructions above ..." aimed at a grader), and for the
+   delimiter tags of the prompt (`<candidate_answer>`, ...). A signal scores 0.0 without asking the judge, recorded in
    `judge_injection` (`reason: judge_injection`).
 4. The judge is asked with the prompt template (question, reference, answer; optional `judge_system_message`). Its
-   verdict is the label occurring first in the text of its last output message (`gymfleet.grading.judge.verdict`; a label
-   made of letters must stand as a whole word, so `INCORRECT` never reads as `CORRECT`; case is ignored).
+   verdict is the label occurring first in the text of its last output message (`gymfleet.grading.judge.verdict`; a
+   label made of letters must stand as a whole word, so `INCORRECT` never reads as `CORRECT`; case is ignored).
 5. Equal: with `check_twice_swap` (and not skipped for length) the judge is asked again with the answer as the
    reference and the reference as the answer: equal again gives 1.0, else `reward_if_swap_fails`
    (`reason: swap_not_equal`). Without the swap check, 1.0.
@@ -112,8 +112,8 @@ from typing import Any
 
 from pydantic import AliasChoices, Field, StrictFloat, StrictInt, StrictStr, field_validator, model_validator
 
-from gymfleet.grading.answers import strip_think, tail
 from gymfleet.errors import JudgeError
+from gymfleet.grading.answers import tail
 from gymfleet.grading.judge import (
     JudgeClient,
     JudgeReply,
@@ -124,6 +124,7 @@ from gymfleet.grading.judge import (
     response_text,
     verdict,
 )
+from gymfleet.grading.think import strip_think
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response, ResponseCreateParams

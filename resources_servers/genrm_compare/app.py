@@ -116,10 +116,10 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.grading.answers import strip_think
-from gymfleet.serving.bodies import read_json, validate
 from gymfleet.errors import JudgeError, ServerRefError
 from gymfleet.grading.judge import JudgeClient, JudgeReply, chat_text, injection_signals, load_prompt, prompt_version
+from gymfleet.grading.think import strip_think
+from gymfleet.serving.bodies import read_json, validate
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import JSONResponse, ServerRef, add_route
 from resources_servers.genrm_compare.cohorts import Cohort, CohortTimeout, Member

@@ -13,8 +13,8 @@ r"""math_with_judge: math problems graded by math-verify, with an optional LLM j
    reasoning trace must neither score 0 for its length nor cost seconds of parsing.
 2. The answer is the content of the text's last `\boxed{}` (or `\fbox{}`). With no box, or an empty last box, the
    reward is 0.0 with `library_reason: no_boxed_answer`, and the judge is not asked.
-3. Library (`gymfleet.grading.mathcheck`, math-verify as NeMo-Gym runs it): the gold, wrapped in `\boxed{}`, against the
-   last box's content. A box listing several answers (`\boxed{1, 2}`, `\boxed{x=1 \text{ or } x=2}`) is a set and
+3. Library (`gymfleet.grading.mathcheck`, math-verify as NeMo-Gym runs it): the gold, wrapped in `\boxed{}`, against
+   the last box's content. A box listing several answers (`\boxed{1, 2}`, `\boxed{x=1 \text{ or } x=2}`) is a set and
    does not match one gold; so is a box math-verify reads only in part (it reads `\boxed{0, 400, true}` as 400
    alone): when the box lists more items (top-level commas or semicolons, `listed_items`) than the answer
    math-verify extracted, the reward is 0.0 (`several_answers`) and the judge is not asked.
@@ -86,8 +86,9 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from gymfleet.grading.answers import last_boxed, tail
+from gymfleet.grading.answers import tail
 from gymfleet.grading.judge import JudgeClient, load_prompt, render_prompt, response_text, verdict
+from gymfleet.grading.latex import last_boxed
 from gymfleet.grading.mathcheck import MathChecker, MathResult
 from gymfleet.grading.procpool import available_cpus
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse

@@ -30,7 +30,7 @@ end, so the clip loses nothing a grader should read, and it bounds the regex wor
 `output_regex`) on pathological outputs. On outputs longer than the clip, "first `answer:`" means the first one
 inside the clipped tail.
 
-Every mode reads letters with `gymfleet.grading.answers.choice_letter`, given the option texts, so it rejects a payload
+Every mode reads letters with `gymfleet.grading.choices.choice_letter`, given the option texts, so it rejects a payload
 naming two or more distinct allowed letters, joined by punctuation, markdown or connector words ("A or B", "B. or
 C.", "B, or C", "**B** / **C**", "B (or maybe C)") or as option labels ("A: PCR B: ELISA", an echo of the prompt's
 option list); a label followed by another option's text ("(B) Venus" when Venus is option C); and a label whose text
@@ -43,7 +43,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from gymfleet.grading import answers
+from gymfleet.grading import answers, choices, latex
 
 GradingMode = Literal["strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon", "lenient_answer_colon_md"]
 
@@ -81,40 +81,40 @@ def _by_regex(text: str, patterns: list[str], texts: Mapping[str, str]) -> str |
         last = matches[-1]
         candidate = (last[0] if isinstance(last, tuple) else last).strip()
         if len(candidate) == 1:
-            letter = answers.normalize_letter(candidate)
+            letter = choices.normalize_letter(candidate)
             if letter.isalpha():
                 return letter
-        letter = answers.match_option_text(candidate, texts)
+        letter = choices.match_option_text(candidate, texts)
         if letter is not None:
             return letter
     return None
 
 
 def _strict_boxed(text: str, texts: Mapping[str, str]) -> str | None:
-    return answers.choice_letter(answers.last_boxed(text), texts)
+    return choices.choice_letter(latex.last_boxed(text), texts)
 
 
 def _lenient_boxed(text: str, texts: Mapping[str, str]) -> str | None:
-    box = answers.last_boxed(text)
-    letter = answers.choice_letter(box, texts)
-    if letter is not None or answers.option_label(box) in texts:
+    box = latex.last_boxed(text)
+    letter = choices.choice_letter(box, texts)
+    if letter is not None or choices.option_label(box) in texts:
         return letter  # a label strict refused (a hedge, or another option's text) is not read as text
-    return answers.match_option_text(box, texts, substring=True)
+    return choices.match_option_text(box, texts, substring=True)
 
 
 def _lenient_answer_colon(text: str, texts: Mapping[str, str]) -> str | None:
     values = answers.answer_values(text, markdown=False)
     if not values:
         return None
-    candidate = answers.unwrap_latex_text(values[0])
+    candidate = latex.unwrap_latex_text(values[0])
     if len(candidate) == 1 and candidate.upper() in texts:
         return candidate.upper()
-    return answers.match_option_text(candidate, texts)
+    return choices.match_option_text(candidate, texts)
 
 
 def _lenient_answer_colon_md(text: str, texts: Mapping[str, str]) -> str | None:
     for value in reversed(answers.answer_values(text, markdown=True)):
-        letter = answers.choice_letter(value, texts, lenient=True)
+        letter = choices.choice_letter(value, texts, lenient=True)
         if letter is not None:
             return letter
     return None

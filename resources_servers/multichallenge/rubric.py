@@ -4,7 +4,7 @@ One judge call per rubric item, all in parallel (bounded by the judge client's c
 for the row. What the two environments share lives here:
 
 - `final_message_text` / `clean_response`: the text graded is the last assistant message, with `<think>` and
-  `<thinking>` reasoning removed (`gymfleet.grading.answers.strip_think`'s rules, for both tag names).
+  `<thinking>` reasoning removed (`gymfleet.grading.think.strip_think`'s rules, for both tag names).
 - `delimit` and `injection_reasons`: the answer reaches the judge only between `<model_response>` tags; an answer
   that writes a verdict label, a JSON verdict, a grader-aimed override or the delimiter itself is flagged
   (`gymfleet.grading.judge.injection_signals`) and scored 0 without asking the judge.
@@ -23,8 +23,8 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
-from gymfleet.grading.answers import THINK_CLOSE, THINK_OPEN, strip_think
 from gymfleet.grading.judge import JudgeClient, JudgeReply, injection_signals
+from gymfleet.grading.think import THINK_CLOSE, THINK_OPEN, strip_think
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyResponse
 from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response, ResponseCreateParams
@@ -48,7 +48,7 @@ def final_message_text(response: Response) -> str:
 
 
 def clean_response(text: str) -> str:
-    r"""The visible reply: `<think>`/`<thinking>` blocks removed, as `gymfleet.grading.answers.strip_think` does.
+    r"""The visible reply: `<think>`/`<thinking>` blocks removed, as `gymfleet.grading.think.strip_think` does.
 
     A complete block goes; text up to an unpaired closing tag (its opening tag was in the prompt) goes; a block
     that never closes (cut off while reasoning) goes with everything after it.

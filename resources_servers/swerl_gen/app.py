@@ -18,7 +18,7 @@ NeMo-Gym's swerl_gen rows are accepted as they are:
 
 ## Reward
 The text read is every assistant message's text, joined by newlines; reasoning (`<think>...</think>`, or all
-text up to a lone `</think>`, `gymfleet.grading.answers.strip_think`) is dropped. An empty answer scores 0.0 (`empty`).
+text up to a lone `</think>`, `gymfleet.grading.think.strip_think`) is dropped. An empty answer scores 0.0 (`empty`).
 
 eval: 1.0 when every FAIL_TO_PASS and every PASS_TO_PASS test passes (`RESOLVED_FULL`); `partial_reward` (0.2)
 when some but not all FAIL_TO_PASS tests pass and every PASS_TO_PASS test passes (`RESOLVED_PARTIAL`); else 0.0.
@@ -104,8 +104,8 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, model_validator
 
 from gymfleet.errors import ConfigError, SandboxError, ServerRefError
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.grading.sandbox_client import RunResult, SandboxClient
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response
 from resources_servers.swerl_gen import edits

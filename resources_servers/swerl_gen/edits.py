@@ -10,7 +10,8 @@ import difflib
 import posixpath
 from dataclasses import dataclass
 
-from gymfleet.grading.answers import last_tagged, strip_think
+from gymfleet.grading.answers import last_tagged
+from gymfleet.grading.think import strip_think
 
 SEARCH, DIVIDER, REPLACE = "<<<<<<< SEARCH", "=======", ">>>>>>> REPLACE"
 TEST_DIRS = frozenset({"test", "tests", "testing"})
@@ -35,7 +36,7 @@ class Edit:
 
 
 def visible_text(text: str) -> str:
-    """The answer without its reasoning (`gymfleet.grading.answers.strip_think`)."""
+    """The answer without its reasoning (`gymfleet.grading.think.strip_think`)."""
     return strip_think(text)
 
 
