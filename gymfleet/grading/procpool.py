@@ -23,40 +23,28 @@ Workers are forked from a small fork server of the pool's own (the "zygote": a f
 caller instead could deadlock the child (the caller runs threads and an event loop), and multiprocessing's own
 fork server re-runs the caller's `__main__` script in every worker. Workers start lazily, as items need them; they
 die with the zygote (parent-death signal) and the zygote exits when the pool's process goes away. A pool may be used
-from one event loop at a time (sequential loops, as in tests, are fine). Linux only.
+from one event loop at a time (sequential loops, as in tests, are fine). Linux only. The processes themselves (the fork
+server, the worker body, the pool's handles on them) are in `gymfleet.grading.procworkers`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import importlib
 import logging
 import os
 import pickle
-import resource
-import signal
-import socket
-import struct
-import subprocess
-import sys
 import threading
-import traceback
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 from typing import Any
 
 from gymfleet.errors import SandboxError
+from gymfleet.grading.procworkers import Worker, Zygote, cpu_seconds
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ItemTimeout", "PoolError", "ProcessPool", "RemoteError", "WorkerCrashed", "available_cpus"]
-
-_PR_SET_PDEATHSIG = 1
-_PID = struct.Struct("!i")
 
 
 def available_cpus() -> int:
@@ -81,185 +69,6 @@ class WorkerCrashed(Exception):
 
 class RemoteError(Exception):
     """`target` raised in the worker; the message names the remote exception type."""
-
-
-# ---------------------------------------------------------------------------------------------- child side
-
-
-def _zygote_main(control_fd: int) -> None:
-    """Fork server body: load the pool's code once, then fork one worker per request until the pool goes away."""
-    control = socket.socket(fileno=control_fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it shuts us down
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps dead workers: no zombies
-    preload, payload = pickle.loads(control.recv(1 << 20))
-    for name in preload:
-        importlib.import_module(name)
-    target, initializer, memory_mb = pickle.loads(payload)
-    if initializer is not None:
-        initializer()
-    control.send(b"ready")
-    zygote = os.getpid()
-    while True:
-        try:
-            _message, fds, _flags, _address = socket.recv_fds(control, 16, 1)
-        except OSError:
-            return
-        if not fds:  # the pool closed its end
-            return
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                control.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                _die_with_parent(zygote)
-                _worker_main(Connection(fds[0]), target, memory_mb)
-            except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(fds[0])
-        control.send(_PID.pack(pid))
-
-
-def _die_with_parent(parent: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the zygote died before the signal was armed
-        os._exit(1)
-
-
-def _worker_main(conn: Connection, target: Callable[..., Any], memory_mb: int | None) -> None:
-    """Worker body: answer `target(*args)` for every `args` received, until the socket closes."""
-    if memory_mb:
-        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, hard))
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            args = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            reply = ("ok", target(*args))
-        except Exception as exc:  # noqa: BLE001 - reported to the caller, never fatal to the worker
-            reply = ("raise", f"{type(exc).__name__}: {str(exc)[:500]}")
-        conn.send(reply)
-
-
-# ---------------------------------------------------------------------------------------------- parent side
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system) process `pid` has used so far; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-
-class _Worker:
-    __slots__ = ("pid", "pidfd", "conn", "demoted", "busy", "demote_timer")
-
-    def __init__(self, pid: int, conn: Connection):
-        self.pid = pid
-        self.conn = conn
-        self.demoted = False
-        self.busy = False
-        self.demote_timer: asyncio.TimerHandle | None = None
-        try:
-            # Signals go through a pidfd, so a recycled pid can never be hit by mistake.
-            self.pidfd: int | None = os.pidfd_open(pid)
-        except (OSError, AttributeError):
-            self.pidfd = None
-
-    def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            else:
-                os.kill(self.pid, signal.SIGKILL)
-
-    def close(self) -> None:
-        self.kill()
-        self.conn.close()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
-class _Zygote:
-    """The parent's handle on the fork server: start it, ask it for workers, stop it."""
-
-    def __init__(self, payload: bytes, preload: Sequence[str], start_timeout_s: float):
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        code = (f"import sys; sys.path[:0] = {[p for p in sys.path if p]!r}; "
-                f"from gymfleet.grading.procpool import _zygote_main; _zygote_main({theirs.fileno()})")
-        try:
-            self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()],
-                                            stdin=subprocess.DEVNULL)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.socket = ours
-        self.timeout_s = start_timeout_s
-        self._finalizer = weakref.finalize(self, _stop_zygote, self.process, ours)
-        ours.settimeout(start_timeout_s)
-        try:
-            ours.send(pickle.dumps((list(preload), payload)))
-            if ours.recv(16) != b"ready":
-                raise EOFError("the fork server exited while starting (its traceback is on stderr)")
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def fork(self) -> _Worker:
-        """A new worker that has reported ready (blocking: call from a thread, one call at a time)."""
-        ours, theirs = socket.socketpair()
-        try:
-            socket.send_fds(self.socket, [b"w"], [theirs.fileno()])
-            reply = self.socket.recv(_PID.size)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        if len(reply) != _PID.size:
-            ours.close()
-            raise EOFError("the fork server is gone")
-        worker = _Worker(_PID.unpack(reply)[0], Connection(ours.detach()))
-        try:
-            if not worker.conn.poll(self.timeout_s):
-                raise TimeoutError(f"a worker did not report ready within {self.timeout_s:g}s")
-            kind, _pid = worker.conn.recv()
-            if kind != "ready":
-                raise ValueError(f"unexpected first message {kind!r} from a worker")
-        except BaseException:
-            worker.close()
-            raise
-        return worker
-
-    def close(self) -> None:
-        self._finalizer()
-
-
-def _stop_zygote(process: subprocess.Popen, control: socket.socket) -> None:
-    control.close()  # the zygote exits on its own; its workers follow through their parent-death signal
-    with contextlib.suppress(OSError):
-        process.kill()
-    process.wait()
 
 
 class ProcessPool:
@@ -301,10 +110,10 @@ class ProcessPool:
         self._preload = tuple(preload)
         self._slow_after_s = slow_after_s
         self._start_timeout_s = start_timeout_s
-        self._zygote: _Zygote | None = None
+        self._zygote: Zygote | None = None
         self._zygote_lock = threading.Lock()
-        self._workers: set[_Worker] = set()
-        self._idle: list[_Worker] = []
+        self._workers: set[Worker] = set()
+        self._idle: list[Worker] = []
         self._free_slots = self.size
         self._demoted = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -383,7 +192,7 @@ class ProcessPool:
 
     # ------------------------------------------------------------------------------------------ one item
 
-    async def _run_on(self, worker: _Worker, args: tuple[Any, ...], timeout_s: float) -> tuple[str, Any] | None:
+    async def _run_on(self, worker: Worker, args: tuple[Any, ...], timeout_s: float) -> tuple[str, Any] | None:
         """Run one item on `worker`; returns the worker's reply, or None when the worker died."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[str, Any] | None] = loop.create_future()
@@ -400,7 +209,7 @@ class ProcessPool:
 
         worker.busy = True
         self.stats["items"] += 1
-        began, cpu_before = loop.time(), _cpu_seconds(worker.pid)
+        began, cpu_before = loop.time(), cpu_seconds(worker.pid)
         loop.add_reader(fd, on_readable)
         if self._slow_after_s and cpu_before is not None:
             worker.demote_timer = loop.call_later(self._slow_after_s, self._maybe_demote, worker, cpu_before)
@@ -414,7 +223,7 @@ class ProcessPool:
             while not done.done():
                 # Wait until the item may have used its CPU budget (never before: CPU time cannot outrun the clock),
                 # then look at what it really used. A starved item gets more wall time, up to the backstop.
-                cpu_now = _cpu_seconds(worker.pid)
+                cpu_now = cpu_seconds(worker.pid)
                 if cpu_now is None or cpu_before is None:
                     used = loop.time() - began
                 else:
@@ -440,10 +249,10 @@ class ProcessPool:
             else:
                 self._retire(worker)
 
-    def _maybe_demote(self, worker: _Worker, cpu_before: float) -> None:
+    def _maybe_demote(self, worker: Worker, cpu_before: float) -> None:
         """Demote a worker whose item has burnt CPU for `slow_after_s`; one merely waiting for a CPU is left be."""
         worker.demote_timer = None
-        cpu_now = _cpu_seconds(worker.pid)
+        cpu_now = cpu_seconds(worker.pid)
         if not worker.busy or worker.demoted or cpu_now is None:
             return
         used = cpu_now - cpu_before
@@ -463,7 +272,7 @@ class ProcessPool:
 
     # ------------------------------------------------------------------------------------------ slots
 
-    async def _acquire(self) -> _Worker:
+    async def _acquire(self) -> Worker:
         loop = asyncio.get_running_loop()
         while True:
             if self._closed:
@@ -494,11 +303,11 @@ class ProcessPool:
                         self._waiters.remove(waiter)
                 raise
 
-    def _release(self, worker: _Worker) -> None:
+    def _release(self, worker: Worker) -> None:
         self._idle.append(worker)
         self._wake()
 
-    def _retire(self, worker: _Worker) -> None:
+    def _retire(self, worker: Worker) -> None:
         worker.close()
         self._workers.discard(worker)
         if worker.demoted:
@@ -519,7 +328,7 @@ class ProcessPool:
 
     # ------------------------------------------------------------------------------------------ processes
 
-    async def _spawn(self) -> _Worker:
+    async def _spawn(self) -> Worker:
         errors = []
         for _ in range(3):
             try:
@@ -532,13 +341,13 @@ class ProcessPool:
             return worker
         raise PoolError(f"cannot start a worker process: {'; '.join(errors)}")
 
-    def _spawn_sync(self) -> _Worker:
+    def _spawn_sync(self) -> Worker:
         with self._zygote_lock:
             if self._zygote is not None and not self._zygote.alive:
                 self._zygote.close()
                 self._zygote = None
             if self._zygote is None and not self._closed:
-                self._zygote = _Zygote(self._payload, self._preload, self._start_timeout_s)
+                self._zygote = Zygote(self._payload, self._preload, self._start_timeout_s)
             try:
                 if self._closed:
                     raise PoolError("the process pool is closed")
