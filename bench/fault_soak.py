@@ -2,8 +2,8 @@
 
 The fleet is real (`ng_run`'s supervisor, every server its own process, a restart budget large enough for the
 soak): a scripted LLM behind `vllm_model`, mcqa, example_weather (two model calls and a tool call per rollout) and
-code_gen on the sandbox service, each with its simple_agent. The collector is `gymfleet.rollouts.collect.collect` in this
-process. For `--fault-s` seconds a seeded injector hits one server every `--kill-every` seconds on average: most
+code_gen on the sandbox service, each with its simple_agent. The collector is `gymfleet.rollouts.collect.collect` in
+this process. For `--fault-s` seconds a seeded injector hits one server every `--kill-every` seconds on average: most
 often a kill -9 (the supervisor restarts it), sometimes a stall of `--stall-s` seconds (the process is stopped; its
 socket still accepts, nothing answers; then it goes on). Meanwhile the collection runs, and whenever a pass ends
 (every rollout tried, or stopped because the fleet looked down), the next pass resumes it (`resume_from_cache`).
@@ -41,10 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.rollouts.collect import RolloutCollectionConfig, collect  # noqa: E402
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
 from gymfleet.fleet.supervisor import Fleet  # noqa: E402
 from gymfleet.http import ServerClient  # noqa: E402
+from gymfleet.rollouts.collect import collect  # noqa: E402
+from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from resources_servers.example_weather.app import FORECASTS  # noqa: E402
 from tests.fault_tools import Outputs, key  # noqa: E402

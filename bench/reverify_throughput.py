@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.rollouts.collect import RolloutCollectionConfig, collect  # noqa: E402
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
+from gymfleet.rollouts.collect import collect  # noqa: E402
+from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig  # noqa: E402
 from gymfleet.rollouts.reverify import FleetBackend, InProcessBackend, ReverifyConfig, reverify  # noqa: E402
 from gymfleet.testing import running_fleet  # noqa: E402
 

@@ -5,7 +5,8 @@ upstream standing in for vLLM, each server its own process (`running_fleet`, as 
 environment's `data/example.jsonl` tasks with read-only calls put in front of their reference solution so each
 ground truth has exactly 6 calls; the scripted model replays it one call per turn (`turn: N` rules), then answers
 "Done.", so a rollout is 7 model calls, 6 tool calls, `/seed_session` and `/verify`, and scores 1.0. This process
-is `ng_collect_rollouts`: `gymfleet.rollouts.collect.collect` with `num_samples_in_parallel` unset (every `/run` at once).
+is `ng_collect_rollouts`: `gymfleet.rollouts.collect.collect` with `num_samples_in_parallel` unset (every `/run` at
+once).
 
     python bench/workplace_assistant_rollouts.py [--rollouts 2000]
 
@@ -39,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.rollouts.collect import RolloutCollectionConfig, collect  # noqa: E402
 from gymfleet.http import ServerClient  # noqa: E402
+from gymfleet.rollouts.collect import collect  # noqa: E402
+from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig  # noqa: E402
 from gymfleet.testing import running_fleet  # noqa: E402
 
 ENV = "workplace_assistant"

@@ -17,9 +17,11 @@ import pytest
 
 from gymfleet import http
 from gymfleet.cli.collect import main as collect_main
-from gymfleet.rollouts.collect import RolloutCollectionConfig, load_rows, read_results, run_rollout
-from gymfleet.fleet.config import repository_root
 from gymfleet.errors import DataError, TransportError
+from gymfleet.fleet.config import repository_root
+from gymfleet.rollouts.collect import run_rollout
+from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, load_rows
+from gymfleet.rollouts.collect_outputs import read_results
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
 from gymfleet.testing import free_port, running_fleet
 

@@ -36,11 +36,12 @@ import pytest
 import yaml
 
 from gymfleet import http
-from gymfleet.rollouts.collect import CollectionSummary, RolloutCollectionConfig, collect
 from gymfleet.fleet.config import GlobalConfig, repository_root
+from gymfleet.fleet.launch import build_server
 from gymfleet.fleet.supervisor import ServerCrashedError
 from gymfleet.http import ServerClient
-from gymfleet.fleet.launch import build_server
+from gymfleet.rollouts.collect import CollectionSummary, collect
+from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig
 from gymfleet.testing import running_fleet, serve
 from tests.fault_tools import CuttingProxy, Outputs, key, read_jsonl
 

@@ -33,15 +33,10 @@ from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.errors import ConfigError, TransportError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
-from gymfleet.rollouts.collect import (
-    CollectionSummary,
-    OutputError,
-    RolloutCollectionConfig,
-    check_outputs,
-    collect,
-    head_address,
-    load_rows,
-)
+from gymfleet.rollouts.collect import CollectionSummary, collect
+from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, load_rows
+from gymfleet.rollouts.collect_outputs import OutputError
+from gymfleet.rollouts.fleet_watch import head_address
 
 OUTPUT_ERROR_EXIT_CODE = 4
 

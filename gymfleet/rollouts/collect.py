@@ -37,7 +37,10 @@ printed one per rollout.
 Progress goes to stderr (`gymfleet.progress`): a bar on a terminal, else one plain line every `PROGRESS_EVERY_S`
 (`Rollouts: 120/500 (24%), 30 s elapsed, mean_reward=0.412`) and a last one at the end.
 
-NeMo-RL's library entry point, `RolloutCollectionHelper.run_examples`, is in `gymfleet.rollouts.rollout_helper`.
+The parts: `gymfleet.rollouts.collect_inputs` (the config, the input rows and the checks before anything is
+sent), `gymfleet.rollouts.collect_outputs` (the output files: whole-line writes, reading back to resume) and
+`gymfleet.rollouts.fleet_watch` (the head server, telling a dead fleet). NeMo-RL's library entry point,
+`RolloutCollectionHelper.run_examples`, is in `gymfleet.rollouts.rollout_helper`.
 """
 
 from __future__ import annotations
@@ -46,32 +49,22 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import statistics
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gymfleet import http
-from gymfleet.errors import ConfigError, DataError, GymfleetError, TransportError
-from gymfleet.fleet.config import GlobalConfig
+from gymfleet.errors import TransportError
 from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
 from gymfleet.progress import Progress
-from gymfleet.rollouts.rows import (
-    describe_errors,
-    placeholder_response,
-    row_problems,
-    task_fields_problem,
-    verify_request_model,
-    warn_unknown_params,
-)
-from gymfleet.wire import ResponseCreateParams
+from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, check_task_fields, load_rows
+from gymfleet.rollouts.collect_outputs import JsonlFile, read_results, replace_file, rollout_key, supersede_failures
+from gymfleet.rollouts.fleet_watch import FleetWatch, head_address, summarized_warnings
 
 log = logging.getLogger(__name__)
 
@@ -80,369 +73,9 @@ RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retr
 connect keeps trying for 10 s, so an agent its supervisor restarts costs only the rollouts in flight at its death."""
 DETAIL_MAX_CHARS = 2000
 FLEET_DOWN_EXIT_CODE = 3
-HEAD_PROBE = RetryPolicy(max_attempts=2, retry_statuses=frozenset())
-DEFAULT_HEAD = ("127.0.0.1", 11000)
 PROGRESS_EVERY_S = 10.0
 """Seconds between plain progress lines when stderr is not a terminal (a tqdm bar there would be one garbled line
 per refresh in a log file)."""
-
-
-class RolloutCollectionConfig(BaseModel):
-    """`ng_collect_rollouts`' keys (top-level keys of the global config; any other key is ignored)."""
-
-    model_config = ConfigDict(extra="ignore", use_attribute_docstrings=True)
-
-    input_jsonl_fpath: str
-    """Dataset rows, one JSON object per line."""
-    output_jsonl_fpath: str
-    """Where successful results go; the sidecar files are named after it."""
-    agent_name: str | None = None
-    """Agent for rows without an `agent_ref`."""
-    limit: int | None = Field(default=None, ge=0)
-    """Read at most this many lines."""
-    num_repeats: int | dict[str, int] | None = 1
-    """Rollouts per row: a number, or `{<agent>: n, _default: n}`."""
-    num_repeats_add_seed: bool = False
-    """Put `{"seed": <rollout index>}` into `responses_create_params.metadata.extra_body`."""
-    num_samples_in_parallel: int | None = Field(default=None, ge=1)
-    """Most `/run` requests in flight (None: all at once)."""
-    responses_create_params: dict[str, Any] = Field(default_factory=dict)
-    """Shallow-merged over every row's `responses_create_params` (e.g. `{temperature: 0.6}`)."""
-    resume_from_cache: bool = False
-    """Finish an earlier run into the same output: finished rollouts are kept and not redone, failed ones are
-    retried (up to `max_attempts`), and the output files are appended to."""
-    overwrite: bool = Field(default=False, description=(
-        "Replace the outputs of an earlier run into the same `output_jsonl_fpath` (all four files). Without it, "
-        "or `resume_from_cache`, a collection into existing outputs is refused before anything is sent."))
-    stop_after_connection_failures: int | None = Field(default=20, ge=1, description=(
-        "This many rollouts of one agent in a row failing with `connection_error` make the collector ask the head "
-        "server whether the fleet is up; it stops (exit code 3, resume later) if the head does not answer or the "
-        "failures go on to twice this many. null: never stop."))
-    disable_aggregation: bool = False
-    max_attempts: int = Field(default=3, ge=1)
-    """With `resume_from_cache`, a rollout that failed this many times is not tried again."""
-    request_timeout_s: float = Field(default=3600.0, gt=0)
-    """Deadline for one `/run` (a long agentic episode takes minutes)."""
-
-    @field_validator("num_repeats")
-    @classmethod
-    def _positive_repeats(cls, value: int | dict[str, int] | None) -> int | dict[str, int] | None:
-        counts = value.values() if isinstance(value, dict) else [value] if value is not None else []
-        if any(count < 1 for count in counts):
-            raise ValueError(f"repeat counts must be >= 1, got {value!r}")
-        return value
-
-    def repeats_for(self, agent: str) -> int:
-        if isinstance(self.num_repeats, dict):
-            return self.num_repeats.get(agent, self.num_repeats.get("_default", 1))
-        return self.num_repeats or 1
-
-    def sidecar(self, suffix: str) -> Path:
-        """`<output dir>/<output stem><suffix>`."""
-        output = Path(self.output_jsonl_fpath)
-        return output.with_name(output.stem + suffix)
-
-    def output_files(self) -> dict[str, Path]:
-        """The four files a collection writes, by what they hold."""
-        return {
-            "rollouts": Path(self.output_jsonl_fpath),
-            "failures": self.sidecar("_failures.jsonl"),
-            "materialized inputs": self.sidecar("_materialized_inputs.jsonl"),
-            "aggregate metrics": self.sidecar("_aggregate_metrics.json"),
-        }
-
-
-def check_outputs(config: RolloutCollectionConfig) -> None:
-    """Refuse to replace an earlier run's outputs unless `overwrite` (or `resume_from_cache`) says what to do.
-
-    Raises:
-        ConfigError: both flags are set, or an output file exists and neither is.
-    """
-    if config.resume_from_cache and config.overwrite:
-        raise ConfigError(
-            "+resume_from_cache=true and +overwrite=true contradict each other: resuming keeps the earlier "
-            "rollouts, overwriting replaces them.", path="overwrite", hint="Pass only one of them.")
-    if config.resume_from_cache or config.overwrite:
-        return
-    existing = [str(path) for path in config.output_files().values() if path.exists()]
-    if existing:
-        raise ConfigError(
-            f"the output of an earlier collection exists: {', '.join(existing)}. It is not replaced silently.",
-            path="output_jsonl_fpath",
-            hint="Rerun with +resume_from_cache=true to keep those rollouts and finish the rest, or with "
-            "+overwrite=true to replace all four files (or choose another +output_jsonl_fpath).",
-        )
-
-
-# ---------------------------------------------------------------------------------------------- rows
-
-
-def load_rows(config: RolloutCollectionConfig) -> list[dict[str, Any]]:
-    """Read, check and expand the input rows (every rollout to run, in dispatch order).
-
-    Raises:
-        DataError: the file is missing, or lines are bad (every bad line is named as `file:line: reason`).
-    """
-    return [rollout for _, base in read_tasks(config) for rollout in _repeat(base, config)]
-
-
-def read_tasks(config: RolloutCollectionConfig) -> list[tuple[int, dict[str, Any]]]:
-    """The input rows before repeating, with their line numbers (`load_rows` without the expansion).
-
-    Raises:
-        DataError: as `load_rows`.
-    """
-    path = Path(config.input_jsonl_fpath)
-    if not path.is_file():
-        raise DataError("input file does not exist", file=str(path))
-    problems: list[tuple[int, str]] = []
-    tasks_by_text: dict[str, int] = {}
-    bases: list[tuple[int, dict[str, Any]]] = []
-    with path.open(encoding="utf-8") as lines:
-        read = 0
-        for lineno, line in enumerate(lines, 1):
-            text = line.strip()
-            if not text:
-                continue
-            if config.limit is not None and read >= config.limit:
-                break
-            read += 1
-            row, reason = _parse_row(text, config)
-            if reason is not None:
-                problems.append((lineno, reason))
-                continue
-            if "_ng_task_index" not in row:
-                row["_ng_task_index"] = tasks_by_text.setdefault(text, len(tasks_by_text))
-            bases.append((lineno, row))
-    if problems:
-        raise row_problems(path, problems)
-    warn_unknown_params(path, bases)
-    return bases
-
-
-def _parse_row(text: str, config: RolloutCollectionConfig) -> tuple[dict[str, Any], str | None]:
-    try:
-        row = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        return {}, f"not valid JSON ({exc})"
-    if not isinstance(row, dict):
-        return {}, f"expected a JSON object, got {type(row).__name__}"
-    if "agent_ref" not in row:
-        if config.agent_name is None:
-            return row, "no agent_ref, and no +agent_name=<agent> to default to"
-        row["agent_ref"] = {"type": "responses_api_agents", "name": config.agent_name}
-    ref = row["agent_ref"]
-    if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
-        return row, f"agent_ref must be {{type, name}}, got {ref!r}"
-    params = row.get("responses_create_params")
-    if not isinstance(params, dict):
-        return row, "missing responses_create_params (an object with at least `input`)"
-    row["responses_create_params"] = {**params, **config.responses_create_params}
-    try:
-        ResponseCreateParams.model_validate(row["responses_create_params"])
-    except ValidationError as exc:
-        return row, "responses_create_params: " + describe_errors(exc)
-    return row, None
-
-
-def _repeat(base: dict[str, Any], config: RolloutCollectionConfig) -> Iterator[dict[str, Any]]:
-    encoded = orjson.dumps(base)
-    for rollout_index in range(config.repeats_for(base["agent_ref"]["name"])):
-        row = orjson.loads(encoded)
-        row["_ng_rollout_index"] = rollout_index
-        if config.num_repeats_add_seed:
-            params = row["responses_create_params"]
-            metadata = dict(params.get("metadata") or {})
-            try:
-                extra = json.loads(metadata.get("extra_body") or "{}")
-            except json.JSONDecodeError:
-                extra = None
-            if not isinstance(extra, dict):
-                raise DataError(f"task {base['_ng_task_index']}: metadata.extra_body is not a JSON object string")
-            metadata["extra_body"] = json.dumps({**extra, "seed": rollout_index})
-            params["metadata"] = metadata
-        yield row
-
-
-def rollout_key(row: dict[str, Any]) -> tuple[bytes, bytes]:
-    """`(task, rollout)` identity of a rollout, hashable whatever JSON type the task index has."""
-    return orjson.dumps(row.get("_ng_task_index")), orjson.dumps(row.get("_ng_rollout_index"))
-
-
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects in an output file; a truncated last line (crash mid-write) is dropped from the file.
-
-    Raises:
-        DataError: a line other than the last is not a JSON object.
-    """
-    if not path.exists():
-        return []
-    content = path.read_bytes()
-    rows: list[dict[str, Any]] = []
-    offset = 0
-    lines = content.split(b"\n")
-    for lineno, line in enumerate(lines, 1):
-        start, offset = offset, offset + len(line) + 1
-        if not line.strip():
-            continue
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            row = None
-        if isinstance(row, dict):
-            rows.append(row)
-            continue
-        if any(rest.strip() for rest in lines[lineno:]):
-            raise DataError("not a JSON object; fix or delete the line, then resume", file=str(path), line=lineno)
-        log.warning("%s:%d: dropping a truncated last line (interrupted write)", path, lineno)
-        with path.open("r+b") as handle:
-            handle.truncate(start)
-        return rows
-    if content and not content.endswith(b"\n"):
-        with path.open("ab") as handle:
-            handle.write(b"\n")
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------- the fleet
-
-
-def head_address(head_server_config: Any = None) -> tuple[str, int]:
-    """`(host, port)` to reach the head server named by a `{host, port}` dict or object (None: 127.0.0.1:11000);
-    a bind-all host means this machine."""
-    if head_server_config is None:
-        host, port = DEFAULT_HEAD
-    elif isinstance(head_server_config, dict):
-        host, port = head_server_config["host"], head_server_config["port"]
-    else:
-        host, port = head_server_config.host, head_server_config.port
-    host = str(host)
-    return ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host), int(port)
-
-
-def check_task_fields(config: RolloutCollectionConfig, client: ServerClient) -> None:
-    """Check every input row against its environment's `/verify` request model, as `ng_prepare_data` does.
-
-    Which environment an agent uses comes from the fleet's config (`client.config`, the head server's). An
-    environment whose code cannot be imported here is not checked (logged): the fleet still checks at `/verify`.
-
-    Raises:
-        DataError: rows the environment would refuse, each named as `file:line: reason`.
-    """
-
-    tasks = read_tasks(config)
-    models = _request_models(client, {row["agent_ref"]["name"] for _, row in tasks})
-    if not any(models.values()):
-        return
-    placeholder = placeholder_response()
-    problems = [(lineno, problem) for lineno, row in tasks
-                if (problem := task_fields_problem(row, models.get(row["agent_ref"]["name"]), placeholder))]
-    if problems:
-        raise row_problems(
-            Path(config.input_jsonl_fpath), problems,
-            f"{len(problems)} rows do not fit their environment's request model, so nothing was sent. Fix the "
-            "rows (ng_prepare_data checks a dataset the same way) and rerun.",
-        )
-
-
-def _request_models(client: ServerClient, agents: set[str]) -> dict[str, type[BaseModel] | None]:
-    """Each agent's environment `/verify` request model (None where there is none to check with)."""
-
-    try:
-        fleet_config = GlobalConfig.from_data(client.config)
-    except GymfleetError as exc:
-        log.warning("rows are not checked against their environments' request models: the fleet's config does "
-                    "not parse here (%s)", exc)
-        return {}
-    return {agent: verify_request_model(fleet_config, fleet_config.instances[agent])
-            for agent in sorted(agents) if agent in fleet_config.instances}
-
-
-async def _probe_head(head: tuple[str, int]) -> tuple[bool, list[str]]:
-    """Whether the head server answers, and the servers its `/server_instances` lists as not running."""
-    url = f"http://{head[0]}:{head[1]}/server_instances"
-    try:
-        response = await http.request("GET", url, timeout_s=10.0, retry=HEAD_PROBE)
-    except TransportError:
-        return False, []
-    try:
-        listed = response.json()
-    except orjson.JSONDecodeError:
-        listed = None
-    if not isinstance(listed, list):
-        return True, []
-    return True, [f"{entry.get('process_name')} ({entry['status']})" for entry in listed
-                  if isinstance(entry, dict) and entry.get("status") not in (None, "running", "unknown")]
-
-
-class _FleetWatch:
-    """Tells a dead fleet from the rollouts' outcomes (the policy is in the module docstring)."""
-
-    def __init__(self, threshold: int | None, head: tuple[str, int] | None) -> None:
-        self.threshold = threshold
-        self.head = head
-        self.runs: Counter[str] = Counter()
-        """Per agent: how many of its latest rollouts in a row failed with `connection_error`."""
-        self.not_running: list[str] = []
-
-    async def stop_reason(self, record: dict[str, Any]) -> str | None:
-        """Count `record`'s outcome; return why the collection must stop now, or None."""
-        agent = record["agent_ref"]["name"]
-        if record.get("_ng_failure_class") != "connection_error":
-            self.runs[agent] = 0
-            return None
-        self.runs[agent] += 1
-        run = self.runs[agent]
-        if self.threshold is None or run < self.threshold:
-            return None
-        if run == self.threshold and self.head is not None:
-            answers, self.not_running = await _probe_head(self.head)
-            if not answers:
-                return (f"{run} rollouts of {agent} in a row could not connect, and the head server at "
-                        f"{self.head[0]}:{self.head[1]} does not answer: the fleet is down")
-            log.warning("%d rollouts of %s in a row could not connect, but the head server answers%s; going on "
-                        "(stopping if this goes on for %d rollouts)", run, agent, self._not_running(),
-                        2 * self.threshold)
-        if run < 2 * self.threshold:
-            return None
-        return f"{run} rollouts of {agent} in a row could not connect{self._not_running()}"
-
-    def _not_running(self) -> str:
-        return f" (servers not running: {', '.join(self.not_running)})" if self.not_running else ""
-
-
-class _RepeatedWarnings(logging.Filter):
-    """Lets the first `shown` records through (whatever their message) and counts the others per message template."""
-
-    def __init__(self, shown: int = 5) -> None:
-        super().__init__()
-        self.shown = shown
-        self.passed = 0
-        self.counts: Counter[str] = Counter()
-        """Records held back, per message template."""
-        self.example: dict[str, str] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.passed < self.shown:
-            self.passed += 1
-            return True
-        template = str(record.msg)
-        self.counts[template] += 1
-        self.example.setdefault(template, record.getMessage())
-        return False
-
-
-@contextlib.contextmanager
-def _summarized_warnings(logger: logging.Logger) -> Iterator[None]:
-    """Within the block, `logger` prints each kind of warning a few times; one line then counts the rest."""
-    repeated = _RepeatedWarnings()
-    logger.addFilter(repeated)
-    try:
-        yield
-    finally:
-        logger.removeFilter(repeated)
-        for template, example in repeated.example.items():
-            log.warning("%d more warnings like this one were not shown: %s", repeated.counts[template], example)
 
 
 # ---------------------------------------------------------------------------------------------- dispatch
@@ -583,14 +216,14 @@ async def collect(
         files["aggregate metrics"].unlink(missing_ok=True)  # the other three are rewritten below
     previous = read_results(files["rollouts"]) if config.resume_from_cache else []
     todo = _plan(rows, config, previous, summary)
-    with _JsonlFile(files["materialized inputs"], "wb") as materialized:
+    with JsonlFile(files["materialized inputs"], "wb") as materialized:
         materialized.write_lines(orjson.dumps(row) + b"\n" for row in rows)
     published = client.config.get("head_server")
-    watch = _FleetWatch(config.stop_after_connection_failures,
+    watch = FleetWatch(config.stop_after_connection_failures,
                         head or (head_address(published) if isinstance(published, dict) else None))
-    with _summarized_warnings(logging.getLogger(http.__name__)):
+    with summarized_warnings(logging.getLogger(http.__name__)):
         results = previous + await _dispatch(todo, client, config, summary, watch, progress)
-    summary.superseded = _supersede_failures(files["failures"], {rollout_key(result) for result in results})
+    summary.superseded = supersede_failures(files["failures"], {rollout_key(result) for result in results})
 
     summary.ok = len(results)
     summary.failed = sum(summary.failure_classes.values()) + len(summary.exhausted)
@@ -609,7 +242,7 @@ async def collect(
                          and isinstance(row.get("agent_ref"), dict) and row["agent_ref"].get("name") in agents]
         summary.aggregate_metrics = await aggregate(client, _group_by_agent(results + open_failures))
         metrics_path = summary.output_paths["aggregate metrics"] = files["aggregate metrics"]
-        _replace_file(metrics_path, (json.dumps(summary.aggregate_metrics, indent=2) + "\n").encode())
+        replace_file(metrics_path, (json.dumps(summary.aggregate_metrics, indent=2) + "\n").encode())
     return summary
 
 
@@ -646,7 +279,7 @@ def _plan(
 
 async def _dispatch(
     todo: list[dict[str, Any]], client: ServerClient, config: RolloutCollectionConfig, summary: CollectionSummary,
-    watch: _FleetWatch, progress: bool,
+    watch: FleetWatch, progress: bool,
 ) -> list[dict[str, Any]]:
     """Run `todo`, writing (and flushing) each record as it completes; return the successful results.
 
@@ -657,8 +290,8 @@ async def _dispatch(
     stop = asyncio.Event()
     results: list[dict[str, Any]] = []
     reward_sum, reward_count = 0.0, 0
-    with _JsonlFile(summary.output_paths["rollouts"], mode) as ok_file, \
-            _JsonlFile(summary.output_paths["failures"], mode) as failed_file, \
+    with JsonlFile(summary.output_paths["rollouts"], mode) as ok_file, \
+            JsonlFile(summary.output_paths["failures"], mode) as failed_file, \
             Progress(len(todo), "Rollouts", unit="rollout", file=sys.stderr, enabled=progress,
                      every_s=PROGRESS_EVERY_S) as bar:
         pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop))
@@ -698,92 +331,6 @@ async def _tick(bar: Progress) -> None:
     while True:
         await asyncio.sleep(1.0)
         bar.tick()
-
-
-def _supersede_failures(path: Path, done: set[tuple[bytes, bytes]]) -> int:
-    """Mark the failure rows whose rollout is in `done` with `"_ng_superseded": true` (rewriting the file in one
-    `os.replace`); return how many were newly marked."""
-    failures = read_results(path)
-    stale = [row for row in failures if not row.get("_ng_superseded") and rollout_key(row) in done]
-    if not stale:
-        return 0
-    for row in stale:
-        row["_ng_superseded"] = True
-    _replace_file(path, b"".join(orjson.dumps(row) + b"\n" for row in failures))
-    return len(stale)
-
-
-class OutputError(GymfleetError):
-    """An output file could not be written (no space left, file too large, ...); what it held before is intact."""
-
-
-def _output_error(path: Path, exc: OSError, what: str) -> OutputError:
-    reason = f"{os.strerror(exc.errno)} [errno {exc.errno}]" if exc.errno else str(exc)
-    return OutputError(
-        f"cannot write {path}: {reason}. {what} Free space on that disk (or raise the file size limit), then rerun "
-        "with +resume_from_cache=true: it runs exactly the rollouts the output does not hold yet.")
-
-
-class _JsonlFile:
-    """An output file written a whole line at a time, unbuffered: each line is on disk once `write_lines` returns
-    (a crash loses no finished rollout), and a write that fails (disk full) is undone, so the file holds only
-    whole lines; the failure is an `OutputError` naming the file."""
-
-    CHUNK_BYTES = 1 << 20
-
-    def __init__(self, path: Path, mode: str) -> None:
-        self.path = path
-        try:
-            self._file = open(path, mode, buffering=0)
-        except OSError as exc:
-            raise _output_error(path, exc, "Nothing was written to it.") from None
-
-    def __enter__(self) -> _JsonlFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._file.close()
-
-    def write_lines(self, lines: Iterable[bytes]) -> None:
-        """Append `lines` (each ending in a newline), in chunks of whole lines."""
-        chunk: list[bytes] = []
-        size = 0
-        for line in lines:
-            chunk.append(line)
-            size += len(line)
-            if size >= self.CHUNK_BYTES:
-                self._append(b"".join(chunk))
-                chunk, size = [], 0
-        if chunk:
-            self._append(b"".join(chunk))
-
-    def _append(self, data: bytes) -> None:
-        fd = self._file.fileno()
-        start = os.fstat(fd).st_size
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[self._file.write(view):]
-        except OSError as exc:
-            with contextlib.suppress(OSError):  # shrinking a file needs no space
-                os.ftruncate(fd, start)
-            raise _output_error(self.path, exc, "The collection stopped; every line written before is whole (the "
-                                "one being written was removed).") from None
-
-
-def _replace_file(path: Path, content: bytes) -> None:
-    """Write `content` to `path` at once (a scratch file, then `os.replace`): a failed write leaves `path` as it was.
-
-    Raises:
-        OutputError: the scratch file could not be written (it is removed).
-    """
-    scratch = path.with_name(path.name + ".tmp")
-    try:
-        scratch.write_bytes(content)
-        os.replace(scratch, path)
-    except OSError as exc:
-        scratch.unlink(missing_ok=True)
-        raise _output_error(path, exc, "It is unchanged; every rollout is saved.") from None
 
 
 def _is_number(value: Any) -> bool:

@@ -22,7 +22,8 @@ from gymfleet import http
 from gymfleet.errors import TransportError
 from gymfleet.fleet.config import client_limits
 from gymfleet.http import ServerClient
-from gymfleet.rollouts.collect import RUN_RETRY, head_address
+from gymfleet.rollouts.collect import RUN_RETRY
+from gymfleet.rollouts.fleet_watch import head_address
 
 
 class RolloutCollectionHelper:
