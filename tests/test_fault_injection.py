@@ -36,9 +36,9 @@ import pytest
 import yaml
 
 from gymfleet import http
-from gymfleet.fleet.config import GlobalConfig, repository_root
+from gymfleet.fleet.config_instances import GlobalConfig, repository_root
 from gymfleet.fleet.launch import build_server
-from gymfleet.fleet.supervisor import ServerCrashedError
+from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.collect import CollectionSummary, collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig

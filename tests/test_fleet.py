@@ -15,9 +15,10 @@ import psutil
 import pytest
 import yaml
 
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.supervisor import Fleet, ServerCrashedError
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.readiness import ServerCrashedError
+from gymfleet.fleet.supervisor import Fleet
 from gymfleet.testing import free_port, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]

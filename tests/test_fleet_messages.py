@@ -30,9 +30,10 @@ import yaml
 
 from gymfleet.cli.dump_config import UNASSIGNED_PORT, render
 from gymfleet.cli.prepare_data import main as prepare_main
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.supervisor import ENDPOINT_ANNOUNCE_AFTER_S, Fleet, _EndpointWatch
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.readiness import ENDPOINT_ANNOUNCE_AFTER_S, _EndpointWatch
+from gymfleet.fleet.supervisor import Fleet
 from gymfleet.progress import Progress
 from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel

@@ -20,10 +20,11 @@ import httpx
 import psutil
 import pytest
 
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.supervisor import Fleet, PortInUseError, ServerCrashedError
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.fleet.run_helper import RunHelper
+from gymfleet.fleet.supervisor import Fleet, PortInUseError
 from gymfleet.testing import free_port, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,8 +22,9 @@ import psutil
 import pytest
 
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.fleet.supervisor import Fleet, PortInUseError, _is_own_server, remove_stale_workdirs
 from gymfleet.fleet.launch import SECRETS_ENV, merge_secrets, split_secrets, take_secrets
+from gymfleet.fleet.readiness import _is_own_server
+from gymfleet.fleet.supervisor import Fleet, PortInUseError, remove_stale_workdirs
 from gymfleet.testing import free_port, running_fleet, serve
 from responses_api_models.scripted_model.app import ScriptedModel
 

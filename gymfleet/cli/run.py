@@ -28,7 +28,7 @@ from gymfleet.fleet.zygote import Zygote
 # The config stack, the fleet and Ray placement are imported in the functions that use them: `main` starts the
 # zygote first, so it imports the servers' shared stack while this process imports these (~1 s) and parses the config.
 if TYPE_CHECKING:
-    from gymfleet.fleet.config import GlobalConfig
+    from gymfleet.fleet.config_instances import GlobalConfig
 
 NO_PRESTART = {"dry_run": "true", "server_start": "spawn", "placement": "ray", "ray_head_node_address": None}
 """`+key=value` arguments under which `ng_run` forks no servers here (`None`: any value): no zygote before the
@@ -61,7 +61,7 @@ def _run_fleet(argv: list[str], zygote: Zygote | None) -> int:
         return 0
     from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
     from gymfleet.fleet.ray_placement import make_fleet, start_fleet
-    from gymfleet.fleet.supervisor import ServerCrashedError
+    from gymfleet.fleet.readiness import ServerCrashedError
 
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv))
     reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers", "exit_on_server_failure",
@@ -120,7 +120,7 @@ def dry_run(config: GlobalConfig) -> str:
 
 def _references(node: object) -> list[str]:
     """Instance names that `{type, name}` references under `node` point to."""
-    from gymfleet.fleet.config import SERVER_TYPES
+    from gymfleet.fleet.config_instances import SERVER_TYPES
 
     if isinstance(node, dict):
         if set(node) == {"type", "name"} and node["type"] in SERVER_TYPES:

@@ -25,7 +25,7 @@ from gymfleet.errors import ConfigError, TransportError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 
 WAITING = "waiting for upstream"
-"""The supervisor's status for a model server whose upstream does not answer yet (`gymfleet.fleet.supervisor`)."""
+"""The supervisor's status for a model server whose upstream does not answer yet (`gymfleet.fleet.readiness`)."""
 
 
 def _get(url: str, timeout_s: float = 5.0):
