@@ -3,8 +3,8 @@
 Starts `configs/nano3_rlvr.yaml` as a user does (`ng_run` as a subprocess) with its policy on an embedded scripted
 model (a `scripted_llm` instance in the fleet, as `configs/quickstart.yaml` has: no GPU, no network), once per mode
 and repeat, alternating: `server_start: spawn` (every server is `python -m gymfleet.fleet.launch`, importing its stack
-anew) and `server_start: zygote` (every server forked from one pre-imported `python -m gymfleet.fleet.zygote`). For each
-start it takes the time from `ng_run`'s launch to its `All N / N servers ready` line, then (after `--settle-s`) the
+anew) and `server_start: zygote` (every server forked from one pre-imported `python -m gymfleet.fleet.zygote_main`).
+For each start it takes the time from `ng_run`'s launch to its `All N / N servers ready` line, then (after `--settle-s`) the
 memory of every process of the fleet (the supervisor, the zygote, every server and its workers) with psutil's
 `memory_full_info`:
 

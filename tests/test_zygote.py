@@ -19,13 +19,14 @@ import httpx
 import psutil
 import pytest
 
-from gymfleet.fleet import supervisor as fleet_module
 from gymfleet.cli.run import prestart_zygote
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
+from gymfleet.fleet import server_start as fleet_module
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.supervisor import Fleet
+from gymfleet.fleet.zygote import ForkedProcess, Zygote
+from gymfleet.fleet.zygote_main import _claimed, _claims_pipe
 from gymfleet.testing import free_port, serve
-from gymfleet.fleet.zygote import ForkedProcess, Zygote, _claimed, _claims_pipe
 from responses_api_models.scripted_model.app import ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[1]
