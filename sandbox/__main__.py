@@ -15,8 +15,8 @@ from pathlib import Path
 import uvicorn
 import yaml
 
-from gymfleet.fleet.config import validate_fields
 from gymfleet.errors import GymfleetError
+from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.launch import raise_nofile_limit
 from sandbox.app import SandboxConfig, SandboxServer
 

@@ -20,7 +20,8 @@ from gymfleet.cli import aggregate, e2e_collect, gym, init_server, reward_profil
 from gymfleet.cli import test as ng_test
 from gymfleet.cli.reward_profile import pass_at_k
 from gymfleet.cli.run import dry_run
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, ServerInstance, parse_global_config
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_instances import ServerInstance
 from gymfleet.testing import free_port, make_response
 
 ROOT = Path(__file__).resolve().parents[1]

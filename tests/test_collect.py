@@ -18,7 +18,7 @@ import pytest
 from gymfleet import http
 from gymfleet.cli.collect import main as collect_main
 from gymfleet.errors import DataError, TransportError
-from gymfleet.fleet.config import repository_root
+from gymfleet.fleet.config_instances import repository_root
 from gymfleet.rollouts.collect import run_rollout
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, load_rows
 from gymfleet.rollouts.collect_outputs import read_results

@@ -9,15 +9,10 @@ import pydantic
 import pytest
 import yaml
 
-from gymfleet.fleet.config import (
-    HEAD_SERVER_KEY_NAME,
-    GlobalConfigDictParserConfig,
-    parse_global_config,
-    parse_overrides,
-    resolve_server_ref,
-    validate_fields,
-)
 from gymfleet.errors import ConfigError, ServerRefError, did_you_mean
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, parse_overrides
+from gymfleet.fleet.config_checks import resolve_server_ref, validate_fields
+from gymfleet.fleet.config_instances import HEAD_SERVER_KEY_NAME
 
 FIXTURES = Path(__file__).parent / "fixtures" / "config"
 

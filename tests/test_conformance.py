@@ -13,7 +13,7 @@ import json
 import pytest
 import yaml
 
-from gymfleet.fleet.config import ServerInstance, repository_root
+from gymfleet.fleet.config_instances import ServerInstance, repository_root
 from gymfleet.fleet.launch import build_server
 from gymfleet.testing import check_resources_server, serve
 

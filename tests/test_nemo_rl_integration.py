@@ -25,7 +25,8 @@ import pytest
 from omegaconf import DictConfig
 
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.fleet.config import client_limits, repository_root
+from gymfleet.fleet.config import client_limits
+from gymfleet.fleet.config_instances import repository_root
 from gymfleet.http import ClientLimits
 from gymfleet.testing import free_port, serve
 from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper
@@ -447,7 +448,7 @@ def test_aiohttp_limits_come_from_the_config_split_between_workers():
 def test_nemo_gym_modules_only_re_export_gymfleet(module):
     exported = importlib.import_module(f"nemo_gym.{module}")
     sources = [importlib.import_module(f"gymfleet.{name}")
-               for name in ("fleet.config", "rollouts.collect_inputs", "rollouts.rollout_helper", "fleet.run_helper",
-                            "serving.server", "errors")]
+               for name in ("fleet.config", "fleet.config_instances", "rollouts.collect_inputs",
+                            "rollouts.rollout_helper", "fleet.run_helper", "serving.server", "errors")]
     for name in exported.__all__:
         assert any(getattr(source, name, None) is getattr(exported, name) for source in sources), name

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gymfleet.cli.prepare_data import main as prepare_main
-from gymfleet.fleet.config import repository_root
+from gymfleet.fleet.config_instances import repository_root
 from gymfleet.rollouts.prepare_data import dataset_metrics, metric_differences
 from gymfleet.testing import nemo_gym_examples
 

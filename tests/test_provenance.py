@@ -11,10 +11,10 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.serving.aggregate import aggregate_metrics, infra_failures
-from gymfleet.fleet.config import ServerInstance, repository_root
 from gymfleet.errors import JudgeError
+from gymfleet.fleet.config_instances import ServerInstance, repository_root
 from gymfleet.fleet.launch import build_server
+from gymfleet.serving.aggregate import aggregate_metrics, infra_failures
 from gymfleet.serving.provenance import config_hash, docstring_version, library_versions, provenance_diff
 from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.testing import check_resources_server, make_response, serve

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from gymfleet import http
-from gymfleet.fleet.config import GlobalConfig
 from gymfleet.errors import TransportError
+from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.fleet.head import create_head_app
 from gymfleet.grading.sandbox_client import SandboxClient
 from gymfleet.testing import free_port, make_response, serve

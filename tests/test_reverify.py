@@ -20,10 +20,10 @@ import pytest
 from gymfleet import http
 from gymfleet.cli.collect import main as collect_main
 from gymfleet.cli.reverify import main as reverify_main
-from gymfleet.fleet.config import repository_root
+from gymfleet.fleet.config_instances import repository_root
 from gymfleet.http import ServerClient
-from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.rollouts.reverify import FleetBackend, ReverifyConfig, reverify
+from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.testing import free_port, make_response, running_fleet, serve
 from tests.test_provenance import build, example_rows
 

@@ -30,9 +30,9 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.grading import text as textlib
-from gymfleet.fleet.config import ServerInstance, repository_root
+from gymfleet.fleet.config_instances import ServerInstance, repository_root
 from gymfleet.fleet.launch import build_server
+from gymfleet.grading import text as textlib
 from gymfleet.grading.probes import (
     FAKE_VERDICT,
     GENERIC,

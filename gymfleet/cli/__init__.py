@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
 
 if TYPE_CHECKING:  # not imported at run time: `ng_run` starts its zygote before importing the config stack
-    from gymfleet.fleet.config import GlobalConfig
+    from gymfleet.fleet.config_instances import GlobalConfig
 
 T = TypeVar("T")
 

@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.collect import for_aggregation
 from gymfleet.rollouts.rows import read_jsonl
 from gymfleet.serving.aggregate import aggregate_metrics

@@ -32,7 +32,8 @@ import sys
 from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.collect import CollectionSummary, collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, load_rows
 from gymfleet.rollouts.collect_outputs import OutputError

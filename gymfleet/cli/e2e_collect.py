@@ -25,7 +25,8 @@ from pathlib import Path
 from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.cli.collect import report
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.rollouts.collect import CollectionSummary, collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, load_rows

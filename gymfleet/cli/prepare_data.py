@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.fleet.config import validate_fields
+from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.prepare_data import TrainDataProcessorConfig, parse_prepare_config, prepare
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.cli.collect import report
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, repository_root
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_instances import repository_root
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.rollouts.collect import collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, load_rows

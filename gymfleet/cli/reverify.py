@@ -25,7 +25,9 @@ from pathlib import Path
 from gymfleet import http
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.fleet.config import GlobalConfig, GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_checks import validate_fields
+from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.rollouts.reverify import (
     FleetBackend,
     InProcessBackend,

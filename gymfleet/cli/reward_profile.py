@@ -43,7 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.errors import DataError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.collect_outputs import rollout_key
 from gymfleet.rollouts.rows import read_jsonl
 from gymfleet.serving.aggregate import describe

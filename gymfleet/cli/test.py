@@ -20,7 +20,8 @@ from pathlib import Path
 
 from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
 from gymfleet.errors import ConfigError, did_you_mean
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, repository_root
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_instances import repository_root
 
 
 def environments(root: Path) -> list[str]:

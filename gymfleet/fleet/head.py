@@ -29,7 +29,7 @@ import yaml
 from fastapi import FastAPI
 from starlette.responses import Response
 
-from gymfleet.fleet.config import GlobalConfig
+from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.masking import mask_secrets
 from gymfleet.metrics import MetricsMiddleware, fleet_metrics
 

@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
-from gymfleet.fleet.config import GlobalConfig, ServerInstance, client_limits, repository_root, validate_fields
+from gymfleet.fleet.config import client_limits
+from gymfleet.fleet.config_checks import validate_fields
+from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance, repository_root
 from gymfleet.masking import mask_secrets
 
 if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and should say its first words quickly

@@ -18,7 +18,8 @@ import socket
 from typing import Any
 
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.config import GlobalConfig, ServerInstance, validate_fields
+from gymfleet.fleet.config_checks import validate_fields
+from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.launch import load_server_class
 
 __all__ = ["NoRoomError", "attach_ray", "bundle_of", "free_resources", "memory_bytes", "ray_module", "ray_options"]

@@ -21,7 +21,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gymfleet.errors import ConfigError, DataError, GymfleetError
-from gymfleet.fleet.config import GlobalConfig
+from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.rows import (
     describe_errors,

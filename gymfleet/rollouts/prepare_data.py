@@ -34,13 +34,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gymfleet.errors import ConfigError, DataError, GymfleetError, ServerRefError
-from gymfleet.fleet.config import (
-    GlobalConfig,
-    GlobalConfigDictParserConfig,
-    parse_global_config,
-    repository_root,
-    validate_fields,
-)
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_checks import validate_fields
+from gymfleet.fleet.config_instances import GlobalConfig, repository_root
 from gymfleet.fleet.config_merge import join_path
 from gymfleet.progress import Progress
 from gymfleet.rollouts.rows import (  # noqa: F401  (check_row, placeholder_response: this module's API)

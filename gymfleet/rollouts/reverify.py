@@ -47,7 +47,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gymfleet.errors import ConfigError, DataError, TransportError
-from gymfleet.fleet.config import GlobalConfig
+from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
 from gymfleet.progress import Progress
 from gymfleet.rollouts.rows import read_jsonl

@@ -13,7 +13,8 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from gymfleet.errors import DataError, GymfleetError, did_you_mean
-from gymfleet.fleet.config import GlobalConfig, ServerInstance, resolve_server_ref
+from gymfleet.fleet.config_checks import resolve_server_ref
+from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.progress import Progress
 from gymfleet.wire import KNOWN_PARAMS, Response, ResponseCreateParams, make_response
 

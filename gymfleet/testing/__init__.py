@@ -179,7 +179,7 @@ def nemo_gym_examples(env: str) -> Path:
     Raises:
         FileNotFoundError: none of those has the folder; the message says where it looked and how to point at it.
     """
-    from gymfleet.fleet.config import repository_root
+    from gymfleet.fleet.config_instances import repository_root
 
     roots = [Path(os.environ["GYMFLEET_SHARED_DIR"])] if os.environ.get("GYMFLEET_SHARED_DIR") else []
     roots += [repository_root().parent / "shared", Path("/work/shared")]

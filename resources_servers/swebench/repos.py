@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from gymfleet.fleet.config import repository_root
+from gymfleet.fleet.config_instances import repository_root
 from gymfleet.grading.sandbox_client import tar_directory
 
 log = logging.getLogger(__name__)

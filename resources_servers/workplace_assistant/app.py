@@ -82,8 +82,8 @@ from prometheus_client import Gauge
 from pydantic import Field
 from starlette.responses import Response as StarletteResponse
 
+from gymfleet.fleet.config_instances import repository_root
 from gymfleet.serving.bodies import read_json
-from gymfleet.fleet.config import repository_root
 from gymfleet.serving.resources import (
     ResourcesServer,
     ResourcesServerConfig,

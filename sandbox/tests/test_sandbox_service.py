@@ -14,8 +14,8 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.fleet.config import validate_fields
 from gymfleet.errors import ConfigError
+from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.testing import free_port, serve
 from sandbox.app import SandboxConfig, SandboxServer
 from sandbox.tests.conftest import assert_no_leftovers

@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config, validate_fields
 from gymfleet.errors import ConfigError
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.launch import build_server
 from gymfleet.testing import serve
 from gymfleet.wire import Response
