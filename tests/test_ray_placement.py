@@ -25,11 +25,12 @@ import pytest
 import yaml
 
 from gymfleet import http
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.fleet.supervisor import Fleet
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.ray_cluster import memory_bytes
-from gymfleet.fleet.ray_placement import RayFleet, make_fleet, placement_of
+from gymfleet.fleet.ray_fleet import RayFleet
+from gymfleet.fleet.ray_placement import make_fleet, placement_of
+from gymfleet.fleet.supervisor import Fleet
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
 from gymfleet.testing import free_port
 from resources_servers.example_weather.app import FORECASTS
@@ -345,9 +346,9 @@ def test_no_room_on_the_cluster_falls_back_to_this_machine_only_when_ray_was_imp
     """NeMo-RL's address implies Ray placement; a cluster with no room for a server must not stop a training job
     that ran under NeMo-Gym (which never placed servers on Ray): one warning, and the fleet runs here. Under an
     explicit `placement: ray` the same is a `NoRoomError` naming the instance's `ray_resources`."""
-    from gymfleet.fleet import ray_placement
+    from gymfleet.fleet import ray_placement, ray_startup
 
-    monkeypatch.setattr(ray_placement, "PLACEMENT_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(ray_startup, "PLACEMENT_TIMEOUT_S", 2.0)
     nowhere = {ENV: {"resources_servers": {ENV: {"num_replicas": 1,
                                                  "ray_resources": {"num_cpus": 1, "resources": {"nowhere": 1}}}}}}
     with pytest.raises(ray_placement.NoRoomError, match=r"example_weather\.ray_resources: the Ray cluster has no"):

@@ -33,13 +33,10 @@ import logging
 from omegaconf import DictConfig
 
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.config import (
-    BaseServerConfig,
-    GlobalConfig,
-    GlobalConfigDictParserConfig,
-    parse_global_config,
-)
-from gymfleet.fleet.ray_placement import RayFleet, make_fleet, start_fleet
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet.config_instances import BaseServerConfig, GlobalConfig
+from gymfleet.fleet.ray_fleet import RayFleet
+from gymfleet.fleet.ray_placement import make_fleet, start_fleet
 from gymfleet.fleet.supervisor import Fleet
 
 __all__ = ["RunHelper", "get_global_config_dict"]
