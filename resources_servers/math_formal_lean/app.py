@@ -3,7 +3,7 @@
 ## Task fields
 - `header`: the file's preamble (`import Mathlib`, `open ...`, `set_option ...`).
 - `formal_statement`: the theorem to prove, up to and including its `:=` (NeMo-Gym's rows end in `:= by` and a
-  newline). A blank header-less statement is a 422 naming the field.
+  newline). A statement without `:=` is a 422 naming the field.
 - `informal_prefix`, `name` (optional): the problem in words and its name; echoed.
 - `turn_index` (optional, default 0): which attempt of a multi-turn rollout this is; echoed.
 - Any other field (`split`, ...) is echoed untouched.
@@ -37,8 +37,8 @@ than `completed`/`failed`/`timeout` (NeMo-Skills' `error`: the compiler could no
   `<lean_command> Proof.lean` in gymfleet's sandbox `sandbox` / `sandbox_url`, `memory_mb` per compile; the
   toolchain must be visible inside the sandbox); `checker_url` (`http://host:port` of a NeMo-Skills sandbox);
   `checker` (an instance in the fleet speaking `/execute`: `{type, name}` or its name); else NeMo-Gym's
-  `sandbox_host`:`sandbox_port` (127.0.0.1:6000; the shipped config reads `NEMO_SKILLS_SANDBOX_HOST` /
-  `NEMO_SKILLS_SANDBOX_PORT`).
+  `sandbox_host`:`sandbox_port` (null: `$NEMO_SKILLS_SANDBOX_HOST`:`$NEMO_SKILLS_SANDBOX_PORT`, else
+  127.0.0.1:6000).
 - `compilation_timeout` (30): the compile's time limit. `checker_timeout_s` (null: `compilation_timeout` + 60): the
   HTTP deadline per attempt. `checker_max_attempts` (3): failures to connect, 429/5xx answers and dropped
   connections are retried; a call past its deadline is not.
@@ -65,6 +65,7 @@ None. NeMo-Gym's `proof_refinement_agent` (not built here) re-asks the model wit
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -83,9 +84,11 @@ NO_PROOF_FEEDBACK = "The answer holds no proof: nothing follows the theorem's `:
 class MathFormalLeanConfig(ResourcesServerConfig):
     """math_formal_lean's fields."""
 
-    sandbox_host: str = "127.0.0.1"
-    """NeMo-Gym's: host of the NeMo-Skills sandbox (used when no other checker is named)."""
-    sandbox_port: int = 6000
+    sandbox_host: str | None = None
+    """NeMo-Gym's: host of the NeMo-Skills sandbox, used when no other checker is named (null:
+    `$NEMO_SKILLS_SANDBOX_HOST`, else 127.0.0.1)."""
+    sandbox_port: int | None = None
+    """Its port (null: `$NEMO_SKILLS_SANDBOX_PORT`, else 6000)."""
     checker_url: str | None = None
     """A NeMo-Skills sandbox outside the fleet (`http://host:port`); wins over `checker` and `sandbox_host`."""
     checker: ServerRef | None = None
@@ -168,7 +171,9 @@ class MathFormalLeanServer(ResourcesServer):
         else:
             url = cfg.checker_url
             if url is None and cfg.checker is None:
-                url = f"http://{cfg.sandbox_host}:{cfg.sandbox_port}"
+                host = cfg.sandbox_host or os.environ.get("NEMO_SKILLS_SANDBOX_HOST") or "127.0.0.1"
+                port = cfg.sandbox_port or _env_port()
+                url = f"http://{host}:{port}"
             self.checker = ExecuteChecker(
                 cfg.checker, url=url, client=self.client, compile_timeout_s=cfg.compilation_timeout,
                 deadline_s=cfg.checker_timeout_s or cfg.compilation_timeout + 60,
@@ -229,6 +234,15 @@ _REASONS = {"has_sorry": "the compiler reports a sorry", "failed": "the proof do
 
 def reward_fields(**fields: Any) -> dict[str, Any]:
     return {"compiler_output": None, "reason": None, "forbidden": [], **fields}
+
+
+def _env_port() -> int:
+    value = os.environ.get("NEMO_SKILLS_SANDBOX_PORT") or "6000"
+    try:
+        return int(value)
+    except ValueError:
+        hint = "Set it to the NeMo-Skills sandbox's port (6000 by default), or set sandbox_port."
+        raise ConfigError(f"NEMO_SKILLS_SANDBOX_PORT={value!r} is not a port number", hint=hint) from None
 
 
 def _feedback(output: CompilerOutput, program: str) -> str:

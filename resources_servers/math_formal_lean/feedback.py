@@ -24,7 +24,8 @@ restates the theorem and proves it, and nothing outside the block."""
 """Our wording of the correction request (`{proof_attempt}`, `{error_message}`); config `correction_prompt_template`
 replaces it."""
 
-_ERROR = re.compile(r"^[^\n]*?\.lean:(\d+):(\d+): error:(.*?)(?=^[^\n]*?\.lean:\d+:\d+: |\Z)", re.DOTALL | re.MULTILINE)
+_ERROR = re.compile(r"^[^\n]*?\.lean:(\d+):(\d+): error:(.*?)(?=^[^\n]*?\.lean:\d+:\d+: |\Z)",
+                    re.DOTALL | re.MULTILINE)
 
 
 def compiler_errors(output: str) -> list[tuple[int, int, str]]:

@@ -25,7 +25,7 @@ _SORRY_OUTPUT = re.compile(r"\bsorry\b")
 
 FORBIDDEN_NAMES = frozenset({
     "sorry", "admit",            # tactics that close any goal (Lean warns; the warning is checked too)
-    "sorryAx",                   # the axiom behind them: `sorryAx _ true` is a *synthetic* sorry, which Lean never warns about
+    "sorryAx",                   # their axiom: `sorryAx _ true` is a *synthetic* sorry, which Lean never warns about
     "mkSorry", "mkLabeledSorry",  # building it from meta code
     "axiom",                     # a new axiom proves anything and compiles cleanly
     "unsafe", "implemented_by", "extern",  # code the kernel does not check

@@ -203,7 +203,8 @@ def test_nemo_gym_ships_recorded_rows():
 
 @pytest.mark.parametrize(("text", "row", "problem"), NEMO_GYM_ROWS)
 def test_same_program_and_verdict_as_nemo_gym(text, row, problem):
-    program = proof.assemble(problem["header"], problem["formal_statement"], proof.proof_body(proof.extract_code(text)))
+    body = proof.proof_body(proof.extract_code(text))
+    program = proof.assemble(problem["header"], problem["formal_statement"], body)
     assert program == row["predicted_proof"]
     output = row["compiler_output"]
     output = json.loads(output) if isinstance(output, str) else output
