@@ -1,11 +1,12 @@
 """configs/super3_rlvr.yaml as `ng_run` starts it: the Super 3 RLVR mix that exists here, as one fleet.
 
 The recipe lists NeMo-RL's config paths verbatim (examples/nemo_gym/nemotron-3-super/stage1_rlvr.yaml, spec
-environments.md §0.1) minus the environments not built yet, which must fail loudly when listed. The fleet starts
-for real with the scripted model as the policy (and so as every judge: the judged environments ask policy_model),
+environments.md §0.1), every one of them now built; an environment that is not built must fail loudly when listed.
+The fleet starts for real with the scripted model as the policy (and so as every judge: the judged environments ask
+policy_model) and math_formal_lean's stand-in Lean checker (its tests' `/execute` server) as the Lean sandbox,
 `ng_status` must find every instance live, and every agent with example rows runs one rollout: a finite reward and
 no infrastructure failure from each, and the right answer scored 1.0 where the test scripts one (math, code in the
-sandbox, a multiple-choice letter).
+sandbox, a multiple-choice letter, a Lean proof).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import math
-import re
 import subprocess
 import sys
 import time
@@ -24,9 +24,10 @@ import pytest
 import yaml
 
 from gymfleet.cli.run import main as run_main
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ConfigError
-from gymfleet.testing import running_fleet
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.testing import running_fleet, serve
+from resources_servers.math_formal_lean.tests.stand_in_checker import checker_app
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs/super3_rlvr.yaml"
@@ -62,6 +63,8 @@ SUPER3_CONFIGS = [
     "resources_servers/terminal_pivot/configs/terminal_pivot.yaml",
 ]
 NOT_BUILT = [path for path in SUPER3_CONFIGS if not (ROOT / path).is_file()]
+NEVER_BUILT = "resources_servers/isabelle_proofs/configs/isabelle_proofs.yaml"
+"""An environment of no recipe, for the error a recipe listing one must stop with."""
 
 # Right answers to the first example row of three environments (matched on the last user message); every other
 # rollout gets the default and must still come back as a reward, never as a failure.
@@ -73,12 +76,15 @@ SCRIPT = [
              "    if low is not None:\n        best = max(best, x - low)\n"
              "    low = x if low is None else min(low, x)\nprint(best)\n```"},
     {"match": "shortest orbital period", "text": "Mercury is closest to the Sun.\n\n\\boxed{B}"},
+    {"match": "Adding zero to a natural number leaves it unchanged",
+     "text": "By simp.\n\n```lean4\ntheorem nat_add_zero_self (n : ℕ) : n + 0 = n := by\n  simp\n```"},
     # As a judge (the equivalence_llm_judge family fails a verdict-less judge reply as judge_failed, by design):
     # the labels its prompts ask for, so a reply of "I am not sure." from the policy is judged, not an outage.
     {"match": r"\[\[A!=B\]\]", "match_in": "transcript", "text": "The answers differ.\n[[A!=B]]"},
     {"match": "INCORRECT", "match_in": "transcript", "text": "INCORRECT"},
 ]
-SCORED_RIGHT = {"math_with_judge_simple_agent", "code_gen_simple_agent", "mcqa_simple_agent"}
+SCORED_RIGHT = {"math_with_judge_simple_agent", "code_gen_simple_agent", "mcqa_simple_agent",
+                "math_formal_lean_refinement_agent"}
 SCRIPTED_POLICY = {
     "scripted_llm": {"responses_api_models": {"scripted_model": {
         "entrypoint": "app.py", "model": "scripted", "rules": SCRIPT, "default": {"text": "I am not sure."}}}},
@@ -93,28 +99,25 @@ def _recipe_paths() -> list[str]:
     return yaml.safe_load(RECIPE.read_text())["config_paths"]
 
 
-def test_recipe_lists_every_built_environment_of_the_mix_by_nemo_rl_path():
+def test_recipe_lists_every_environment_of_the_mix_by_nemo_rl_path():
     paths = _recipe_paths()
     assert paths[0] == "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
     for path in paths:
         assert (ROOT / path).is_file(), path
-    built = [path for path in SUPER3_CONFIGS if path not in NOT_BUILT]
-    assert [path for path in paths if path.startswith("resources_servers/")] == built
+    assert NOT_BUILT == [], "every environment of the mix is built"
+    assert [path for path in paths if path.startswith("resources_servers/")] == SUPER3_CONFIGS
     assert "sandbox/configs/sandbox.yaml" in paths, "code_gen, ns_tools and swerl_gen share the fleet's sandbox"
 
 
-def test_the_comment_names_exactly_the_environments_left_out():
-    """The recipe's comment lists what is not built; once an environment is built, it must join the list."""
-    assert NOT_BUILT == ["resources_servers/math_formal_lean/configs/math_formal_lean_multi_turn.yaml"]
+def test_the_comment_leaves_no_environment_out():
+    """The recipe's comment once listed the environments not built; none is left, so it names none as missing."""
     comment = "\n".join(line for line in RECIPE.read_text().splitlines() if line.startswith("#"))
-    for path in NOT_BUILT:
-        assert path in comment
-    named = set(re.findall(r"resources_servers/[\w-]+/configs/[\w.-]+\.yaml", comment))
-    assert named == set(NOT_BUILT)
+    assert "Not built yet" not in comment and "left out" not in comment
+    assert "all 22 are built here" in comment
 
 
-@pytest.mark.parametrize("missing", NOT_BUILT)
-def test_listing_an_environment_not_built_names_it(missing, tmp_path, capsys, monkeypatch):
+def test_listing_an_environment_not_built_names_it(tmp_path, capsys, monkeypatch):
+    missing = NEVER_BUILT
     recipe = tmp_path / "super3_full.yaml"
     recipe.write_text(yaml.safe_dump({"config_paths": [str(RECIPE), missing]}))
     with pytest.raises(ConfigError) as error:
@@ -154,8 +157,17 @@ def test_a_missing_file_of_an_existing_environment_is_still_a_path_error():
 
 
 @pytest.fixture(scope="module")
-def fleet():
-    with running_fleet([str(RECIPE)], SCRIPTED_POLICY) as running:
+def lean_checker():
+    """math_formal_lean's stand-in Lean checker (a real `/execute` server), the fleet's Lean sandbox."""
+    app = checker_app()
+    with serve(app) as url:
+        yield app, url
+
+
+@pytest.fixture(scope="module")
+def fleet(lean_checker):
+    lean = {"math_formal_lean": {"resources_servers": {"math_formal_lean": {"checker_url": lean_checker[1]}}}}
+    with running_fleet([str(RECIPE)], {**SCRIPTED_POLICY, **lean}) as running:
         yield running
 
 
@@ -167,7 +179,7 @@ def published(fleet):
 
 def test_ng_status_shows_every_instance_live(fleet):
     port = fleet.config.head_port
-    deadline = time.monotonic() + 120  # on a loaded 2-core machine one of 53 servers may miss ng_status' 2 s probe
+    deadline = time.monotonic() + 120  # on a loaded 2-core machine one of 55 servers (head included) may miss ng_status' 2 s probe
     while True:
         status = subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={port}",
                                  "+json=true"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -208,7 +220,7 @@ def _rollout(agent: dict, row: dict) -> dict:
     return answer.json()
 
 
-def test_one_rollout_through_every_agent_with_examples(published):
+def test_one_rollout_through_every_agent_with_examples(published, lean_checker):
     agents = _agents_with_examples(published)
     assert len(agents) >= 22, sorted(agents)
     jobs = []
@@ -230,3 +242,6 @@ def test_one_rollout_through_every_agent_with_examples(published):
         assert result["response"]["model"] == "scripted", name
         if name in SCORED_RIGHT:
             assert result["reward"] == 1.0, (name, summary)
+    lean = next(result for name, result in results if name == "math_formal_lean_refinement_agent")
+    assert [body["generated_code"] for body in lean_checker[0].state.requests] == [
+        lean["header"] + lean["formal_statement"] + "  simp"], "the proof reached the Lean checker"
