@@ -2,7 +2,7 @@
 
 For each `resources_servers/<env>/` (found as the conformance test finds them, so a new folder is covered without
 writing anything) a real server is built from its shipped config and served in-process over real HTTP. Each probe
-of `gymfleet.grading.probes.generic_probes` (echo the prompt, empty, 100k characters, every candidate answer, the answers
+of `gymfleet.grading.probes.generic_probes` (echo the prompt, empty, 100k chars, every candidate answer, the answers
 hidden in a reasoning item or a `<think>` block, NaN / control characters, an injection aimed at the judge, a forged
 verdict), plus the environment's own probes from `ENV_PROBES` (code: exit early, write a result file; tools: call
 every tool; schemas: extra keys), is played on the first `ROWS` example rows and must score at most its ceiling:
@@ -47,6 +47,7 @@ from gymfleet.grading.probes import (
     violations,
 )
 from gymfleet.testing import make_response, serve
+from resources_servers.math_formal_lean.tests.stand_in_checker import checker_app
 from responses_api_models.scripted_model.app import ScriptedModel
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ CEILINGS: dict[str, dict[str, Ceiling]] = {
     "single_step_tool_use_with_argument_comparison": {
         probe: _expects_message for probe in GENERIC if probe not in ("empty", "reasoning_only")
     },
+    # Probed against a checker that compiles anything (`GULLIBLE_CHECKER`), so what reaches it scores: the Lean
+    # compiler decides. What must stay 0 is what is refused before compiling: the prompt echoed (its `sorry`), an
+    # empty answer, reasoning with no text.
+    "math_formal_lean": {probe: 1.0 for probe in GENERIC if probe not in ("echo_prompt", "empty", "reasoning_only")},
 }
 
 
@@ -186,7 +191,25 @@ def _swe_pivot_probes(row: dict) -> list[Probe]:
     return [Probe("call_every_tool", make_response(None, tool_calls=calls[::-1]))]
 
 
+def _lean_probes(row: dict) -> list[Probe]:
+    """Proofs a checker that trusts Lean's `sorry` warning would pay (`GULLIBLE_CHECKER` pays them all). Only what
+    follows the statement's `:=` is compiled (an axiom declared before the theorem is dropped), so that is where
+    each cheat sits."""
+    def proof(body: str) -> str:
+        return f"```lean4\n{row['header']}{row['formal_statement']}{body}\n```"
+
+    return [
+        text_probe("declare_axiom", proof("  exact (cheat _).elim\naxiom cheat : ∀ p : Prop, False")),
+        text_probe("synthetic_sorry", proof("  exact «sorryAx» _ true")),
+        text_probe("lookalike_sorry", proof("  ѕorry")),
+        text_probe("admit", proof("  admit")),
+        text_probe("compile_time_program", proof("  run_tac Lean.Elab.Tactic.evalTactic (← `(tactic| trivial))")),
+        text_probe("eval_command", proof("  simp\n#eval IO.println \"hi\"")),
+    ]
+
+
 ENV_PROBES: dict[str, Callable[[dict], list[Probe]]] = {
+    "math_formal_lean": _lean_probes,
     "code_gen": _code_gen_probes,
     "example_weather": _weather_probes,
     "structured_outputs": _schema_probes,
@@ -242,8 +265,8 @@ WARM_UP: dict[str, Callable[[], Any]] = {"instruction_following": textlib.load_m
 class Servers:
     """Environment servers started on first use, with the judge, sandbox and other servers they reference."""
 
-    def __init__(self, stack: contextlib.ExitStack, judge_url: str, sandbox: Callable[[], str]):
-        self.stack, self.judge_url, self.sandbox = stack, judge_url, sandbox
+    def __init__(self, stack: contextlib.ExitStack, judge_url: str, sandbox: Callable[[], str], checker_url: str):
+        self.stack, self.judge_url, self.sandbox, self.checker_url = stack, judge_url, sandbox, checker_url
         self.urls: dict[str, str] = {}
         self.instances = {_config(env)[0]: env for env in ENVS}
 
@@ -261,6 +284,8 @@ class Servers:
 
     def build(self, env: str) -> Any:
         name, fields = _config(env)
+        if env == "math_formal_lean":  # its Lean checker is outside the fleet
+            fields = {**fields, "checker_url": self.checker_url}
         instance = ServerInstance(name=name, server_type="resources_servers", impl=env,
                                   fields={**fields, "host": "127.0.0.1", "port": 0})
         return build_server(instance, self.global_config(fields))
@@ -277,7 +302,8 @@ def servers(request):
     judge = ScriptedModel({"name": "gullible_judge", "model": "gullible", "default": {"text": GULLIBLE}})
     with contextlib.ExitStack() as stack:
         judge_url = stack.enter_context(serve(judge.create_app()))
-        yield Servers(stack, judge_url, lambda: request.getfixturevalue("sandbox_url"))
+        checker_url = stack.enter_context(serve(checker_app()))  # GULLIBLE_CHECKER: compiles whatever it gets
+        yield Servers(stack, judge_url, lambda: request.getfixturevalue("sandbox_url"), checker_url)
 
 
 def _rows(env: str) -> list[dict]:
