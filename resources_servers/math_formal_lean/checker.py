@@ -84,23 +84,20 @@ class ExecuteChecker:
         """
         body = {"generated_code": program, "language": "lean4", "timeout": self.compile_timeout_s,
                 "max_output_characters": self.max_output_characters}
-        async with self._slots:
-            try:
+        where = self.describe()
+        try:
+            async with self._slots:
                 if self.base_url is not None:
                     answer = await http.request("POST", self.base_url + "/execute", json=body,
                                                 timeout_s=self.deadline_s, retry=self.retry)
                 else:
                     answer = await self.client.post(self.server, "/execute", json=body, timeout_s=self.deadline_s,
                                                     retry=self.retry)
-            except TransportError as exc:
-                raise SandboxError(f"Lean checker at {self.describe()}: {exc}") from exc
-        if not answer.ok:
-            raise SandboxError(f"Lean checker at {self.describe()} answered HTTP {answer.status}: {answer.text[:300]}")
-        try:
-            data = answer.json()
+            return parse_answer(answer.raise_for_status().json(), where)
+        except TransportError as exc:  # unreachable, past the deadline, or a non-2xx answer once retries are spent
+            raise SandboxError(f"Lean checker at {where}: {exc}") from exc
         except ValueError as exc:
-            raise SandboxError(f"Lean checker at {self.describe()} answered non-JSON: {answer.text[:300]!r}") from exc
-        return parse_answer(data, self.describe())
+            raise SandboxError(f"Lean checker at {where} answered non-JSON: {answer.text[:300]!r}") from exc
 
 
 def parse_answer(data: Any, where: str) -> CompilerOutput:
