@@ -46,6 +46,8 @@ _CONFUSABLES = str.maketrans({
 """Letters from other scripts drawn like Latin ones (Cyrillic, Greek, IPA): `ѕorry` reads as `sorry`."""
 _IDENT_PART = re.compile(r"«[^»]*»|[^\W\d][\w'!?]*")
 _COMMAND = re.compile(r"#[A-Za-z_]\w*")
+_CHAR_LITERAL = re.compile(r"'(?:[^\\'\n]|\\[\\\"'nrt]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4})'")
+"""A Lean char literal (`'a'`, `'\\n'`, `'\\x41'`, `'\\u03bb'`); any other quote is code."""
 
 
 def extract_code(text: str, mode: str = "last") -> str:
@@ -135,33 +137,40 @@ def _skeleton(name: str) -> str:
 
 
 def _tokens(code: str) -> Iterator[str]:
-    """Identifier-like runs (dotted names, `«...»` parts) and `#commands` of `code` outside comments and literals."""
-    tokens: list[str] = []
-    _scan(code, 0, tokens, in_braces=False)
-    return iter(tokens)
+    """Identifier-like runs (dotted names, `«...»` parts) and `#commands` of `code` outside comments and literals.
 
-
-def _scan(code: str, index: int, tokens: list[str], *, in_braces: bool) -> int:
-    """Lex `code` from `index`, appending tokens; with `in_braces`, stop after the `}` closing an interpolation.
-    Returns where it stopped."""
-    depth = 0
-    size = len(code)
+    Iterative, with an explicit stack of string / interpolation levels: no nesting depth can exhaust recursion."""
+    braces: list[int] = []  # one entry per open interpolation `{` of a string: its inner brace depth
+    in_string = False
+    index, size = 0, len(code)
     while index < size:
         char = code[index]
+        if in_string:
+            if char == "\\":
+                index += 2
+                continue
+            if char == "{":
+                braces.append(0)
+                in_string = False
+            elif char == '"':  # back to code: the top level's, or the open interpolation's
+                in_string = False
+            index += 1
+            continue
         if code.startswith("--", index):
             newline = code.find("\n", index)
             index = size if newline < 0 else newline
         elif code.startswith("/-", index):
             index = _skip_block_comment(code, index)
         elif char == '"':
-            index = _skip_string(code, index + 1, tokens)
+            in_string = True
+            index += 1
         elif char == "r" and _raw_string_start(code, index):
             index = _skip_raw_string(code, index)
-        elif char == "'" and (index == 0 or not _ident_char(code[index - 1])):
-            match = re.match(r"'(?:\\[^']*|[^\\'])'", code[index:])
-            index += match.end() if match else 1
+        elif char == "'":  # not after an identifier: its loop below takes trailing primes (`h'`)
+            match = _CHAR_LITERAL.match(code, index)
+            index = match.end() if match else index + 1
         elif char == "#" and (match := _COMMAND.match(code, index)):
-            tokens.append(match.group())
+            yield match.group()
             index = match.end()
         elif char == "«" or _ident_char(char):
             start = index
@@ -171,18 +180,19 @@ def _scan(code: str, index: int, tokens: list[str], *, in_braces: bool) -> int:
                     index = size if close < 0 else close + 1
                 else:
                     index += 1
-            tokens.append(code[start:index])
-        elif in_braces and char == "{":
-            depth += 1
+            yield code[start:index]
+        elif braces and char == "{":
+            braces[-1] += 1
             index += 1
-        elif in_braces and char == "}":
-            if depth == 0:
-                return index + 1
-            depth -= 1
+        elif braces and char == "}":
+            if braces[-1] == 0:  # the interpolation closed: back inside its string
+                braces.pop()
+                in_string = True
+            else:
+                braces[-1] -= 1
             index += 1
         else:
             index += 1
-    return index
 
 
 def _ident_char(char: str) -> bool:
@@ -201,24 +211,7 @@ def _skip_block_comment(code: str, index: int) -> int:
     return index
 
 
-def _skip_string(code: str, index: int, tokens: list[str]) -> int:
-    """Skip a string literal's body (from after its opening quote); `{...}` parts are lexed as code."""
-    while index < len(code):
-        char = code[index]
-        if char == "\\":
-            index += 2
-        elif char == "{":
-            index = _scan(code, index + 1, tokens, in_braces=True)
-        elif char == '"':
-            return index + 1
-        else:
-            index += 1
-    return index
-
-
 def _raw_string_start(code: str, index: int) -> bool:
-    if index > 0 and _ident_char(code[index - 1]):
-        return False
     return re.match(r'r#*"', code[index:index + 300]) is not None
 
 

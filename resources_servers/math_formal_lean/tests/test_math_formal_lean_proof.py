@@ -7,6 +7,8 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
 from resources_servers.math_formal_lean import feedback, proof
@@ -218,3 +220,67 @@ def test_no_minif2f_statement_uses_a_forbidden_name():
     for line in (folder / "minif2f_test.jsonl").read_text().splitlines():
         row = json.loads(line)
         assert proof.forbidden_constructs(row["formal_statement"]) == [], row["name"]
+
+
+# --- generated programs: the lexer against a grammar of Lean's closed constructs -----------------------------------
+
+_PLAIN = st.text(alphabet="abcxyz ₀ℕ→:=()+*0123.,", max_size=12)
+"""Filler text: no quote, brace, comment marker or backslash, and no forbidden name."""
+
+
+def _closed(hidden: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+    """One construct Lean reads as a unit, with `hidden` somewhere in its non-code contents (constructs are joined
+    with spaces: `h'"'` is the name `h'` and a string to Lean too)."""
+    inside = st.tuples(_PLAIN, hidden, _PLAIN).map("".join)
+    block = st.recursive(inside.map(lambda text: f"/-{text}-/"),
+                         lambda nested: st.tuples(_PLAIN, nested, _PLAIN).map(lambda t: f"/-{t[0]}{t[1]}{t[2]}-/"),
+                         max_leaves=4)
+    return st.one_of(
+        inside.map(lambda text: f"--{text}\n"),
+        block,
+        inside.map(lambda text: f'"{text}"'),
+        inside.map(lambda text: f'"{text}\\"{text}"'),
+        st.tuples(inside, _PLAIN).map(lambda t: f's!"{t[0]}{{x + {t[1].strip() or "1"}}}{t[0]}"'),
+        inside.map(lambda text: f'r#"{text}"#'),
+        st.sampled_from(["'a'", "'\\n'", "'\\x41'", "'{'", "'\"'"]),
+        st.sampled_from(["h₀", "Nat.succ_le", "foo'", "«a b»", "x.1", "sorry_free", "h_admit"]),
+        st.sampled_from([" ", "\n", "(", ")", ":=", "[", "]", ",", "{", "}", "⟨", "⟩"]),
+    )
+
+
+_NAMES = sorted(FORBIDDEN_NAMES)
+_SPELL = st.sampled_from(list(SPELLINGS.values()))
+_HIDDEN = st.tuples(st.sampled_from(_NAMES), _SPELL).map(lambda t: t[1](t[0]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_closed(_HIDDEN), max_size=12))
+def test_forbidden_names_inside_closed_constructs_are_never_code(parts):
+    assert proof.forbidden_constructs(" ".join(parts)) == []
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_closed(_HIDDEN), max_size=8), st.sampled_from(_NAMES), _SPELL, st.lists(_closed(_HIDDEN), max_size=8))
+def test_a_forbidden_name_after_any_closed_constructs_is_found(before, name, spell, after):
+    code = " ".join(before) + "\n " + spell(name) + " \n" + " ".join(after)
+    assert name in proof.forbidden_constructs(code)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_closed(_HIDDEN), max_size=6), st.sampled_from(_NAMES))
+def test_a_forbidden_name_inside_an_interpolation_is_found(around, name):
+    code = " ".join(around) + f' s!"text {{{name} x}} more" ' + " ".join(around)
+    assert name in proof.forbidden_constructs(code)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(['"', "{", "}", "/-", "-/", "--", "\n", "'", 'r#"', '"#', "\\", "«", "»", "sorry",
+                                  "x", " ", "#eval", "s!"]), max_size=200).map("".join))
+def test_any_text_is_lexed_without_error(text):
+    assert isinstance(proof.forbidden_constructs(text), list)
+
+
+def test_deep_nesting_cannot_exhaust_recursion():
+    assert proof.forbidden_constructs('s!"{' * 50_000) == []
+    assert proof.forbidden_constructs("/-" * 50_000) == []
+    assert proof.forbidden_constructs('s!"{' * 50_000 + "sorry") == ["sorry"]
