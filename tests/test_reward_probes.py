@@ -204,6 +204,7 @@ def _lean_probes(row: dict) -> list[Probe]:
         text_probe("lookalike_sorry", proof("  ѕorry")),
         text_probe("admit", proof("  admit")),
         text_probe("compile_time_program", proof("  run_tac Lean.Elab.Tactic.evalTactic (← `(tactic| trivial))")),
+        text_probe("term_elaborator", proof("  exact by_elab do return Lean.mkConst ``True.intro")),
         text_probe("eval_command", proof("  simp\n#eval IO.println \"hi\"")),
     ]
 

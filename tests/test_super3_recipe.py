@@ -179,7 +179,7 @@ def published(fleet):
 
 def test_ng_status_shows_every_instance_live(fleet):
     port = fleet.config.head_port
-    deadline = time.monotonic() + 120  # on a loaded 2-core machine one of 55 servers (head included) may miss ng_status' 2 s probe
+    deadline = time.monotonic() + 120  # on a loaded 2-core machine one of 55 servers may miss ng_status' 2 s probe
     while True:
         status = subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={port}",
                                  "+json=true"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -204,13 +204,15 @@ def test_recipe_settings_reach_the_servers(published):
     assert genrm["num_rollouts_per_prompt"] == 16
 
 
-def _agents_with_examples(published: dict) -> dict[str, Path]:
+def _agents_with_examples(published: dict) -> dict[str, tuple[dict, Path]]:
+    """Agent instance name -> (its fields, its example rows), for every agent with an example dataset."""
     found = {}
     for name, block in published.items():
-        agent = block.get("responses_api_agents", {}).get("simple_agent") if isinstance(block, dict) else None
-        for dataset in (agent or {}).get("datasets") or []:
-            if dataset.get("type") == "example":
-                found[name] = ROOT / dataset["jsonl_fpath"]
+        agents = block.get("responses_api_agents", {}) if isinstance(block, dict) else {}
+        for agent in agents.values():
+            for dataset in agent.get("datasets") or []:
+                if dataset.get("type") == "example":
+                    found[name] = (agent, ROOT / dataset["jsonl_fpath"])
     return found
 
 
@@ -224,10 +226,9 @@ def test_one_rollout_through_every_agent_with_examples(published, lean_checker):
     agents = _agents_with_examples(published)
     assert len(agents) >= 22, sorted(agents)
     jobs = []
-    for name, path in agents.items():
+    for name, (agent, path) in agents.items():
         row = {**json.loads(path.read_text().splitlines()[0]),
                "agent_ref": {"type": "responses_api_agents", "name": name}}
-        agent = published[name]["responses_api_agents"]["simple_agent"]
         # GenRM scores a whole group of one prompt: the recipe's 16 rollouts of the same row.
         copies = published[agent["resources_server"]["name"]]["resources_servers"].get("genrm_compare", {}).get(
             "num_rollouts_per_prompt", 1)
@@ -243,5 +244,6 @@ def test_one_rollout_through_every_agent_with_examples(published, lean_checker):
         if name in SCORED_RIGHT:
             assert result["reward"] == 1.0, (name, summary)
     lean = next(result for name, result in results if name == "math_formal_lean_refinement_agent")
+    assert lean["total_turns"] == 1 and lean["all_attempts"][0]["proof_status"] == "completed"
     assert [body["generated_code"] for body in lean_checker[0].state.requests] == [
         lean["header"] + lean["formal_statement"] + "  simp"], "the proof reached the Lean checker"

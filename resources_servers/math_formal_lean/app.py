@@ -17,15 +17,16 @@ header), so a restated - or altered - statement is never used: the program is th
 `formal_statement` + that proof, sent to the Lean checker. Scores 0 without compiling: an empty answer
 (`proof_status: empty_generation`), an empty proof (`no_proof`), and a proof using a forbidden construct
 (`forbidden`, listed in `forbidden`): `sorry`, `admit`, `sorryAx`, `axiom`, `unsafe`, `implemented_by`, `extern`,
-compile-time programs (`run_tac`, `run_cmd`, `run_elab`, `run_meta`, `#eval`, `elab`, `macro`, their `_rules`),
-`mkSorry`, `debug.skipKernelTC`; anywhere outside comments and string literals (the `{...}` of interpolated strings
-is code), also written `«sorryAx»`, `_root_.sorryAx`, with full-width or look-alike letters of other scripts, or
-with invisible characters inside. From the checker's answer: `completed` with `sorry` anywhere in its output (any
-case, as a word) is `has_sorry`, `completed` otherwise 1.0; `failed` (compile errors) and `timeout` (the compile
-time limit) score 0. The response adds `proof_status`, `predicted_proof` (the program), `compiler_output`
-(`process_status`, `stdout`, `stderr`), `reason` (why it scored 0, in words), `forbidden`, and, for a multi-turn
-agent, `needs_correction` (true on every 0), `error_feedback` (the compiler's errors shown in the code, at most 8,
-or its raw output) and `correction_prompt` (a request to fix the attempt, quoting it and the feedback).
+compile-time programs (`run_tac`, `by_elab`, `run_cmd`, `run_elab`, `run_meta`, `#eval`, `elab`, `macro`, their
+`_rules`), `mkSorry`, `debug.skipKernelTC`; anywhere outside comments and string literals (the `{...}` of
+interpolated strings is code), also written `«sorryAx»`, `_root_.sorryAx`, with full-width or look-alike letters of
+other scripts, or with invisible characters inside. From the checker's answer: `completed` with `sorry` anywhere in
+its output (any case, as a word) is `has_sorry`, `completed` otherwise 1.0; `failed` (compile errors) and `timeout`
+(the compile time limit) score 0. The response adds `proof_status`, `predicted_proof` (the program),
+`compiler_output` (`process_status`, `stdout`, `stderr`), `reason` (why it scored 0, in words), `forbidden`, and,
+for a multi-turn agent, `needs_correction` (true on every 0), `error_feedback` (the compiler's errors shown in the
+code, at most 8, or its raw output) and `correction_prompt` (a request to fix the attempt, quoting it and the
+feedback).
 
 A checker that cannot be reached, gives no answer in time (`checker_timeout_s`), answers a non-2xx status once
 `checker_max_attempts` are spent, answers something that is not a compile result, or any `process_status` other
@@ -48,12 +49,14 @@ than `completed`/`failed`/`timeout` (NeMo-Skills' `error`: the compiler could no
 - `refinement_prompt_template` (null: ours): the correction prompt, with `{proof_attempt}` and `{error_message}`.
 
 ## Tools
-None. NeMo-Gym's `proof_refinement_agent` (not built here) re-asks the model with `correction_prompt`;
-`configs/math_formal_lean_multi_turn.yaml` runs one attempt per rollout with `simple_agent`.
+None. `configs/math_formal_lean.yaml` runs one attempt per rollout (`simple_agent`);
+`configs/math_formal_lean_multi_turn.yaml` runs `proof_refinement_agent`, which sends `correction_prompt` as a new
+request after a failed attempt (up to 2 corrections) and verifies each attempt with its `turn_index`.
 
 ## Departures from NeMo-Gym
-- Forbidden constructs score 0 without compiling; NeMo-Gym compiles them and trusts the compiler's `sorry` warning,
-  so `axiom`, `exact sorryAx _ true` (a synthetic sorry prints no warning) or a compile-time program score 1.0 there.
+- Forbidden constructs score 0 without compiling. NeMo-Gym compiles them and trusts the compiler's `sorry` warning
+  alone, which a compile-time program inside the proof (`run_tac` / `by_elab` adding an axiom and closing the goal
+  with it) never prints; the `sorry` family is refused before compiling too (the same 0, one compile saved).
 - A checker failure is a `sandbox_failed` row; NeMo-Gym scores a checker that is down or slow 0.0 (status `error` or
   `timeout`). An empty proof is `no_proof` without compiling (NeMo-Gym compiles the bare statement: `failed`).
 - `error_feedback` reads errors from stdout too (Lean prints them there; NeMo-Gym looks in stderr only and so always

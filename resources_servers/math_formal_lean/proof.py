@@ -8,7 +8,8 @@
 
 Extraction and assembly follow NeMo-Gym 0.7.0's `math_formal_lean` (and NeMo-Skills' proof utilities): the same
 program text for the same answer. `forbidden_constructs` is ours: NeMo-Gym trusts the compiler's `sorry` warning
-alone, which a declared `axiom`, a synthetic `sorryAx` or compile-time metaprogramming never print.
+alone, which a compile-time program inside the proof (`run_tac`, `by_elab`: add an axiom, close the goal with it)
+never prints.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ _SORRY_OUTPUT = re.compile(r"\bsorry\b")
 
 FORBIDDEN_NAMES = frozenset({
     "sorry", "admit",            # tactics that close any goal (Lean warns; the warning is checked too)
-    "sorryAx",                   # their axiom: `sorryAx _ true` is a *synthetic* sorry, which Lean never warns about
+    "sorryAx",                   # their axiom, by name
     "mkSorry", "mkLabeledSorry",  # building it from meta code
     "axiom",                     # a new axiom proves anything and compiles cleanly
-    "unsafe", "implemented_by", "extern",  # code the kernel does not check
-    "run_tac", "run_cmd", "run_elab", "run_meta",  # compile-time programs: can add declarations unchecked
-    "elab", "elab_rules", "macro", "macro_rules",  # new syntax whose meaning is a program (can assemble `sorryAx`)
+    "unsafe", "implemented_by", "extern",  # code the kernel does not check (`native_decide` trusts it)
+    "run_tac", "by_elab", "run_cmd", "run_elab", "run_meta",  # compile-time programs: can add an axiom, no warning
+    "elab", "elab_rules", "macro", "macro_rules",  # new syntax whose meaning is a program
     "skipKernelTC",              # `set_option debug.skipKernelTC true`: no kernel check at all
 })  # fmt: skip
 """Names (as a whole identifier or one dotted part of one) a proof may not use outside comments and strings."""
