@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.simple_agent.app import SEED_RETRY, SimpleAgent, SimpleAgentConfig
+from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
 from gymfleet.serving.agent import RunRequest
 
 FAILURE_KEY = "_ng_failure_class"
@@ -46,10 +46,7 @@ class ProofRefinementAgent(SimpleAgent):
         if self.config.skip_verification:  # nothing to correct against: one attempt, as simple_agent
             return await super().run(body, raw, cookies)
         env = self.config.resources_server
-        seeded = await self.client.post(env, "/seed_session", json=raw, cookies=cookies, timeout_s=60.0,
-                                        retry=SEED_RETRY)
-        seeded.raise_for_status()
-        cookies = {**cookies, **seeded.cookies}
+        cookies = await self.seed(raw, cookies)
         params = raw["responses_create_params"]
         attempts: list[dict[str, Any]] = []
         turn = 0

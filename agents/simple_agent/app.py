@@ -6,9 +6,9 @@ between every call. The episode calls the model server's `/v1/responses` with th
 produced so far; it stops when the model answers without calling a tool, when the answer is incomplete (e.g.
 `max_output_tokens` hit), or after `max_steps` model calls. Tool calls are POSTed to `<resources>/<tool name>`;
 their answer body (whatever its status) becomes the `function_call_output` the model reads next, except a 410
-`session_lost` (the environment restarted mid-episode and its session is gone: `gymfleet.serving.sessions`), which ends the
-rollout as a 502 `session_lost`. Arguments that are not a JSON object, and tools the row did not offer, become an
-error message for the model instead of a call.
+`session_lost` (the environment restarted mid-episode and its session is gone: `gymfleet.serving.sessions`), which
+ends the rollout as a 502 `session_lost`. Arguments that are not a JSON object, and tools the row did not offer,
+become an error message for the model instead of a call.
 
 The returned `response` holds every item of the episode (model outputs and tool outputs) and `usage` summed over
 model calls.
@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gymfleet.http import RetryPolicy
 from gymfleet.serving.agent import AgentServer, AgentServerConfig, RunRequest
 from gymfleet.serving.convert import tool_call_arguments
-from gymfleet.http import RetryPolicy
 from gymfleet.serving.server import ServerRef
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS
 
@@ -69,10 +69,7 @@ class SimpleAgent(AgentServer):
 
     async def run(self, body: RunRequest, raw: dict[str, Any], cookies: dict[str, str]):
         env = self.config.resources_server
-        seeded = await self.client.post(env, "/seed_session", json=raw, cookies=cookies, timeout_s=60.0,
-                                        retry=SEED_RETRY)
-        seeded.raise_for_status()
-        cookies = {**cookies, **seeded.cookies}
+        cookies = await self.seed(raw, cookies)
         params = raw["responses_create_params"]
         if self.config.skip_verification:
             response, cookies = await self.respond(params, cookies)
@@ -85,6 +82,13 @@ class SimpleAgent(AgentServer):
         )
         verified.raise_for_status()
         return verified.json(), {**cookies, **verified.cookies}
+
+    async def seed(self, raw: dict[str, Any], cookies: dict[str, str]) -> dict[str, str]:
+        """`POST /seed_session` with the whole row; returns the cookies with the session's added."""
+        seeded = await self.client.post(self.config.resources_server, "/seed_session", json=raw, cookies=cookies,
+                                        timeout_s=60.0, retry=SEED_RETRY)
+        seeded.raise_for_status()
+        return {**cookies, **seeded.cookies}
 
     async def respond(self, params: dict[str, Any], cookies: dict[str, str]):
         original = params["input"]
