@@ -3,5 +3,15 @@
 from gymfleet.fleet.config import GlobalConfigDictParserConfig
 from gymfleet.fleet.config_instances import HEAD_SERVER_KEY_NAME
 from gymfleet.fleet.run_helper import get_global_config_dict
+from gymfleet.serving.nemo_gym_types import (
+    AGENT_REF_KEY_NAME,
+    ATTEMPT_INDEX_KEY_NAME,
+    CACHE_DIR_KEY_NAME,
+    ROLLOUT_INDEX_KEY_NAME,
+    TASK_INDEX_KEY_NAME,
+)
 
-__all__ = ["HEAD_SERVER_KEY_NAME", "GlobalConfigDictParserConfig", "get_global_config_dict"]
+__all__ = [
+    "AGENT_REF_KEY_NAME", "ATTEMPT_INDEX_KEY_NAME", "CACHE_DIR_KEY_NAME", "HEAD_SERVER_KEY_NAME",
+    "ROLLOUT_INDEX_KEY_NAME", "TASK_INDEX_KEY_NAME", "GlobalConfigDictParserConfig", "get_global_config_dict",
+]

@@ -1,14 +1,16 @@
 """Load a server instance from the global config and serve it (the child-process side of `ng_run`).
 
 `load_server_class(instance)` imports the instance's entrypoint (`<folder>/<impl>/app.py`) and returns the one
-`Server` subclass defined there; `build_server(instance, config)` validates the instance's YAML fields against that
-class's config (unknown keys fail with the YAML path and the closest field) and builds it.
+`Server` subclass defined there (for a NeMo-Gym folder, which defines a `SimpleResourcesServer` subclass instead,
+the gymfleet host that serves it: `gymfleet.serving.nemo_gym_server`); `build_server(instance, config)` validates
+the instance's YAML fields against that class's config (unknown keys fail with the YAML path and the closest field)
+and builds it.
 
-`python -m gymfleet.fleet.launch --config <resolved.json> --instance <name>` serves one instance; with `num_workers > 1`
-it binds the port once and runs that many worker processes on the shared socket. `serve_supervised` is that
-command's body, and also what a server forked by the zygote runs (`gymfleet.fleet.zygote`, `server_start: zygote`): such a
-server gets its secrets over the zygote's private socket instead of its environment, and watches the supervisor
-through a pidfd instead of its parent (the zygote).
+`python -m gymfleet.fleet.launch --config <resolved.json> --instance <name>` serves one instance; with
+`num_workers > 1` it binds the port once and runs that many worker processes on the shared socket.
+`serve_supervised` is that command's body, and also what a server forked by the zygote runs
+(`gymfleet.fleet.zygote`, `server_start: zygote`): such a server gets its secrets over the zygote's private socket
+instead of its environment, and watches the supervisor through a pidfd instead of its parent (the zygote).
 
 Secrets never sit on disk: the supervisor writes the resolved config owner-only (0600) with every secret value
 (`gymfleet.masking.SECRET_KEY`) masked as `****` (`split_secrets`, `write_resolved`) and hands the real values
@@ -182,6 +184,10 @@ def load_server_class(instance: ServerInstance) -> type[Server]:
         for _, obj in inspect.getmembers(module, inspect.isclass)
         if issubclass(obj, Server) and obj.__module__ == module.__name__ and not inspect.isabstract(obj)
     ]
+    if not classes:  # a NeMo-Gym folder: its SimpleResourcesServer subclass, served by gymfleet's host for it
+        from gymfleet.serving.nemo_gym_server import host_class_for, nemo_gym_server_classes
+
+        classes = [host_class_for(cls) for cls in nemo_gym_server_classes(module)]
     if len(classes) != 1:
         found = [cls.__name__ for cls in classes] or "none"
         raise ConfigError(f"{where}: {path} must define exactly one Server subclass; found {found}", path=where)

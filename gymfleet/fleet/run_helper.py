@@ -118,7 +118,14 @@ class RunHelper:
 def get_global_config_dict(
     global_config_dict_parser_config: GlobalConfigDictParserConfig | None = None,
 ) -> DictConfig:
-    """The resolved global config (hosts and ports filled in) of the last `RunHelper.start()` in this process;
-    before any, the config `global_config_dict_parser_config` describes (default: CLI overrides and env.yaml)."""
+    """The resolved global config (hosts and ports filled in) of the last `RunHelper.start()` in this process; in a
+    NeMo-Gym folder's server process, the config of the fleet that started it; else the config
+    `global_config_dict_parser_config` describes (default: CLI overrides and env.yaml)."""
+    if _started is None and global_config_dict_parser_config is None:
+        from gymfleet.serving.nemo_gym_server import served_global_config
+
+        served = served_global_config()
+        if served is not None:  # inside a NeMo-Gym folder's server process: the fleet config it was started with
+            return DictConfig(served)
     config = _started or parse_global_config(global_config_dict_parser_config, assign_ports=False)
     return DictConfig(config.data)

@@ -1,0 +1,294 @@
+"""NeMo-Gym's `ServerClient` and judge-call helpers, on gymfleet's one HTTP client (`gymfleet.http`).
+
+A folder calls other fleet servers the NeMo-Gym way:
+
+    response = await self.server_client.post(server_name="judge", url_path="/v1/responses", json=params)
+    await raise_for_status(response)
+    data = await get_response_json(response)
+
+`ServerClient` resolves `server_name` from the fleet's global config (as gymfleet's own servers do, replicas
+included) and sends through `gymfleet.http.request`: pooled connections, a deadline per attempt
+(`DEFAULT_TIMEOUT_S` unless the call passes `timeout=`), bounded retries with backoff for what is safe to resend
+(a refused connection, a 429/502/503/504; a POST that may have reached the server is never resent), and
+`gymfleet_upstream_*` metrics per instance. NeMo-Gym retries disconnects forever with a fixed 0.5 s sleep; here a
+call that cannot be completed raises `gymfleet.errors.TransportError`, which the resources server turns into a
+`transport_failed` row, never a reward.
+
+The answer is aiohttp-shaped (`NeMoGymClientResponse`: `status`, `ok`, `headers`, `cookies` as a `SimpleCookie`,
+`await read()/json()/text()`, `content.read()`, `raise_for_status()`), already read whole. `raise_for_status`
+raises `HTTPStatusError`, both an `aiohttp.ClientResponseError` (what folders catch) and a gymfleet
+`TransportError` (what the server's failure boundary classifies), with `response_content` set as NeMo-Gym sets it.
+
+Judge calls: `call_judge` posts, checks the status and validates the answer into the given model, and
+`reraise_judge_errors(coro)` turns any exception of the awaited call into `JudgeError` (gymfleet's own), so a failed
+judge call becomes a `judge_failed` row (`_ng_failure_class`, kept out of rewards), while an answer the judge gave but
+the folder cannot parse stays the folder's to score.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Mapping
+from http.cookies import SimpleCookie
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import aiohttp
+import orjson
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+
+from gymfleet import http
+from gymfleet.errors import JudgeError, TransportError
+
+log = logging.getLogger(__name__)
+
+SESSION_ID_KEY = "session_id"
+"""Where a request's session id lives in `request.session` (NeMo-Gym's key; `gymfleet.serving.sessions`)."""
+_SERVED_CONFIG: dict[str, Any] = {}
+"""The global config of the fleet this process serves in (set by `gymfleet.serving.nemo_gym_server`)."""
+
+ResponseT = TypeVar("ResponseT", bound=BaseModel)
+
+
+def set_served_config(config: Mapping[str, Any]) -> None:
+    """Record the global config of the fleet this process serves (for `get_global_config_dict` and
+    `ServerClient.load_from_global_config`)."""
+    _SERVED_CONFIG.clear()
+    _SERVED_CONFIG.update(config)
+
+
+def served_config() -> dict[str, Any] | None:
+    """The global config recorded by `set_served_config`, or None outside a served NeMo-Gym folder."""
+    return _SERVED_CONFIG or None
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """A DictConfig (or any mapping) as a plain dict."""
+    if isinstance(config, dict):
+        return config
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            return OmegaConf.to_container(config, resolve=True)
+    except ImportError:  # omegaconf is a dependency; a mapping without it is still a mapping
+        pass
+    return dict(config or {})
+
+
+class _Content:
+    """`response.content`: what aiohttp's stream reader offers of a body already read."""
+
+    def __init__(self, body: bytes):
+        self._body = body
+
+    async def read(self, n: int = -1) -> bytes:
+        return self._body
+
+
+class NeMoGymClientResponse:
+    """An answer read whole, shaped like `aiohttp.ClientResponse` for the parts folders use."""
+
+    def __init__(self, response: http.HttpResponse, method: str = "POST"):
+        self._response = response
+        self.method = method
+        self.status = response.status
+        self.headers = response.headers
+        self.url = response.url
+        self.content = _Content(response.body)
+        self.reason = ""
+
+    @property
+    def ok(self) -> bool:
+        return self._response.ok
+
+    @property
+    def cookies(self) -> SimpleCookie:
+        cookies = SimpleCookie()
+        for name, value in self._response.cookies.items():
+            cookies[name] = value
+        return cookies
+
+    async def read(self) -> bytes:
+        return self._response.body
+
+    async def text(self, encoding: str | None = None) -> str:
+        return self._response.body.decode(encoding or "utf-8", errors="replace")
+
+    async def json(self, *, content_type: str | None = None, loads: Any = None) -> Any:
+        return (loads or orjson.loads)(self._response.body)
+
+    def raise_for_status(self) -> None:
+        if not self.ok:
+            raise HTTPStatusError(self)
+
+    def release(self) -> None:
+        """Nothing to release: the body was read whole."""
+
+    async def __aenter__(self) -> NeMoGymClientResponse:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        return None
+
+
+class HTTPStatusError(TransportError, aiohttp.ClientResponseError):
+    """A non-2xx answer, as NeMo-Gym's `raise_for_status` raises it (`aiohttp.ClientResponseError` with
+    `response_content`), and a gymfleet `TransportError` (status, URL, failure class)."""
+
+    def __init__(self, response: NeMoGymClientResponse):
+        inner = response._response
+        text = f"HTTP {inner.status} from {inner.url}: {inner.text[:500]}"
+        Exception.__init__(self, text)  # both bases' own __init__ take other arguments: set their fields here
+        self.status = self.code = inner.status
+        self.url = inner.url
+        self.response_content = inner.body
+        self.failure_class = inner.failure_class
+        self.request_info = None
+        self.history = ()
+        self.message = inner.text[:500]
+        self.headers = inner.headers
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+async def raise_for_status(response: NeMoGymClientResponse, content: bytes | None = None) -> None:
+    """Raise `HTTPStatusError` (carrying `response_content`) unless `response` is a 2xx."""
+    response.raise_for_status()
+
+
+async def get_response_json(response: NeMoGymClientResponse) -> Any:
+    """The answer's body parsed as JSON."""
+    return await response.json()
+
+
+def _cookies(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if isinstance(value, SimpleCookie):
+        return {name: morsel.value for name, morsel in value.items()}
+    return {str(name): getattr(item, "value", item) for name, item in dict(value).items()}
+
+
+def _timeout_s(value: Any) -> float:
+    if value is None:
+        return http.DEFAULT_TIMEOUT_S
+    if isinstance(value, aiohttp.ClientTimeout):
+        return float(value.total or http.DEFAULT_TIMEOUT_S)
+    return float(value)
+
+
+_OPTIONS = frozenset({"json", "data", "cookies", "headers", "timeout", "params"})
+
+
+async def request(method: str, url: str, *, target: str | None = None, **options: Any) -> NeMoGymClientResponse:
+    """Send one request through gymfleet's client (deadline, bounded retries, metrics); an aiohttp-shaped answer.
+
+    Options: `json` (a pydantic model is dumped without its unset fields, as NeMo-Gym does), `data`, `cookies` (a
+    dict or a `SimpleCookie`), `headers`, `timeout` (seconds or an `aiohttp.ClientTimeout`), `params`.
+
+    Raises:
+        TypeError: an option gymfleet does not send.
+        TransportError: the server could not be reached or did not answer in time, retries spent or unsafe.
+    """
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(f"request(): unsupported option(s) {unknown}; supported: {sorted(_OPTIONS)}")
+    body = options.get("json")
+    if isinstance(body, BaseModel):
+        body = body.model_dump(mode="json", exclude_unset=True)
+    params = options.get("params")
+    if params:
+        url = f"{url}{'&' if '?' in url else '?'}{urlencode(params)}"
+    data = options.get("data")
+    if isinstance(data, str):
+        data = data.encode()
+    answer = await http.request(method, url, json=body, data=data, cookies=_cookies(options.get("cookies")),
+                                headers=options.get("headers"), timeout_s=_timeout_s(options.get("timeout")),
+                                target=target)
+    return NeMoGymClientResponse(answer, method)
+
+
+class ServerClient(BaseModel):
+    """Calls fleet servers by instance name (NeMo-Gym's `ServerClient`): `await client.post(server_name=...,
+    url_path=..., json=..., cookies=...)`. Built from the fleet's global config; see the module docstring."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    head_server_config: Any = None
+    global_config_dict: Any = None
+    _client: http.ServerClient | None = PrivateAttr(default=None)
+
+    @classmethod
+    def load_from_global_config(cls, head_server_config: Any = None) -> ServerClient:
+        """The client of the fleet this process serves in.
+
+        Raises:
+            RuntimeError: not inside a gymfleet-served NeMo-Gym server (there is no fleet config to read).
+        """
+        config = served_config()
+        if config is None:
+            raise RuntimeError("ServerClient.load_from_global_config(): this process serves no fleet; build "
+                               "ServerClient(head_server_config=..., global_config_dict=...) instead")
+        return cls(head_server_config=head_server_config or config.get("head_server"), global_config_dict=config)
+
+    def _fleet(self) -> http.ServerClient:
+        if self._client is None:
+            self._client = http.ServerClient(_plain(self.global_config_dict))
+        return self._client
+
+    def base_url(self, server_name: str) -> str:
+        """`http://host:port` of instance `server_name` (this rollout's replica of it)."""
+        return self._fleet().url_of(server_name)
+
+    async def request(self, server_name: str, url_path: str, method: str, **options: Any) -> NeMoGymClientResponse:
+        """Call `url_path` of instance `server_name` with `method` (options as `request`)."""
+        fleet = self._fleet()
+        base = fleet.url_of(server_name)
+        try:
+            return await request(method, base + url_path, target=server_name, **options)
+        except TransportError as exc:
+            if exc.failure_class == "connection_error":
+                fleet.replica_failed(server_name, base)
+            raise
+
+    async def get(self, server_name: str, url_path: str, **options: Any) -> NeMoGymClientResponse:
+        return await self.request(server_name, url_path, "GET", **options)
+
+    async def post(self, server_name: str, url_path: str, **options: Any) -> NeMoGymClientResponse:
+        return await self.request(server_name, url_path, "POST", **options)
+
+
+async def reraise_judge_errors(call: Awaitable[Any]) -> Any:
+    """Await a judge call; any exception it raises becomes a `JudgeError` naming it (a `JudgeError` passes)."""
+    try:
+        return await call
+    except JudgeError:
+        raise
+    except Exception as exc:  # the boundary: whatever failed in the call is a failed judge call
+        raise JudgeError(f"{type(exc).__name__}: {exc}") from exc
+
+
+async def call_judge(server_client: ServerClient, *, server_name: str, url_path: str, json: Any,
+                     response_model: type[ResponseT]) -> ResponseT:
+    """POST to a judge model server, check the status, validate the answer into `response_model`.
+
+    Raises:
+        JudgeError: the call failed (transport, deadline, a non-2xx answer, a body that is not the model).
+    """
+
+    async def call() -> ResponseT:
+        response = await server_client.post(server_name=server_name, url_path=url_path, json=json)
+        await raise_for_status(response)
+        return response_model.model_validate(await get_response_json(response))
+
+    return await reraise_judge_errors(call())
+
+
+def get_server_url(server_name: str) -> str:
+    """`http://host:port` of instance `server_name` in the fleet this process serves.
+
+    Raises:
+        RuntimeError: not inside a gymfleet-served NeMo-Gym server.
+    """
+    return ServerClient.load_from_global_config().base_url(server_name)

@@ -1,0 +1,343 @@
+"""NeMo-Gym's server base classes (`SimpleResourcesServer` and its bases), served by gymfleet's own server core.
+
+A NeMo-Gym environment folder defines a pydantic model that subclasses `SimpleResourcesServer`, is built as
+`Folder(config=..., server_client=...)`, and makes its FastAPI app in `setup_webserver()` (adding its tool routes
+with `app.post("/tool")(self.tool)` after `super().setup_webserver()`). Here:
+
+- `SimpleResourcesServer.setup_webserver()` returns an app built by gymfleet (`gymfleet.serving.server.Server.
+  create_app`): `GET /` liveness (with the fleet's identity headers), `GET /metrics`, the body deadline, the error
+  mapping, and signed session cookies with NeMo-Gym's name (`<FolderClass>___<instance>`), value format and
+  `request.session[SESSION_ID_KEY]`. On it: `POST /seed_session` (the folder's `seed_session`, FastAPI-injected as
+  under NeMo-Gym: `request` and `body`), `POST /verify`, `POST /aggregate_metrics` (the folder's `compute_metrics` /
+  `get_key_metrics` hooks, `gymfleet.serving.nemo_gym_metrics`), `GET /reverify_mode` (the config's
+  `REVERIFY_MODE`), `GET /reward_provenance`.
+- `/verify` calls the folder's `verify` with its own signature and answers its declared response model's fields
+  (FastAPI's response-model filtering: undeclared fields are dropped, `_ng_rollout_id` excluded), plus
+  `reward_provenance` (`environment`: the folder's name; `version`: `folder@<12 hex>` of the folder's files; the
+  folder config's hash). A `JudgeError`, `SandboxError` or `TransportError` out of `verify`, or a verify past
+  `verify_timeout_s`, is a failure row (`_ng_failure_class`, `mask_sample: true`, `failure_kind`,
+  `failure_reason`; NeMo-Gym's `judge_failsafe` row for judges), never a reward; a non-finite reward is a 500.
+- `NeMoGymResourcesHost` is the gymfleet `ResourcesServer` that holds one folder instance: `ng_run`'s launcher
+  (`gymfleet.fleet.launch`) builds it (`host_class_for(FolderClass)`) from the instance's YAML fields (the folder's
+  config validates them; a bad one is a `ConfigError` naming the instance), so supervision, restarts, the zygote,
+  Ray placement, the `session_lost` refusal of a restarted server's old sessions (for folders that override
+  `seed_session`) and `num_workers` checks are gymfleet's. A folder built by its own tests (`Folder(config=...,
+  server_client=MagicMock(...))` then `setup_webserver()`) gets a host of its own, so its tests run on this surface.
+
+NeMo-Gym 0.7.0 also serves `/close_session` and MCP tool exposure; neither is served here yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+import logging
+import math
+import typing
+from pathlib import Path
+from typing import Any, ClassVar
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, PrivateAttr, TypeAdapter, ValidationError
+from starlette.responses import Response as StarletteResponse
+
+from gymfleet.errors import ConfigError
+from gymfleet.metrics import LOCAL_HOP
+from gymfleet.serving.nemo_gym_client import ServerClient, served_config, set_served_config
+from gymfleet.serving.nemo_gym_metrics import AggregateMetricsMixin, compute_aggregate_metrics
+from gymfleet.serving.nemo_gym_types import (
+    AggregateMetrics,
+    AggregateMetricsRequest,
+    BaseResourcesServerConfig,
+    BaseRunServerInstanceConfig,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    ReverifyMode,
+)
+from gymfleet.serving.provenance import PROVENANCE_KEY, config_hash, library_versions
+from gymfleet.serving.resources import FAILURE_CLASSES, ResourcesServer, ResourcesServerConfig, _hop_of
+from gymfleet.serving.server import JSONResponse
+
+log = logging.getLogger(__name__)
+
+IGNORED_IN_FOLDER_HASH = frozenset({"tests", "data", "__pycache__", ".pytest_cache"})
+
+
+class BaseServer(BaseModel):
+    """Every NeMo-Gym server: a pydantic model holding its `config`."""
+
+    config: BaseRunServerInstanceConfig
+
+    def setup_liveness(self, app: FastAPI) -> None:
+        """Nothing to add: gymfleet's app answers `GET /` already."""
+
+
+class SimpleServer(BaseServer):
+    """A NeMo-Gym server with a `server_client` that builds its FastAPI app in `setup_webserver`."""
+
+    server_client: ServerClient
+    ray_enabled: ClassVar[bool | None] = None
+
+    def setup_webserver(self) -> FastAPI:
+        raise NotImplementedError(f"{type(self).__name__} must implement setup_webserver()")
+
+    def get_session_middleware_key(self) -> str:
+        """The session cookie's name and signing secret: `<ClassName>___<instance name>`, as NeMo-Gym's."""
+        return f"{type(self).__name__}___{self.config.name}"
+
+    def setup_session_middleware(self, app: FastAPI) -> None:
+        """Nothing to add: gymfleet's app carries the session cookies already."""
+
+    def setup_exception_middleware(self, app: FastAPI) -> None:
+        """Nothing to add: gymfleet's app maps errors already."""
+
+    @classmethod
+    def run_webserver(cls) -> None:
+        """NeMo-Gym's `python app.py` start; under gymfleet a folder starts with `ng_run`."""
+        raise RuntimeError(f"{cls.__name__}: start NeMo-Gym folders with ng_run \"+config_paths=[<folder>/configs/"
+                           "<name>.yaml]\" (gymfleet serves them; app.py is not run as a script)")
+
+
+class BaseResourcesServer(BaseServer):
+    config: BaseResourcesServerConfig
+
+
+class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin, SimpleServer):
+    """The class NeMo-Gym environment folders subclass: override `verify` (and `seed_session`, tools, metrics)."""
+
+    config: BaseResourcesServerConfig
+    _gymfleet_host: NeMoGymResourcesHost | None = PrivateAttr(default=None)
+
+    def setup_webserver(self) -> FastAPI:
+        if self._gymfleet_host is None:  # built by the folder's own tests, not by ng_run: a host of its own
+            host_class_for(type(self))(None, _plain_or_empty(self.server_client), folder=self)
+        return self._gymfleet_host.build_app()
+
+    async def seed_session(self, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
+        """Seed per-rollout state; the default keeps none."""
+        return BaseSeedSessionResponse()
+
+    async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        raise NotImplementedError(f"{type(self).__name__} must implement verify()")
+
+    async def aggregate_metrics(self, body: AggregateMetricsRequest) -> AggregateMetrics:
+        """Metrics over verify responses, with this server's `compute_metrics` / `get_key_metrics` hooks."""
+        return AggregateMetrics(**compute_aggregate_metrics(
+            body.verify_responses, compute_metrics_fn=self.compute_metrics, get_key_metrics_fn=self.get_key_metrics))
+
+    async def get_reverify_mode(self) -> ReverifyMode:
+        return self.config.REVERIFY_MODE
+
+    def normalize_tool_name(self, name: str) -> str:
+        """A trajectory's tool name without this server's MCP namespace (`mcp__<server>__<tool>` -> `<tool>`)."""
+        prefix = f"mcp__{self.config.name or type(self).__name__}__"
+        return name[len(prefix):] if name.startswith(prefix) else name
+
+
+def _plain_or_empty(client: Any) -> dict[str, Any]:
+    """The global config a folder's client holds, or {} (a test's `MagicMock(spec=ServerClient)` holds none)."""
+    config = getattr(client, "global_config_dict", None) if isinstance(client, ServerClient) else None
+    if config is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        return OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else dict(config)
+    except (TypeError, ValueError):
+        return {}
+
+
+class NeMoGymHostConfig(ResourcesServerConfig):
+    """gymfleet's resources-server fields; every other field is the folder's (its config class validates them)."""
+
+    model_config = ConfigDict(extra="allow")
+    domain: str | None = None
+
+
+def folder_hash(folder: Path) -> str:
+    """`folder@<12 hex>`: SHA-256 over the folder's files (path and bytes; tests, data and caches left out)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if not path.is_file() or IGNORED_IN_FOLDER_HASH & set(relative.parts) or path.suffix == ".pyc":
+            continue
+        digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"folder@{digest.hexdigest()[:12]}"
+
+
+class NeMoGymResourcesHost(ResourcesServer):
+    """Serves one NeMo-Gym folder instance behind gymfleet's core (module docstring); see `host_class_for`."""
+
+    config: NeMoGymHostConfig
+    folder_class: ClassVar[type[SimpleResourcesServer]] = SimpleResourcesServer
+
+    def __init__(self, config: NeMoGymHostConfig | dict[str, Any] | None, global_config: dict[str, Any] | None = None,
+                 *, folder: SimpleResourcesServer | None = None):
+        if folder is not None:
+            config = folder.config.model_dump(mode="json")
+        super().__init__(config, global_config)
+        if folder is None:
+            folder = self._build_folder()
+        else:
+            self.config.name = folder.config.name
+        folder._gymfleet_host = self
+        self.folder = folder
+        self.reverify_mode = ReverifyMode(type(folder.config).REVERIFY_MODE).value
+
+    def _build_folder(self) -> SimpleResourcesServer:
+        cls = self.folder_class
+        config_class = cls.model_fields["config"].annotation
+        fields = self.config.model_dump(mode="json")
+        where = self.config.name or cls.__name__
+        try:
+            folder_config = config_class.model_validate(fields)
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: invalid {config_class.__name__} config for NeMo-Gym folder {cls.__name__}:"
+                              f" {exc}", path=where) from None
+        set_served_config(self.global_config)
+        from omegaconf import DictConfig
+
+        client = ServerClient(head_server_config=self.global_config.get("head_server"),
+                              global_config_dict=DictConfig(self.global_config))
+        return cls(config=folder_config, server_client=client)
+
+    @property
+    def cookie_name(self) -> str:
+        return self.folder.get_session_middleware_key()
+
+    @classmethod
+    def _keeps_session_state(cls) -> bool:
+        return cls.folder_class.seed_session is not SimpleResourcesServer.seed_session
+
+    def create_app(self) -> FastAPI:
+        """The folder's app (`setup_webserver()`), which `build_app` makes."""
+        return self.folder.setup_webserver()
+
+    def build_app(self) -> FastAPI:
+        """gymfleet's app for this folder, with NeMo-Gym's base routes (the folder adds its tools to it)."""
+        return ResourcesServer.create_app(self)
+
+    def routes(self, app: FastAPI) -> None:
+        folder = self.folder
+        app.post("/seed_session")(folder.seed_session)
+        app.post("/verify", response_model=None)(self._verify_endpoint())
+        app.post("/aggregate_metrics")(folder.aggregate_metrics)
+        app.get("/reverify_mode")(folder.get_reverify_mode)
+
+        async def provenance_route(request: Any) -> StarletteResponse:
+            return JSONResponse(self.reward_provenance())
+
+        app.add_route("/reward_provenance", provenance_route, methods=["GET"], include_in_schema=False)
+
+    def reward_provenance(self) -> dict[str, Any]:
+        if self._provenance is None:
+            folder = Path(inspect.getfile(self.folder_class)).resolve().parent
+            self._provenance = {
+                "environment": folder.name,
+                "instance": self.config.name or self.folder_class.__name__,
+                "version": folder_hash(folder),
+                "config_hash": config_hash(self.folder.config),
+                "libraries": library_versions(()),
+            }
+        return self._provenance
+
+    def _verify_endpoint(self) -> Any:
+        """The folder's `verify` as a FastAPI endpoint with its own parameters, answering its response model."""
+        verify = self.folder.verify
+        hints = _type_hints(verify)
+        answer = hints.get("return")
+        adapter = TypeAdapter(answer) if isinstance(answer, type) and issubclass(answer, BaseModel) else None
+        environment = self.config.name or type(self).__name__
+        timeout_s = self.config.verify_timeout_s
+
+        @functools.wraps(verify)
+        async def endpoint(*args: Any, **kwargs: Any) -> StarletteResponse:
+            body = kwargs.get("body") or next(
+                (value for value in (*kwargs.values(), *args) if isinstance(value, BaseModel)), None)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    result = await verify(*args, **kwargs)
+            except TimeoutError:
+                row = self._nemo_failure_row(body, "verify_timeout", f"verify took longer than {timeout_s:g}s",
+                                             LOCAL_HOP)
+            except tuple(FAILURE_CLASSES) as exc:
+                failure_class = next(cls for error, cls in FAILURE_CLASSES.items() if isinstance(exc, error))
+                log.warning("verify failed (%s): %s", failure_class, exc)
+                row = self._nemo_failure_row(body, failure_class, str(exc), _hop_of(exc, failure_class))
+            else:
+                if isinstance(result, StarletteResponse):
+                    return result
+                row = _answer_row(result, answer, adapter)
+            row[PROVENANCE_KEY] = self.reward_provenance()
+            self.metrics.record_verify(environment, row)
+            return JSONResponse(row)
+
+        del endpoint.__wrapped__  # FastAPI reads the resolved signature below, not verify's unresolved strings
+        signature = inspect.signature(verify)
+        endpoint.__signature__ = signature.replace(
+            parameters=[p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()],
+            return_annotation=inspect.Signature.empty,
+        )
+        return endpoint
+
+    def _nemo_failure_row(self, body: BaseModel | None, failure_class: str, reason: str, hop: str) -> dict[str, Any]:
+        """NeMo-Gym's failure row (`mask_sample`, `failure_kind`, `failure_reason`) and gymfleet's
+        (`_ng_failure_class`, `failure`), counted in `/metrics`."""
+        echoed = body.model_dump(mode="json", by_alias=True) if body is not None else {}
+        row = self._failure_row(echoed, failure_class, reason[:2000], hop)
+        row.update(mask_sample=True, failure_kind=failure_class, failure_reason=reason[:2000])
+        if failure_class == "judge_failed":
+            row["_ng_failure_judge_error"] = reason[:2000]
+        return row
+
+
+def _type_hints(function: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(function)
+    except (NameError, TypeError):
+        return {}
+
+
+def _answer_row(result: Any, answer: Any, adapter: TypeAdapter | None) -> dict[str, Any]:
+    """`result` as FastAPI answers it for a response model `answer`: validated into it, then dumped (by alias)."""
+    if adapter is None:
+        row = result.model_dump(mode="json", by_alias=True) if isinstance(result, BaseModel) else dict(result)
+    elif type(result) is answer:
+        row = result.model_dump(mode="json", by_alias=True)
+    else:
+        data = result.model_dump(by_alias=True) if isinstance(result, BaseModel) else result
+        row = adapter.dump_python(adapter.validate_python(data), mode="json", by_alias=True)
+    reward = row.get("reward")
+    if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
+        raise ValueError(f"verify returned a non-finite or non-numeric reward: {reward!r}")
+    return row
+
+
+_HOSTS: dict[type, type[NeMoGymResourcesHost]] = {}
+
+
+def host_class_for(folder_class: type[SimpleResourcesServer]) -> type[NeMoGymResourcesHost]:
+    """The gymfleet server class that serves `folder_class` (one per folder class, named and documented as it)."""
+    host = _HOSTS.get(folder_class)
+    if host is None:
+        host = type(folder_class.__name__, (NeMoGymResourcesHost,), {
+            "folder_class": folder_class, "__module__": folder_class.__module__, "__doc__": folder_class.__doc__,
+            "__qualname__": folder_class.__qualname__,
+        })
+        _HOSTS[folder_class] = host
+    return host
+
+
+def nemo_gym_server_classes(module: Any) -> list[type[SimpleResourcesServer]]:
+    """The NeMo-Gym resources server classes a folder's module defines (not the ones it imports)."""
+    return [obj for _, obj in inspect.getmembers(module, inspect.isclass)
+            if issubclass(obj, SimpleResourcesServer) and obj.__module__ == module.__name__]
+
+
+def served_global_config() -> dict[str, Any] | None:
+    """The fleet config of the folder this process serves (`nemo_gym.global_config.get_global_config_dict`)."""
+    return served_config()

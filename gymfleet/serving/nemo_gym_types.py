@@ -1,0 +1,256 @@
+"""The pydantic types NeMo-Gym environment folders import, with NeMo-Gym 0.7.0's shapes, on gymfleet's wire types.
+
+What folders import from `nemo_gym.base_resources_server`, `nemo_gym.config_types` and `nemo_gym.openai_utils`:
+
+- the verify contract: `BaseRunRequest{responses_create_params}` -> `BaseVerifyRequest{+response}` ->
+  `BaseVerifyResponse{+reward, mask_sample, failure_kind, failure_reason}`; NeMo-Gym's models ignore undeclared
+  fields (pydantic's default), so a folder's `/verify` answer holds exactly its response model's fields;
+- `BaseSeedSessionRequest/Response`, `AggregateMetricsRequest`, `AggregateMetrics`, `ReverifyMode`;
+- the server configs (`BaseServerConfig` -> `BaseRunServerConfig` -> `BaseRunServerInstanceConfig` ->
+  `BaseResourcesServerConfig`, with `REVERIFY_MODE` as a class variable) and `{type, name}` references
+  (`ModelServerRef`, `ResourcesServerRef`, `AgentServerRef`);
+- the `NeMoGym*` Responses types. The two whole-object types are gymfleet's own (`NeMoGymResponse` is
+  `gymfleet.wire.Response`, `NeMoGymResponseCreateParamsNonStreaming` is `gymfleet.wire.ResponseCreateParams`: typed
+  where gymfleet reads, lenient elsewhere, the token fields included); the item types are gymfleet's item models with
+  NeMo-Gym's defaults (`type`, `role`, `status`), so `NeMoGymResponseOutputMessage(id=..., content=[...])` builds as
+  it does under NeMo-Gym and validates wherever gymfleet expects an output message. Chat Completions types are the
+  `openai` package's.
+
+Where NeMo-Gym main differs from 0.7.0 here: nothing a folder of the 0.7.0 corpus reads (main has no
+`failure_kind` validator vocabulary beyond 0.7.0's).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from openai.types.responses import ResponseOutputRefusal, ResponseOutputText
+from openai.types.responses.response_reasoning_item import Summary
+from pydantic import BaseModel, ConfigDict, Field
+
+from gymfleet.wire import (
+    FunctionCall,
+    FunctionCallOutput,
+    InputMessage,
+    OutputItem,
+    OutputMessage,
+    Reasoning,
+    Response,
+    ResponseCreateParams,
+)
+
+# ---------------------------------------------------------------------------------------------- Responses types
+
+NeMoGymResponse = Response
+NeMoGymResponseCreateParamsNonStreaming = ResponseCreateParams
+NeMoGymResponseOutputItem = OutputItem
+NeMoGymFunctionCallOutput = FunctionCallOutput
+NeMoGymResponseFunctionCallOutput = FunctionCallOutput
+
+
+class NeMoGymResponseOutputText(ResponseOutputText):
+    """An `output_text` content part (`type` defaults as in NeMo-Gym)."""
+
+    type: Literal["output_text"] = "output_text"
+
+
+class NeMoGymResponseOutputRefusal(ResponseOutputRefusal):
+    """A `refusal` content part."""
+
+    type: Literal["refusal"] = "refusal"
+
+
+class NeMoGymResponseOutputMessage(OutputMessage):
+    """An assistant message item; `role`, `status` and `type` default as in NeMo-Gym."""
+
+    role: Literal["assistant"] = "assistant"
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    type: Literal["message"] = "message"
+
+
+class NeMoGymResponseFunctionToolCall(FunctionCall):
+    """A tool call item (`type` defaults to `function_call`)."""
+
+    type: Literal["function_call"] = "function_call"
+
+
+class NeMoGymSummary(Summary):
+    """One summary part of a reasoning item."""
+
+    type: Literal["summary_text"] = "summary_text"
+
+
+class NeMoGymResponseReasoningItem(Reasoning):
+    """A reasoning item (`type` defaults to `reasoning`)."""
+
+    type: Literal["reasoning"] = "reasoning"
+
+
+class NeMoGymEasyInputMessage(InputMessage):
+    """An input message `{role, content}` (`type` defaults to `message`, as NeMo-Gym writes it)."""
+
+    type: Literal["message"] | None = "message"
+
+
+class NeMoGymMessage(InputMessage):
+    """An input message item with a `status` (NeMo-Gym's `NeMoGymMessage`)."""
+
+    role: Literal["user", "system", "developer"]
+    status: str | None = "completed"
+    type: Literal["message"] | None = "message"
+
+
+class NeMoGymChatCompletionCreateParamsNonStreaming(BaseModel):
+    """A Chat Completions request body (a judge's): `messages` plus any other parameter, kept as given."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[dict[str, Any]]
+    model: str | None = None
+
+
+NeMoGymChatCompletion = ChatCompletion
+NeMoGymChatCompletionMessage = ChatCompletionMessage
+NeMoGymChoice = Choice
+
+# ---------------------------------------------------------------------------------------------- server references
+
+
+class ModelServerRef(BaseModel):
+    """`{type: responses_api_models, name}`: a model server instance."""
+
+    type: Literal["responses_api_models"]
+    name: str
+
+
+class ResourcesServerRef(BaseModel):
+    """`{type: resources_servers, name}`: a resources server instance."""
+
+    type: Literal["resources_servers"]
+    name: str
+
+
+class AgentServerRef(BaseModel):
+    """`{type: responses_api_agents, name}`: an agent server instance."""
+
+    type: Literal["responses_api_agents"]
+    name: str
+
+
+class Domain(StrEnum):
+    """The capability a resources server evaluates (NeMo-Gym's `Domain`)."""
+
+    MATH = "math"
+    CODING = "coding"
+    AGENT = "agent"
+    KNOWLEDGE = "knowledge"
+    INSTRUCTION_FOLLOWING = "instruction_following"
+    LONG_CONTEXT = "long_context"
+    SAFETY = "safety"
+    GAMES = "games"
+    TRANSLATION = "translation"
+    E2E = "e2e"
+    RLHF = "rlhf"
+    OTHER = "other"
+
+
+# ---------------------------------------------------------------------------------------------- server configs
+
+
+class ReverifyMode(StrEnum):
+    """Whether `/verify` can be re-run on a stored rollout without its session."""
+
+    STATELESS = "stateless"
+    UNSUPPORTED = "unsupported"
+    UNKNOWN = "unknown"
+
+
+class NeMoGymServerConfig(BaseModel):
+    """Where a server listens (NeMo-Gym's `config_types.BaseServerConfig`)."""
+
+    host: str
+    port: int
+    num_workers: int | None = None
+
+
+class BaseRunServerConfig(NeMoGymServerConfig):
+    entrypoint: str
+    domain: Domain | None = None
+
+
+class BaseRunServerInstanceConfig(BaseRunServerConfig):
+    name: str
+
+
+class BaseResourcesServerConfig(BaseRunServerInstanceConfig):
+    """Every NeMo-Gym resources server's config; folders subclass it. Unknown keys are ignored, as in NeMo-Gym."""
+
+    expose_tools_over_mcp: bool = False
+    REVERIFY_MODE: ClassVar[ReverifyMode] = ReverifyMode.UNKNOWN
+
+
+# ---------------------------------------------------------------------------------------------- the verify contract
+
+
+class BaseRunRequest(BaseModel):
+    """A dataset row: `responses_create_params` (other fields are the subclass's to declare)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    responses_create_params: NeMoGymResponseCreateParamsNonStreaming
+    capture_rollout_id: str | None = Field(default=None, alias="_ng_rollout_id", exclude=True)
+
+
+class BaseVerifyRequest(BaseRunRequest):
+    """A row plus the model's `response`."""
+
+    response: NeMoGymResponse
+
+
+class BaseVerifyResponse(BaseVerifyRequest):
+    """The verify request echoed with its `reward` (and whether the sample is a valid measurement)."""
+
+    reward: float
+    mask_sample: bool = False
+    """True when the reward is not a measurement of the model (the environment or its infrastructure failed)."""
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+
+
+class BaseMultiRewardVerifyResponse(BaseVerifyResponse):
+    """A verify response with one reward per objective; `reward` is their scalar aggregate."""
+
+    reward_components: dict[str, float]
+
+
+class BaseSeedSessionRequest(BaseModel):
+    """`/seed_session` body; folders subclass it with the row fields they seed from (others are ignored)."""
+
+
+class BaseSeedSessionResponse(BaseModel):
+    """`/seed_session` answer."""
+
+
+class AggregateMetricsRequest(BaseModel):
+    """`/aggregate_metrics` body: stripped verify responses (at least `_ng_task_index` and `reward`)."""
+
+    verify_responses: list[dict[str, Any]]
+
+
+class AggregateMetrics(BaseModel):
+    """`/aggregate_metrics` answer: flat string keys, ready for a metrics logger."""
+
+    group_level_metrics: list[dict[str, Any]] = Field(default_factory=list)
+    agent_metrics: dict[str, Any] = Field(default_factory=dict)
+    key_metrics: dict[str, Any] = Field(default_factory=dict)
+    repeat_level_metrics: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------- global config keys
+
+TASK_INDEX_KEY_NAME = "_ng_task_index"
+ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
+ATTEMPT_INDEX_KEY_NAME = "_ng_attempt_index"
+AGENT_REF_KEY_NAME = "agent_ref"
+CACHE_DIR_KEY_NAME = "cache_dir"

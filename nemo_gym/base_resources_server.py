@@ -1,0 +1,26 @@
+"""NeMo-Gym's `nemo_gym.base_resources_server`: the base classes and verify contract environment folders import,
+re-exported from gymfleet (`gymfleet.serving.nemo_gym_server`, `gymfleet.serving.nemo_gym_types`; no code of its
+own)."""
+
+from gymfleet.serving.nemo_gym_server import BaseResourcesServer, SimpleResourcesServer
+from gymfleet.serving.nemo_gym_types import (
+    AggregateMetrics,
+    AggregateMetricsRequest,
+    BaseMultiRewardVerifyResponse,
+    BaseResourcesServerConfig,
+    BaseRunRequest,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    NeMoGymResponse,
+    NeMoGymResponseCreateParamsNonStreaming,
+    ReverifyMode,
+)
+
+__all__ = [
+    "AggregateMetrics", "AggregateMetricsRequest", "BaseMultiRewardVerifyResponse", "BaseResourcesServer",
+    "BaseResourcesServerConfig", "BaseRunRequest", "BaseSeedSessionRequest", "BaseSeedSessionResponse",
+    "BaseVerifyRequest", "BaseVerifyResponse", "NeMoGymResponse", "NeMoGymResponseCreateParamsNonStreaming",
+    "ReverifyMode", "SimpleResourcesServer",
+]

@@ -1,0 +1,30 @@
+"""NeMo-Gym's `nemo_gym.openai_utils` Responses and Chat Completions types, re-exported from gymfleet
+(`gymfleet.serving.nemo_gym_types`; no code of its own)."""
+
+from gymfleet.serving.nemo_gym_types import (
+    NeMoGymChatCompletion,
+    NeMoGymChatCompletionCreateParamsNonStreaming,
+    NeMoGymChatCompletionMessage,
+    NeMoGymChoice,
+    NeMoGymEasyInputMessage,
+    NeMoGymFunctionCallOutput,
+    NeMoGymMessage,
+    NeMoGymResponse,
+    NeMoGymResponseCreateParamsNonStreaming,
+    NeMoGymResponseFunctionCallOutput,
+    NeMoGymResponseFunctionToolCall,
+    NeMoGymResponseOutputItem,
+    NeMoGymResponseOutputMessage,
+    NeMoGymResponseOutputRefusal,
+    NeMoGymResponseOutputText,
+    NeMoGymResponseReasoningItem,
+    NeMoGymSummary,
+)
+
+__all__ = [
+    "NeMoGymChatCompletion", "NeMoGymChatCompletionCreateParamsNonStreaming", "NeMoGymChatCompletionMessage",
+    "NeMoGymChoice", "NeMoGymEasyInputMessage", "NeMoGymFunctionCallOutput", "NeMoGymMessage", "NeMoGymResponse",
+    "NeMoGymResponseCreateParamsNonStreaming", "NeMoGymResponseFunctionCallOutput",
+    "NeMoGymResponseFunctionToolCall", "NeMoGymResponseOutputItem", "NeMoGymResponseOutputMessage",
+    "NeMoGymResponseOutputRefusal", "NeMoGymResponseOutputText", "NeMoGymResponseReasoningItem", "NeMoGymSummary",
+]
