@@ -94,7 +94,9 @@ def _item_tag(value: Any) -> str:
     return item_type if item_type in _TYPED_ITEMS else "other"
 
 
-def _items(message: type, call: type, reasoning: type) -> Any:
+def item_union(message: type, call: type, reasoning: type) -> Any:
+    """The item union of `input` or `output` with these models for messages, tool calls and reasoning (the
+    `nemo_gym` surface builds NeMo-Gym's item classes into it)."""
     return Annotated[
         Annotated[message, Tag("message")]
         | Annotated[call, Tag("function_call")]
@@ -105,7 +107,7 @@ def _items(message: type, call: type, reasoning: type) -> Any:
     ]
 
 
-OutputItem = _items(OutputMessage, FunctionCall, Reasoning)
+OutputItem = item_union(OutputMessage, FunctionCall, Reasoning)
 
 
 class Usage(BaseModel):
@@ -197,7 +199,7 @@ class InputReasoning(TokenFields):
     status: str | None = None
 
 
-InputItem = _items(InputMessage, InputFunctionCall, InputReasoning)
+InputItem = item_union(InputMessage, InputFunctionCall, InputReasoning)
 
 
 class ResponseCreateParams(BaseModel):

@@ -6,6 +6,10 @@ For each environment this runs, in one `pytest` process from the repository root
 - `ng_run +dry_run=true` of each of its shipped configs (`tests/test_shipped_configs.py::
   test_dry_run_validates_every_server[...]`).
 
+`ng_test +entrypoint=<path to a NeMo-Gym environment folder>` (one whose `app.py` imports `nemo_gym`, from anywhere)
+runs that folder's own shipped tests against gymfleet's `nemo_gym` surface, with NeMo-Gym's pytest settings rather
+than gymfleet's (`gymfleet.testing.nemo_gym_folders`: the folder is copied into a scratch tree first).
+
 Options: `"+pytest_args=[-x,-k,not slow]"` (or one string, `"+pytest_args=-x -q"`) is passed on to pytest.
 `ng_test_all` takes every folder under `resources_servers/` that has an `app.py`; `"+skip=[swebench,...]"` leaves
 some out. The exit code is pytest's (0: all passed; 1: some failed; 5: nothing collected), or 2 for a bad argument.
@@ -106,8 +110,37 @@ def _test(argv: list[str]) -> int:
     config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
     reject_unknown_keys(config, "ng_test", ("pytest_args",))
     root = repository_root()
+    extra = _extra_args(config.data.get("pytest_args"))
+    folder = nemo_gym_folder_of(config.data.get("entrypoint"), root)
+    if folder is not None:
+        return _run_folder_tests(folder, extra)
     env = environment_of(config.data.get("entrypoint"), root)
-    return _run_pytest(pytest_command([env], root, _extra_args(config.data.get("pytest_args"))), root)
+    return _run_pytest(pytest_command([env], root, extra), root)
+
+
+def nemo_gym_folder_of(entrypoint: object, root: Path) -> Path | None:
+    """The NeMo-Gym folder `+entrypoint` names, when it is one outside gymfleet's own environments; else None."""
+    if not isinstance(entrypoint, str) or not entrypoint.strip():
+        return None
+    from gymfleet.testing.nemo_gym_folders import is_nemo_gym_folder
+
+    folder = Path(entrypoint.strip()).expanduser().resolve()
+    if folder.parent == (root / "resources_servers").resolve() or not is_nemo_gym_folder(folder):
+        return None
+    return folder
+
+
+def _run_folder_tests(folder: Path, extra: list[str]) -> int:
+    import tempfile
+
+    from gymfleet.testing.nemo_gym_folders import run_folder_tests
+
+    if not (folder / "tests").is_dir():
+        print(f"{folder} ships no tests/ folder: nothing to run", flush=True)
+        return 5  # pytest's "no tests collected"
+    with tempfile.TemporaryDirectory(prefix="gymfleet-nemo-gym-tests-") as scratch:
+        print(f"Testing NeMo-Gym folder {folder} on gymfleet's nemo_gym surface (staged in {scratch})", flush=True)
+        return run_folder_tests(folder, Path(scratch), extra).returncode
 
 
 def _test_all(argv: list[str]) -> int:

@@ -120,7 +120,8 @@ class NeMoGymClientResponse:
 
     def raise_for_status(self) -> None:
         if not self.ok:
-            raise HTTPStatusError(self)
+            inner = self._response
+            raise HTTPStatusError(inner.status, inner.url, inner.body, inner.failure_class, inner.headers)
 
     def release(self) -> None:
         """Nothing to release: the body was read whole."""
@@ -136,31 +137,37 @@ class HTTPStatusError(TransportError, aiohttp.ClientResponseError):
     """A non-2xx answer, as NeMo-Gym's `raise_for_status` raises it (`aiohttp.ClientResponseError` with
     `response_content`), and a gymfleet `TransportError` (status, URL, failure class)."""
 
-    def __init__(self, response: NeMoGymClientResponse):
-        inner = response._response
-        text = f"HTTP {inner.status} from {inner.url}: {inner.text[:500]}"
-        Exception.__init__(self, text)  # both bases' own __init__ take other arguments: set their fields here
-        self.status = self.code = inner.status
-        self.url = inner.url
-        self.response_content = inner.body
-        self.failure_class = inner.failure_class
+    def __init__(self, status: int, url: str, content: bytes, failure_class: str, headers: Any = None):
+        text = content.decode("utf-8", errors="replace")[:500]
+        Exception.__init__(self, f"HTTP {status} from {url}: {text}")  # both bases' __init__ take other arguments
+        self.status = self.code = status
+        self.url = url
+        self.response_content = content
+        self.failure_class = failure_class
         self.request_info = None
         self.history = ()
-        self.message = inner.text[:500]
-        self.headers = inner.headers
+        self.message = text
+        self.headers = headers
 
     def __str__(self) -> str:
         return str(self.args[0])
 
 
-async def raise_for_status(response: NeMoGymClientResponse, content: bytes | None = None) -> None:
-    """Raise `HTTPStatusError` (carrying `response_content`) unless `response` is a 2xx."""
-    response.raise_for_status()
+async def raise_for_status(response: Any, content: bytes | None = None) -> None:
+    """Raise `HTTPStatusError` (carrying `response_content`) unless `response` is a 2xx (NeMo-Gym reads `ok`)."""
+    if response.ok:
+        return
+    if isinstance(response, NeMoGymClientResponse):
+        inner = response._response
+        raise HTTPStatusError(inner.status, inner.url, inner.body, inner.failure_class, inner.headers)
+    content = content if content is not None else await response.read()
+    status = int(response.status)
+    raise HTTPStatusError(status, str(response.url), content, "http_5xx" if status >= 500 else "http_4xx")
 
 
-async def get_response_json(response: NeMoGymClientResponse) -> Any:
-    """The answer's body parsed as JSON."""
-    return await response.json()
+async def get_response_json(response: Any) -> Any:
+    """The answer's body parsed as JSON (from `await response.read()`, as NeMo-Gym reads it)."""
+    return orjson.loads(await response.read())
 
 
 def _cookies(value: Any) -> dict[str, str] | None:

@@ -196,8 +196,10 @@ class NeMoGymResourcesHost(ResourcesServer):
         try:
             folder_config = config_class.model_validate(fields)
         except ValidationError as exc:
-            raise ConfigError(f"{where}: invalid {config_class.__name__} config for NeMo-Gym folder {cls.__name__}:"
-                              f" {exc}", path=where) from None
+            lines = [f"{where}.{'.'.join(map(str, error['loc']))}: {error['msg']} (got {_clip(error.get('input'))})"
+                     for error in exc.errors()[:10]]
+            raise ConfigError(f"invalid {config_class.__name__} config for NeMo-Gym folder {cls.__name__}:\n  "
+                              + "\n  ".join(lines), path=where) from None
         set_served_config(self.global_config)
         from omegaconf import DictConfig
 
@@ -293,6 +295,11 @@ class NeMoGymResourcesHost(ResourcesServer):
         if failure_class == "judge_failed":
             row["_ng_failure_judge_error"] = reason[:2000]
         return row
+
+
+def _clip(value: Any, chars: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= chars else f"{text[:chars]}..."
 
 
 def _type_hints(function: Any) -> dict[str, Any]:

@@ -9,12 +9,13 @@ What folders import from `nemo_gym.base_resources_server`, `nemo_gym.config_type
 - the server configs (`BaseServerConfig` -> `BaseRunServerConfig` -> `BaseRunServerInstanceConfig` ->
   `BaseResourcesServerConfig`, with `REVERIFY_MODE` as a class variable) and `{type, name}` references
   (`ModelServerRef`, `ResourcesServerRef`, `AgentServerRef`);
-- the `NeMoGym*` Responses types. The two whole-object types are gymfleet's own (`NeMoGymResponse` is
-  `gymfleet.wire.Response`, `NeMoGymResponseCreateParamsNonStreaming` is `gymfleet.wire.ResponseCreateParams`: typed
-  where gymfleet reads, lenient elsewhere, the token fields included); the item types are gymfleet's item models with
-  NeMo-Gym's defaults (`type`, `role`, `status`), so `NeMoGymResponseOutputMessage(id=..., content=[...])` builds as
-  it does under NeMo-Gym and validates wherever gymfleet expects an output message. Chat Completions types are the
-  `openai` package's.
+- the `NeMoGym*` Responses types: subclasses of gymfleet's wire models (`NeMoGymResponse` of
+  `gymfleet.wire.Response`, `NeMoGymResponseCreateParamsNonStreaming` of `gymfleet.wire.ResponseCreateParams`: typed
+  where gymfleet reads, lenient elsewhere, the token fields included) whose items validate into the `NeMoGym*` item
+  classes, themselves gymfleet's item models with NeMo-Gym's defaults (`type`, `role`, `status`). So
+  `NeMoGymResponseOutputMessage(id=..., content=[...])` builds as under NeMo-Gym, equals the item a dict validates
+  into (pydantic compares classes), and is what gymfleet expects wherever it reads an output message. Chat
+  Completions types are the `openai` package's.
 
 Where NeMo-Gym main differs from 0.7.0 here: nothing a folder of the 0.7.0 corpus reads (main has no
 `failure_kind` validator vocabulary beyond 0.7.0's).
@@ -23,30 +24,29 @@ Where NeMo-Gym main differs from 0.7.0 here: nothing a folder of the 0.7.0 corpu
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 from openai.types.responses import ResponseOutputRefusal, ResponseOutputText
 from openai.types.responses.response_reasoning_item import Summary
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gymfleet.wire import (
     FunctionCall,
     FunctionCallOutput,
+    InputFunctionCall,
     InputMessage,
-    OutputItem,
+    InputReasoning,
     OutputMessage,
     Reasoning,
     Response,
     ResponseCreateParams,
+    item_union,
 )
 
 # ---------------------------------------------------------------------------------------------- Responses types
 
-NeMoGymResponse = Response
-NeMoGymResponseCreateParamsNonStreaming = ResponseCreateParams
-NeMoGymResponseOutputItem = OutputItem
 NeMoGymFunctionCallOutput = FunctionCallOutput
 NeMoGymResponseFunctionCallOutput = FunctionCallOutput
 
@@ -63,9 +63,21 @@ class NeMoGymResponseOutputRefusal(ResponseOutputRefusal):
     type: Literal["refusal"] = "refusal"
 
 
+def _part_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "refusal" if kind == "refusal" else "output_text"
+
+
+NeMoGymContent = Annotated[
+    Annotated[NeMoGymResponseOutputText, Tag("output_text")] | Annotated[NeMoGymResponseOutputRefusal, Tag("refusal")],
+    Discriminator(_part_tag),
+]
+
+
 class NeMoGymResponseOutputMessage(OutputMessage):
     """An assistant message item; `role`, `status` and `type` default as in NeMo-Gym."""
 
+    content: list[NeMoGymContent]
     role: Literal["assistant"] = "assistant"
     status: Literal["in_progress", "completed", "incomplete"] = "completed"
     type: Literal["message"] = "message"
@@ -86,6 +98,7 @@ class NeMoGymSummary(Summary):
 class NeMoGymResponseReasoningItem(Reasoning):
     """A reasoning item (`type` defaults to `reasoning`)."""
 
+    summary: list[NeMoGymSummary]
     type: Literal["reasoning"] = "reasoning"
 
 
@@ -95,12 +108,28 @@ class NeMoGymEasyInputMessage(InputMessage):
     type: Literal["message"] | None = "message"
 
 
-class NeMoGymMessage(InputMessage):
+class NeMoGymMessage(NeMoGymEasyInputMessage):
     """An input message item with a `status` (NeMo-Gym's `NeMoGymMessage`)."""
 
-    role: Literal["user", "system", "developer"]
     status: str | None = "completed"
-    type: Literal["message"] | None = "message"
+
+
+NeMoGymResponseOutputItem = item_union(NeMoGymResponseOutputMessage, NeMoGymResponseFunctionToolCall,
+                                       NeMoGymResponseReasoningItem)
+NeMoGymResponseInputItem = item_union(NeMoGymEasyInputMessage, InputFunctionCall, InputReasoning)
+
+
+class NeMoGymResponse(Response):
+    """A Responses API response whose items validate into the `NeMoGym*` item classes (gymfleet's `Response`)."""
+
+    output: Annotated[list[NeMoGymResponseOutputItem], Field(fail_fast=True)]
+
+
+class NeMoGymResponseCreateParamsNonStreaming(ResponseCreateParams):
+    """A Responses request whose input items validate into the `NeMoGym*` item classes (gymfleet's
+    `ResponseCreateParams`)."""
+
+    input: str | Annotated[list[NeMoGymResponseInputItem], Field(fail_fast=True)]
 
 
 class NeMoGymChatCompletionCreateParamsNonStreaming(BaseModel):

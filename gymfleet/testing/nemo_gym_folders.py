@@ -3,9 +3,10 @@
 A folder's tests import it as NeMo-Gym lays it out (`from resources_servers.<name>.app import ...`), and gymfleet has
 a `resources_servers` package of its own. So the folder is staged: copied (caches left out) into
 `<root>/resources_servers/<name>/` of a scratch tree with the `__init__.py` files that make it a package there, and
-pytest runs from that tree in a fresh interpreter whose path starts with it (then gymfleet's checkout, whose
-`nemo_gym` package the folder imports). The run uses the folder's own settings, not gymfleet's (no
-`filterwarnings = error`): NeMo-Gym's `asyncio_mode = auto` for its `async def` tests, and nothing else.
+pytest runs in the folder (as NeMo-Gym runs them) in a fresh interpreter whose path starts with the folder and the
+tree (then gymfleet's checkout, whose `nemo_gym` package the folder imports). The run uses the folder's own
+settings, not gymfleet's (no `filterwarnings = error`): NeMo-Gym's `asyncio_mode = auto` for its `async def` tests,
+and nothing else.
 
 `ng_test +entrypoint=<path to a NeMo-Gym folder>` runs this (`gymfleet.cli.test`); so do the compatibility tests.
 """
@@ -42,14 +43,19 @@ def stage_folder(folder: Path, root: Path) -> Path:
 
 
 def folder_test_command(root: Path, name: str, extra: list[str] = ()) -> tuple[list[str], dict[str, str]]:
-    """The command (run with `cwd=root`) and environment that run staged folder `name`'s tests."""
+    """The command (run in the folder, as NeMo-Gym runs them) and environment that run staged folder `name`'s tests.
+
+    The folder itself leads the path (its tests import `from app import ...`), then the tree (`from
+    resources_servers.<name>.app import ...`), then gymfleet's checkout.
+    """
     from gymfleet.fleet.config import repository_root
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(repository_root()), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep)
+    folder = root / "resources_servers" / name
+    path = [str(folder), str(root), str(repository_root()), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(path).rstrip(os.pathsep)
     command = [sys.executable, "-m", "pytest", "-c", str(root / "pytest.ini"), "--rootdir", str(root),
-               "-p", "no:cacheprovider", f"resources_servers/{name}/tests", *extra]
+               "-p", "no:cacheprovider", "tests", *extra]
     return command, env
 
 
@@ -58,5 +64,5 @@ def run_folder_tests(folder: Path, scratch: Path, extra: list[str] = (), *, capt
     """Stage `folder` under `scratch` and run its tests there (pytest's exit code in `returncode`)."""
     stage_folder(folder, scratch)
     command, env = folder_test_command(scratch, folder.name, list(extra))
-    return subprocess.run(command, cwd=scratch, env=env, check=False, capture_output=capture, text=True,
-                          timeout=timeout_s)
+    return subprocess.run(command, cwd=scratch / "resources_servers" / folder.name, env=env, check=False,
+                          capture_output=capture, text=True, timeout=timeout_s)
