@@ -1,6 +1,7 @@
 """NeMo-Gym's `nemo_gym.openai_utils` Responses and Chat Completions types, re-exported from gymfleet
 (`gymfleet.serving.nemo_gym_types`; no code of its own)."""
 
+from gymfleet.serving.nemo_gym_client import RATE_LIMIT_ERROR_CODES, RETRY_ERROR_CODES
 from gymfleet.serving.nemo_gym_types import (
     NeMoGymChatCompletion,
     NeMoGymChatCompletionCreateParamsNonStreaming,
@@ -22,6 +23,7 @@ from gymfleet.serving.nemo_gym_types import (
 )
 
 __all__ = [
+    "RATE_LIMIT_ERROR_CODES", "RETRY_ERROR_CODES",
     "NeMoGymChatCompletion", "NeMoGymChatCompletionCreateParamsNonStreaming", "NeMoGymChatCompletionMessage",
     "NeMoGymChoice", "NeMoGymEasyInputMessage", "NeMoGymFunctionCallOutput", "NeMoGymMessage", "NeMoGymResponse",
     "NeMoGymResponseCreateParamsNonStreaming", "NeMoGymResponseFunctionCallOutput",

@@ -6,8 +6,10 @@ from gymfleet.fleet.config_instances import HEAD_SERVER_KEY_NAME, BaseServerConf
 from gymfleet.serving.nemo_gym_client import (
     SESSION_ID_KEY,
     ServerClient,
+    get_first_server_config_dict,
     get_response_json,
     get_server_url,
+    is_nemo_gym_fastapi_entrypoint,
     raise_for_status,
     request,
 )
@@ -16,5 +18,6 @@ from gymfleet.serving.nemo_gym_types import BaseRunServerInstanceConfig
 
 __all__ = [
     "HEAD_SERVER_KEY_NAME", "SESSION_ID_KEY", "BaseRunServerInstanceConfig", "BaseServer", "BaseServerConfig",
-    "ServerClient", "SimpleServer", "get_response_json", "get_server_url", "raise_for_status", "request",
+    "ServerClient", "SimpleServer", "get_first_server_config_dict", "get_response_json", "get_server_url",
+    "is_nemo_gym_fastapi_entrypoint", "raise_for_status", "request",
 ]

@@ -48,6 +48,10 @@ _SERVED_CONFIG: dict[str, Any] = {}
 """The global config of the fleet this process serves in (set by `gymfleet.serving.nemo_gym_server`)."""
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
+RATE_LIMIT_ERROR_CODES = [429, 502, 503, 504, 520]
+"""HTTP statuses NeMo-Gym's model clients treat as rate limiting (`nemo_gym.openai_utils`)."""
+RETRY_ERROR_CODES = [*RATE_LIMIT_ERROR_CODES, 404, 408, 500]
+"""HTTP statuses NeMo-Gym's model clients retry."""
 
 
 def set_served_config(config: Mapping[str, Any]) -> None:
@@ -290,6 +294,19 @@ async def call_judge(server_client: ServerClient, *, server_name: str, url_path:
         return response_model.model_validate(await get_response_json(response))
 
     return await reraise_judge_errors(call())
+
+
+def get_first_server_config_dict(global_config_dict: Any, top_level_path: str) -> Any:
+    """The fields of instance `top_level_path` (`config[name][server type][implementation]`)."""
+    block = global_config_dict[top_level_path]
+    block = next(iter(block.values()))
+    return next(iter(block.values()))
+
+
+def is_nemo_gym_fastapi_entrypoint(file: str) -> bool:
+    """False: under gymfleet a folder's `app.py` is imported by `ng_run`'s launcher, never run as NeMo-Gym's
+    uvicorn worker entrypoint (folders guard their start-up stanza with this)."""
+    return False
 
 
 def get_server_url(server_name: str) -> str:
