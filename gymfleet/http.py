@@ -442,7 +442,8 @@ class ServerClient:
         known = sorted(key for key, value in self.config.items() if isinstance(value, dict) and key != "head_server")
         raise ServerRefError(f"unknown server {name!r}; known: {known}.{did_you_mean(name, known)}")
 
-    async def _call(self, method: str, server: str, path: str, **kwargs: Any) -> HttpResponse:
+    async def call(self, method: str, server: str, path: str, **kwargs: Any) -> HttpResponse:
+        """Send `method` to `path` on instance `server` (this rollout's replica of it); `kwargs` as `request`'s."""
         if _rollout_replicas.get() is None:  # the first call of this task (a request, a rollout) begins a rollout
             _rollout_replicas.set({})
         base = self.url_of(server)
@@ -500,10 +501,10 @@ class ServerClient:
         retry: RetryPolicy = RetryPolicy(),
     ) -> HttpResponse:
         """POST `json` to `path` on instance `server` (on this rollout's replica of it)."""
-        return await self._call("POST", server, path, json=json, cookies=cookies, timeout_s=timeout_s, retry=retry)
+        return await self.call("POST", server, path, json=json, cookies=cookies, timeout_s=timeout_s, retry=retry)
 
     async def get(self, server: str, path: str, *, timeout_s: float = 30.0) -> HttpResponse:
-        return await self._call("GET", server, path, timeout_s=timeout_s)
+        return await self.call("GET", server, path, timeout_s=timeout_s)
 
     @classmethod
     async def from_head(cls, host: str, port: int, *, timeout_s: float = 30.0) -> ServerClient:

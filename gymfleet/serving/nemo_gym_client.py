@@ -144,7 +144,7 @@ class HTTPStatusError(TransportError, aiohttp.ClientResponseError):
     def __init__(self, status: int, url: str, content: bytes, failure_class: str, headers: Any = None):
         text = content.decode("utf-8", errors="replace")[:500]
         Exception.__init__(self, f"HTTP {status} from {url}: {text}")  # both bases' __init__ take other arguments
-        self.status = self.code = status
+        self.status = status
         self.url = url
         self.response_content = content
         self.failure_class = failure_class
@@ -193,7 +193,29 @@ def _timeout_s(value: Any) -> float:
 _OPTIONS = frozenset({"json", "data", "cookies", "headers", "timeout", "params"})
 
 
-async def request(method: str, url: str, *, target: str | None = None, **options: Any) -> NeMoGymClientResponse:
+def _with_query(url: str, params: Any) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{urlencode(params)}" if params else url
+
+
+def _send_options(options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """NeMo-Gym's (aiohttp's) request options as `gymfleet.http.request` arguments, and the query `params`.
+
+    Raises:
+        TypeError: an option gymfleet does not send.
+    """
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(f"request(): unsupported option(s) {unknown}; supported: {sorted(_OPTIONS)}")
+    body = options.get("json")
+    if isinstance(body, BaseModel):
+        body = body.model_dump(mode="json", exclude_unset=True)
+    data = options.get("data")
+    return options.get("params"), {"json": body, "data": data.encode() if isinstance(data, str) else data,
+                   "cookies": _cookies(options.get("cookies")), "headers": options.get("headers"),
+                   "timeout_s": _timeout_s(options.get("timeout"))}
+
+
+async def request(method: str, url: str, **options: Any) -> NeMoGymClientResponse:
     """Send one request through gymfleet's client (deadline, bounded retries, metrics); an aiohttp-shaped answer.
 
     Options: `json` (a pydantic model is dumped without its unset fields, as NeMo-Gym does), `data`, `cookies` (a
@@ -203,22 +225,8 @@ async def request(method: str, url: str, *, target: str | None = None, **options
         TypeError: an option gymfleet does not send.
         TransportError: the server could not be reached or did not answer in time, retries spent or unsafe.
     """
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise TypeError(f"request(): unsupported option(s) {unknown}; supported: {sorted(_OPTIONS)}")
-    body = options.get("json")
-    if isinstance(body, BaseModel):
-        body = body.model_dump(mode="json", exclude_unset=True)
-    params = options.get("params")
-    if params:
-        url = f"{url}{'&' if '?' in url else '?'}{urlencode(params)}"
-    data = options.get("data")
-    if isinstance(data, str):
-        data = data.encode()
-    answer = await http.request(method, url, json=body, data=data, cookies=_cookies(options.get("cookies")),
-                                headers=options.get("headers"), timeout_s=_timeout_s(options.get("timeout")),
-                                target=target)
-    return NeMoGymClientResponse(answer, method)
+    params, arguments = _send_options(options)
+    return NeMoGymClientResponse(await http.request(method, _with_query(url, params), **arguments), method)
 
 
 class ServerClient(BaseModel):
@@ -254,14 +262,9 @@ class ServerClient(BaseModel):
 
     async def request(self, server_name: str, url_path: str, method: str, **options: Any) -> NeMoGymClientResponse:
         """Call `url_path` of instance `server_name` with `method` (options as `request`)."""
-        fleet = self._fleet()
-        base = fleet.url_of(server_name)
-        try:
-            return await request(method, base + url_path, target=server_name, **options)
-        except TransportError as exc:
-            if exc.failure_class == "connection_error":
-                fleet.replica_failed(server_name, base)
-            raise
+        params, arguments = _send_options(options)
+        answer = await self._fleet().call(method, server_name, _with_query(url_path, params), **arguments)
+        return NeMoGymClientResponse(answer, method)
 
     async def get(self, server_name: str, url_path: str, **options: Any) -> NeMoGymClientResponse:
         return await self.request(server_name, url_path, "GET", **options)
