@@ -15,6 +15,10 @@ from gymfleet.serving.nemo_gym_types import (
     BaseVerifyResponse,
     NeMoGymResponse,
     NeMoGymResponseCreateParamsNonStreaming,
+    ResourcesCloseSessionRequest,
+    ResourcesCloseSessionResponse,
+    ResourcesSeedSessionRequest,
+    ResourcesSeedSessionResponse,
     ReverifyMode,
 )
 
@@ -22,5 +26,6 @@ __all__ = [
     "AggregateMetrics", "AggregateMetricsRequest", "BaseMultiRewardVerifyResponse", "BaseResourcesServer",
     "BaseResourcesServerConfig", "BaseRunRequest", "BaseSeedSessionRequest", "BaseSeedSessionResponse",
     "BaseVerifyRequest", "BaseVerifyResponse", "NeMoGymResponse", "NeMoGymResponseCreateParamsNonStreaming",
-    "ReverifyMode", "SimpleResourcesServer",
+    "ResourcesCloseSessionRequest", "ResourcesCloseSessionResponse", "ResourcesSeedSessionRequest",
+    "ResourcesSeedSessionResponse", "ReverifyMode", "SimpleResourcesServer",
 ]

@@ -2,6 +2,6 @@
 re-exported from gymfleet (no code of its own)."""
 
 from gymfleet.errors import JudgeError
-from gymfleet.serving.nemo_gym_client import call_judge, reraise_judge_errors
+from gymfleet.serving.nemo_gym_client import call_judge, judge_failsafe, reraise_judge_errors
 
-__all__ = ["JudgeError", "call_judge", "reraise_judge_errors"]
+__all__ = ["JudgeError", "call_judge", "judge_failsafe", "reraise_judge_errors"]

@@ -5,19 +5,29 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from http.cookies import SimpleCookie
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import httpx
 import pytest
 from fastapi import FastAPI, Request
+from pydantic import PrivateAttr
 
 from gymfleet import http
 from gymfleet.errors import TransportError
 from gymfleet.testing import free_port, serve
-from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
-from nemo_gym.judge import JudgeError, call_judge, reraise_judge_errors
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig,
+    BaseRunRequest,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym.judge import JudgeError, call_judge, judge_failsafe, reraise_judge_errors
 from nemo_gym.openai_utils import (
     NeMoGymEasyInputMessage,
     NeMoGymResponse,
@@ -27,7 +37,8 @@ from nemo_gym.openai_utils import (
 )
 from nemo_gym.prompt import PromptConfig, apply_prompt_to_row, fill_prompt
 from nemo_gym.reward_profile import compute_pass_majority_metrics, compute_subset_metrics, highest_k_metrics
-from nemo_gym.server_utils import ServerClient, get_response_json, raise_for_status
+from nemo_gym.server_utils import SESSION_ID_KEY, ServerClient, get_response_json, raise_for_status
+from nemo_gym.verifier_fixture import VerifierFixture, VerifierFixtureError, exercise_verifier_fixture
 from responses_api_models.scripted_model.app import ScriptedModel
 
 SCRIPT = {"name": "judge", "rules": [{"match": "BROKEN", "status": 500}], "default": {"text": "[[A=B]]"}}
@@ -179,3 +190,96 @@ def test_nemo_gym_items_build_with_nemo_gyms_defaults_and_equal_what_dicts_valid
     assert params.model_dump(exclude_none=True)["input"] == [{"role": "user", "content": "hi", "type": "message"}]
     scored = BaseVerifyResponse(responses_create_params=params, response=response, reward=1.0, _ng_rollout_id="x")
     assert "capture_rollout_id" not in scored.model_dump() and scored.mask_sample is False
+
+
+class _TinyConfig(BaseResourcesServerConfig):
+    answer: str = "42"
+
+
+class _TinyRequest(BaseVerifyRequest):
+    question: str
+
+
+class _TinyServer(SimpleResourcesServer):
+    """A folder written against NeMo-Gym's classes, in the test: `model_post_init`, a tool added after `super()`,
+    a `verify` that may fail its judge."""
+
+    config: _TinyConfig
+    _answers: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any) -> None:
+        self._answers["default"] = self.config.answer
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/lookup")(self.lookup)
+        return app
+
+    async def lookup(self, request: Request) -> dict:
+        return {"answer": self._answers["default"], "session": request.session[SESSION_ID_KEY]}
+
+    async def verify(self, body: _TinyRequest) -> BaseVerifyResponse:
+        if body.question == "JUDGE DOWN":
+            raise JudgeError("judge unreachable")
+        return BaseVerifyResponse(**body.model_dump(), reward=float(body.response.output_text == self.config.answer))
+
+
+def _tiny_row(question: str, text: str) -> dict:
+    output = [{"id": "m", "type": "message", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+    return {"responses_create_params": {"input": question}, "question": question,
+            "response": {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": output}}
+
+
+def test_a_folder_class_written_in_the_test_is_served_with_its_overrides():
+    config = _TinyConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="tiny")
+    server = _TinyServer(config=config, server_client=ServerClient())
+    with serve(server.setup_webserver()) as url:
+        looked = httpx.post(f"{url}/lookup", timeout=10)
+        assert looked.json()["answer"] == "42" and looked.cookies.get("_TinyServer___tiny"), "model_post_init ran"
+        assert looked.json()["session"] == httpx.post(f"{url}/lookup", cookies=dict(looked.cookies),
+                                                      timeout=10).json()["session"]
+        right = httpx.post(f"{url}/verify", json=_tiny_row("Q?", "42"), timeout=10).json()
+        assert right["reward"] == 1.0 and "question" not in right, "BaseVerifyResponse declares no question"
+        down = httpx.post(f"{url}/verify", json=_tiny_row("JUDGE DOWN", "42"), timeout=10).json()
+        assert (down["_ng_failure_class"], down["mask_sample"], down["reward"]) == ("judge_failed", True, 0.0)
+        assert down["question"] == "JUDGE DOWN", "a failure row echoes the whole request"
+        seed = {"resources_session_id": "s1", "episode_id": {"rollout_id": "r1"},
+                "task_id": {"taskset": "t", "task_id": "0"}, "task_data": {}}
+        assert httpx.post(f"{url}/seed_session", json=seed, timeout=10).json()["resources_session_id"] == "s1"
+        closed = httpx.post(f"{url}/close_session", json={"resources_session_id": "s1",
+                                                          "episode_id": {"rollout_id": "r1"}}, timeout=10)
+        assert closed.json() == {"resources_session_id": "s1"}
+        assert httpx.post(f"{url}/seed_session", json=_tiny_row("Q?", "x"), timeout=10).json() == {}
+
+
+async def test_judge_failsafe_answers_a_judge_error_with_nemo_gyms_row():
+    server = _TinyServer(config=_TinyConfig(host="h", port=1, entrypoint="app.py", name="t"),
+                         server_client=ServerClient())
+    request = _TinyRequest.model_validate(_tiny_row("JUDGE DOWN", "42"))
+    answer = json.loads((await judge_failsafe(server.verify)(request)).body)
+    assert answer["_ng_failure_class"] == "judge_failed" and answer["_ng_failure_judge_error"] == "judge unreachable"
+    assert answer["instance_config"] == {"mask_sample": True} and answer["question"] == "JUDGE DOWN"
+    assert (await judge_failsafe(server.verify)(_TinyRequest.model_validate(_tiny_row("Q", "42")))).reward == 1.0
+
+
+async def test_verifier_fixtures_check_every_case(tmp_path):
+    cases = tmp_path / "cases.jsonl"
+    good = _tiny_row("Q", "42")
+    lines = [{"name": "right", "kind": "full_reward", "request": good, "expected_reward": 1.0},
+             {"name": "wrong", "kind": "zero_reward", "request": _tiny_row("Q", "41"), "expected_reward": 0.0},
+             {"name": "bad", "kind": "malformed", "request": {"question": "Q"}, "expected_error": "response"}]
+    cases.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    fixture = VerifierFixture(server_factory=lambda: _TinyServer(
+        config=_TinyConfig(host="h", port=1, entrypoint="app.py", name="t"), server_client=ServerClient()),
+        request_model=_TinyRequest, cases_path=cases)
+    results = await exercise_verifier_fixture(fixture, reward_range=(0.0, 1.0), determinism="unknown")
+    assert [(result.name, result.observed_rewards) for result in results] == [
+        ("right", (1.0,)), ("wrong", (0.0,)), ("bad", ())]
+    lines[1]["expected_reward"] = 1.0
+    cases.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(VerifierFixtureError, match="case 'wrong': expected 1.0, scored 0.0"):
+        await exercise_verifier_fixture(fixture, reward_range=(0.0, 1.0), determinism="unknown")
+    cases.write_text(json.dumps(lines[0]) + "\n")
+    with pytest.raises(VerifierFixtureError, match="lacks cases of kind malformed, zero_reward"):
+        await exercise_verifier_fixture(fixture, reward_range=(0.0, 1.0), determinism="unknown")

@@ -447,11 +447,12 @@ def test_aiohttp_limits_come_from_the_config_split_between_workers():
 NEMO_GYM_MODULES = [
     "cli", "rollout_collection", "server_utils", "config_types", "global_config",  # what NeMo-RL imports
     "base_resources_server", "openai_utils", "judge", "reward_profile", "prompt",  # what environment folders import
+    "episode_types", "verifier_fixture",
 ]
 GYMFLEET_SOURCES = (
     "fleet.config", "fleet.config_instances", "rollouts.collect_inputs", "rollouts.rollout_helper", "fleet.run_helper",
     "serving.server", "errors", "serving.nemo_gym_types", "serving.nemo_gym_server", "serving.nemo_gym_client",
-    "serving.nemo_gym_metrics", "serving.nemo_gym_prompt",
+    "serving.nemo_gym_metrics", "serving.nemo_gym_prompt", "testing.verifier_fixture",
 )
 
 

@@ -27,8 +27,9 @@ the folder cannot parse stays the folder's to score.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from http.cookies import SimpleCookie
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -271,6 +272,44 @@ class ServerClient(BaseModel):
 
     async def post(self, server_name: str, url_path: str, **options: Any) -> NeMoGymClientResponse:
         return await self.request(server_name, url_path, "POST", **options)
+
+
+FAILURE_REASON_CHARS = 2000
+
+
+def failure_fields(failure_class: str, reason: str) -> dict[str, Any]:
+    """What NeMo-Gym adds to a verify row whose reward is no measurement: `reward` 0.0, `mask_sample`,
+    `failure_kind`, `failure_reason`, `_ng_failure_class` (and, for a judge, `_ng_failure_judge_error`)."""
+    reason = reason[:FAILURE_REASON_CHARS]
+    fields = {"reward": 0.0, "mask_sample": True, "failure_kind": failure_class, "failure_reason": reason,
+              "_ng_failure_class": failure_class}
+    if failure_class == "judge_failed":
+        fields["_ng_failure_judge_error"] = reason
+    return fields
+
+
+def judge_failsafe(verify: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """`verify` answering a `JudgeError` with NeMo-Gym's `judge_failed` row (a JSON response: the request echoed
+    with `failure_fields`) instead of raising. gymfleet's `/verify` does this for every folder already; this is for
+    folders (and their tests) that wrap `verify` themselves. The signature is kept, so FastAPI injects the same."""
+    from starlette.responses import JSONResponse
+
+    @functools.wraps(verify)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await verify(*args, **kwargs)
+        except JudgeError as exc:
+            body = kwargs.get("body") or next(
+                (value for value in (*kwargs.values(), *args) if isinstance(value, BaseModel)), None)
+            if body is None:
+                raise RuntimeError("judge_failsafe: verify was called without a request body") from exc
+            data = body.model_dump(mode="json")
+            instance = data.get("instance_config")
+            data |= failure_fields("judge_failed", str(exc))
+            data["instance_config"] = {**(instance if isinstance(instance, dict) else {}), "mask_sample": True}
+            return JSONResponse(data)
+
+    return wrapper
 
 
 async def reraise_judge_errors(call: Awaitable[Any]) -> Any:

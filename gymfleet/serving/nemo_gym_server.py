@@ -8,9 +8,10 @@ with `app.post("/tool")(self.tool)` after `super().setup_webserver()`). Here:
   create_app`): `GET /` liveness (with the fleet's identity headers), `GET /metrics`, the body deadline, the error
   mapping, and signed session cookies with NeMo-Gym's name (`<FolderClass>___<instance>`), value format and
   `request.session[SESSION_ID_KEY]`. On it: `POST /seed_session` (the folder's `seed_session`, FastAPI-injected as
-  under NeMo-Gym: `request` and `body`), `POST /verify`, `POST /aggregate_metrics` (the folder's `compute_metrics` /
-  `get_key_metrics` hooks, `gymfleet.serving.nemo_gym_metrics`), `GET /reverify_mode` (the config's
-  `REVERIFY_MODE`), `GET /reward_provenance`.
+  under NeMo-Gym: `request` and `body`), `POST /close_session` (`close_resources_session`), `POST /verify`,
+  `POST /aggregate_metrics` (the folder's `compute_metrics` / `get_key_metrics` hooks,
+  `gymfleet.serving.nemo_gym_metrics`), `GET /reverify_mode` (the config's `REVERIFY_MODE`),
+  `GET /reward_provenance`.
 - `/verify` calls the folder's `verify` with its own signature and answers its declared response model's fields
   (FastAPI's response-model filtering: undeclared fields are dropped, `_ng_rollout_id` excluded), plus
   `reward_provenance` (`environment`: the folder's name; `version`: `folder@<12 hex>` of the folder's files; the
@@ -24,7 +25,7 @@ with `app.post("/tool")(self.tool)` after `super().setup_webserver()`). Here:
   `seed_session`) and `num_workers` checks are gymfleet's. A folder built by its own tests (`Folder(config=...,
   server_client=MagicMock(...))` then `setup_webserver()`) gets a host of its own, so its tests run on this surface.
 
-NeMo-Gym 0.7.0 also serves `/close_session` and MCP tool exposure; neither is served here yet.
+NeMo-Gym 0.7.0 also exposes tools over MCP (`expose_tools_over_mcp`); that is not served here yet.
 """
 
 from __future__ import annotations
@@ -45,7 +46,13 @@ from starlette.responses import Response as StarletteResponse
 
 from gymfleet.errors import ConfigError
 from gymfleet.metrics import LOCAL_HOP
-from gymfleet.serving.nemo_gym_client import ServerClient, served_config, set_served_config
+from gymfleet.serving.nemo_gym_client import (
+    FAILURE_REASON_CHARS,
+    ServerClient,
+    failure_fields,
+    served_config,
+    set_served_config,
+)
 from gymfleet.serving.nemo_gym_metrics import AggregateMetricsMixin, compute_aggregate_metrics
 from gymfleet.serving.nemo_gym_types import (
     AggregateMetrics,
@@ -56,6 +63,10 @@ from gymfleet.serving.nemo_gym_types import (
     BaseSeedSessionResponse,
     BaseVerifyRequest,
     BaseVerifyResponse,
+    ResourcesCloseSessionRequest,
+    ResourcesCloseSessionResponse,
+    ResourcesSeedSessionRequest,
+    ResourcesSeedSessionResponse,
     ReverifyMode,
 )
 from gymfleet.serving.provenance import PROVENANCE_KEY, config_hash, library_versions
@@ -117,9 +128,16 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin, SimpleSe
             host_class_for(type(self))(None, _plain_or_empty(self.server_client), folder=self)
         return self._gymfleet_host.build_app()
 
-    async def seed_session(self, body: BaseSeedSessionRequest) -> BaseSeedSessionResponse:
-        """Seed per-rollout state; the default keeps none."""
+    async def seed_session(self, body: ResourcesSeedSessionRequest | BaseSeedSessionRequest
+                           ) -> ResourcesSeedSessionResponse | BaseSeedSessionResponse:
+        """Seed per-rollout state; the default keeps none (an Environment Server's seed gets its id back)."""
+        if isinstance(body, ResourcesSeedSessionRequest):
+            return ResourcesSeedSessionResponse(resources_session_id=body.resources_session_id)
         return BaseSeedSessionResponse()
+
+    async def close_resources_session(self, body: ResourcesCloseSessionRequest) -> ResourcesCloseSessionResponse:
+        """Release what an Environment Server seeded (`/close_session`); the default keeps none."""
+        return ResourcesCloseSessionResponse(resources_session_id=body.resources_session_id)
 
     async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
         raise NotImplementedError(f"{type(self).__name__} must implement verify()")
@@ -226,6 +244,7 @@ class NeMoGymResourcesHost(ResourcesServer):
     def routes(self, app: FastAPI) -> None:
         folder = self.folder
         app.post("/seed_session")(folder.seed_session)
+        app.post("/close_session")(folder.close_resources_session)
         app.post("/verify", response_model=None)(self._verify_endpoint())
         app.post("/aggregate_metrics")(folder.aggregate_metrics)
         app.get("/reverify_mode")(folder.get_reverify_mode)
@@ -287,13 +306,11 @@ class NeMoGymResourcesHost(ResourcesServer):
         return endpoint
 
     def _nemo_failure_row(self, body: BaseModel | None, failure_class: str, reason: str, hop: str) -> dict[str, Any]:
-        """NeMo-Gym's failure row (`mask_sample`, `failure_kind`, `failure_reason`) and gymfleet's
-        (`_ng_failure_class`, `failure`), counted in `/metrics`."""
+        """NeMo-Gym's failure row (`failure_fields`) and gymfleet's (`_ng_failure_class`, `failure`), counted in
+        `/metrics`."""
         echoed = body.model_dump(mode="json", by_alias=True) if body is not None else {}
-        row = self._failure_row(echoed, failure_class, reason[:2000], hop)
-        row.update(mask_sample=True, failure_kind=failure_class, failure_reason=reason[:2000])
-        if failure_class == "judge_failed":
-            row["_ng_failure_judge_error"] = reason[:2000]
+        row = self._failure_row(echoed, failure_class, reason[:FAILURE_REASON_CHARS], hop)
+        row.update(failure_fields(failure_class, reason))
         return row
 
 

@@ -261,6 +261,54 @@ class BaseSeedSessionResponse(BaseModel):
     """`/seed_session` answer."""
 
 
+class EpisodeId(BaseModel):
+    """One attempt of a logical rollout (NeMo-Gym's Environment Server protocol)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rollout_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    attempt: int = Field(default=0, ge=0)
+
+
+class TaskId(BaseModel):
+    """One task of a run's taskset."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    taskset: str = Field(min_length=1)
+    task_id: str = Field(min_length=1)
+
+
+class ResourcesSeedSessionRequest(BaseModel):
+    """An Environment Server's `/seed_session`: state under a caller-chosen id (seeding twice returns it again)."""
+
+    model_config = ConfigDict(extra="forbid")
+    resources_session_id: str = Field(min_length=1)
+    episode_id: EpisodeId
+    task_id: TaskId
+    task_data: dict[str, Any]
+
+
+class ResourcesSeedSessionResponse(BaseModel):
+    """The seeded session's id (and, for servers that give them, tool and sandbox access)."""
+
+    model_config = ConfigDict(extra="forbid")
+    resources_session_id: str
+    resources_tools: dict[str, Any] | None = None
+    sandbox_access: dict[str, Any] | None = None
+
+
+class ResourcesCloseSessionRequest(BaseModel):
+    """`/close_session`: release the state seeded under `resources_session_id`."""
+
+    model_config = ConfigDict(extra="forbid")
+    resources_session_id: str
+    episode_id: EpisodeId
+
+
+class ResourcesCloseSessionResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    resources_session_id: str
+
+
 class AggregateMetricsRequest(BaseModel):
     """`/aggregate_metrics` body: stripped verify responses (at least `_ng_task_index` and `reward`)."""
 
