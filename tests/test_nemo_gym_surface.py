@@ -185,6 +185,10 @@ def test_nemo_gym_items_build_with_nemo_gyms_defaults_and_equal_what_dicts_valid
         {"id": "m", "content": [{"type": "output_text", "text": "hi", "annotations": []}], "role": "assistant",
          "status": "completed", "type": "message"}], parallel_tool_calls=False, tool_choice="none", tools=[])
     assert response.output == [message] and response.output_text == "hi"
+    assert response.error is None and response.tool_choice == "none", "OpenAI's fields read as sent, else None"
+    assert "error" not in response.model_dump(exclude_unset=True)
+    with pytest.raises(AttributeError):
+        response.not_a_response_field  # noqa: B018
     params = NeMoGymResponseCreateParamsNonStreaming(input=[{"role": "user", "content": "hi"}])
     assert params.input == [NeMoGymEasyInputMessage(role="user", content="hi")]
     assert params.model_dump(exclude_none=True)["input"] == [{"role": "user", "content": "hi", "type": "message"}]

@@ -28,6 +28,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
+from openai.types.responses import Response as OpenAIResponse
 from openai.types.responses import ResponseOutputRefusal, ResponseOutputText
 from openai.types.responses.response_reasoning_item import Summary
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
@@ -49,6 +50,7 @@ from gymfleet.wire import (
 
 NeMoGymFunctionCallOutput = FunctionCallOutput
 NeMoGymResponseFunctionCallOutput = FunctionCallOutput
+OPENAI_RESPONSE_FIELDS = frozenset(OpenAIResponse.model_fields)
 
 
 class NeMoGymResponseOutputText(ResponseOutputText):
@@ -120,9 +122,21 @@ NeMoGymResponseInputItem = item_union(NeMoGymEasyInputMessage, InputFunctionCall
 
 
 class NeMoGymResponse(Response):
-    """A Responses API response whose items validate into the `NeMoGym*` item classes (gymfleet's `Response`)."""
+    """A Responses API response whose items validate into the `NeMoGym*` item classes (gymfleet's `Response`).
+
+    Every other field of OpenAI's `Response` reads as under NeMo-Gym (`response.error`, `response.tools`, ...): the
+    value sent, else None; an unsent field is not added to the dump, so the row's echo stays as sent.
+    """
 
     output: Annotated[list[NeMoGymResponseOutputItem], Field(fail_fast=True)]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in OPENAI_RESPONSE_FIELDS:
+                return None
+            raise
 
 
 class NeMoGymResponseCreateParamsNonStreaming(ResponseCreateParams):
