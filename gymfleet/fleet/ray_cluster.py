@@ -1,16 +1,27 @@
-"""The Ray cluster side of Ray placement (`gymfleet.fleet.ray_placement`): attaching to a cluster, and what each replica of
-an instance reserves on it.
+"""The Ray cluster side of Ray placement (`gymfleet.fleet.ray_placement`): attaching to a cluster, and what each
+replica of an instance reserves on it.
 
 `attach_ray(config)` connects this process to the cluster `ray_head_node_address` (or `$RAY_ADDRESS`, or an existing
 `ray.init`) names, never starting one, and fails fast with a `ConfigError` naming the key when nothing answers there
-(Ray itself retries for minutes). `ray_options(instance)` is what each replica reserves (`{num_cpus, memory,
-resources}`, Ray's actor options): the instance's `ray_resources` fields over its server class's
-`ray_resources_default`, validated and named by their YAML path; `bundle_of` turns them into a placement-group
-bundle. `NoRoomError` is a cluster that cannot give an instance's replicas what they ask for.
+(Ray itself retries for minutes).
+
+Which network the fleet uses is chosen by that address. A loopback host (127.0.0.0/8, `localhost`, `::1`: a cluster
+from `ray start --head --node-ip-address=127.0.0.1`, or a `ray.cluster_utils.Cluster` whose nodes were given
+`node_ip_address='127.0.0.1'`) makes `connect_ray` attach as a node on that loopback address (Ray alone resolves
+`127.0.0.1` to this machine's interface address and looks for the cluster there); replicas then bind and publish
+their node's loopback address and the head server binds its configured host. Any other address (a real multi-node
+cluster) attaches as Ray always did: replicas on their nodes' addresses, a loopback head host bound on every interface
+and published as this node's address (`gymfleet.fleet.ray_startup`).
+
+`ray_options(instance)` is what each replica reserves (`{num_cpus, memory, resources}`, Ray's actor options): the
+instance's `ray_resources` fields over its server class's `ray_resources_default`, validated and named by their YAML
+path; `bundle_of` turns them into a placement-group bundle. `NoRoomError` is a cluster that cannot give an instance's
+replicas what they ask for.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -22,7 +33,8 @@ from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.launch import load_server_class
 
-__all__ = ["NoRoomError", "attach_ray", "bundle_of", "free_resources", "memory_bytes", "ray_module", "ray_options"]
+__all__ = ["NoRoomError", "attach_ray", "bundle_of", "connect_ray", "free_resources", "is_loopback",
+           "loopback_node_ip", "memory_bytes", "ray_module", "ray_options"]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +71,7 @@ def attach_ray(config: GlobalConfig) -> Any:
     if address:
         _check_reachable(str(address))
         try:
-            ray.init(address=str(address), ignore_reinit_error=True)
+            connect_ray(ray, str(address))
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError, ... for a bad address
             raise ConfigError(
                 f"cannot attach to the Ray cluster at ray_head_node_address={address!r}: {type(exc).__name__}: "
@@ -80,8 +92,9 @@ def attach_ray(config: GlobalConfig) -> Any:
             "and set +ray_head_node_address=<head>:6379, or use +placement=local.",
         )
     _check_reachable(os.environ[RAY_ADDRESS_ENV], key=f"${RAY_ADDRESS_ENV}")
+    env_address = os.environ[RAY_ADDRESS_ENV]
     try:
-        ray.init(address="auto", ignore_reinit_error=True)
+        connect_ray(ray, env_address if loopback_node_ip(env_address) else "auto")
     except Exception as exc:
         raise ConfigError(
             f"placement: ray: cannot attach to the Ray cluster at ${RAY_ADDRESS_ENV}="
@@ -92,9 +105,66 @@ def attach_ray(config: GlobalConfig) -> Any:
     return ray
 
 
+_ADDRESS = re.compile(r"(?:[a-z]+://)?\[?([^\]/]+?)\]?:(\d+)/?")
+"""A Ray `host:port` address (optionally `scheme://`, an IPv6 host in brackets)."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (127.0.0.0/8, `::1`) or `localhost`.
+
+    Examples:
+        >>> [is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "0.0.0.0", "192.0.2.2", "")]
+        [True, True, True, True, False, False, False]
+    """
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_node_ip(address: str) -> str | None:
+    """The node address to attach as for a Ray `address` (`host:port`, optionally `scheme://`) on loopback: its
+    host (`127.0.0.1` for `localhost`); None for any other address, `auto` and Ray Client (`ray://`) ones.
+
+    Examples:
+        >>> loopback_node_ip("127.0.0.1:6379"), loopback_node_ip("localhost:6379"), loopback_node_ip("10.0.0.1:6379")
+        ('127.0.0.1', '127.0.0.1', None)
+    """
+    match = _ADDRESS.fullmatch(address.strip())
+    if match is None or address.startswith("ray://") or not is_loopback(match.group(1)):
+        return None
+    host = match.group(1)
+    return "127.0.0.1" if host.lower() == "localhost" else host
+
+
+def connect_ray(ray: Any, address: str) -> None:
+    """`ray.init(address)`, attaching as a node on loopback when `address` is a loopback one.
+
+    Ray (2.x) turns a loopback bootstrap address and `_node_ip_address` into this machine's interface address unless
+    its multi-node switch (`ray._private.ray_constants.ENABLE_RAY_CLUSTER`, read per call) is off, and then finds no
+    cluster there; the switch is turned off only around this `ray.init`, which then looks for the cluster, and
+    registers this driver, at the loopback address the cluster's nodes use. Any other address is `ray.init` as is.
+    """
+    node_ip = loopback_node_ip(address)
+    if node_ip is None:
+        ray.init(address=address, ignore_reinit_error=True)
+        return
+    from ray._private import ray_constants
+
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address=address, _node_ip_address=node_ip, ignore_reinit_error=True)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+    log.info("attached to the loopback Ray cluster at %s as node %s", address, node_ip)
+
+
 def _check_reachable(address: str, key: str = "ray_head_node_address") -> None:
     """Fail fast when nothing listens at a `host:port` address (Ray itself retries for minutes)."""
-    match = re.fullmatch(r"(?:[a-z]+://)?\[?([^\]/]+?)\]?:(\d+)/?", address.strip())
+    match = _ADDRESS.fullmatch(address.strip())
     if match is None or address.startswith("ray://"):
         return
     host, port = match.group(1), int(match.group(2))

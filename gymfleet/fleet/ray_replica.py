@@ -59,7 +59,8 @@ class ReplicaProcess:
 
     def bind(self, port: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
         """Reserve a port on this node's IP (held until `serve`): `port` if it is free within `wait_s`, else any
-        free one; returns `{host, port, node, actor_pid}`."""
+        free one; returns `{host, port, node, actor_pid}`. The node's IP is the address its raylet was started on:
+        its interface address on a real cluster, `127.0.0.1` on a loopback one (never `0.0.0.0`)."""
         import ray
 
         self.host = ray.util.get_node_ip_address()

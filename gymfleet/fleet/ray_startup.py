@@ -21,10 +21,11 @@ its first replica, `replicas: [{host, port}, ...]` lists them all, and URLs that
 such as `policy_base_url: http://${scripted_llm...host}:${...port}/v1`, are rewritten to its first replica) and each
 actor serves its instance in a child process, `python -m gymfleet.fleet.launch`, from a private copy of that config on
 its own node (secrets masked on disk; the actor receives them as call arguments and hands them to the child in its
-environment, as `gymfleet.fleet.supervisor` does). The head server runs in this process, listens on every interface
-when its host is a loopback one and publishes this node's IP, and serves the real addresses (`gymfleet.fleet.head`):
-`/server_instances` lists each instance's replicas (host, port, node, status, restarts), `/global_config_dict_yaml` the
-addresses clients spread rollouts over (`gymfleet.http`). A `port` set in YAML is not used under Ray placement (a port
+environment, as `gymfleet.fleet.supervisor` does). The head server runs in this process; on a cluster on real node
+addresses it listens on every interface when its host is a loopback one and publishes this node's IP, on a loopback
+cluster (`gymfleet.fleet.ray_cluster`) it binds and publishes its configured host; it serves the real addresses
+(`gymfleet.fleet.head`): `/server_instances` lists each instance's replicas (host, port, node, status, restarts),
+`/global_config_dict_yaml` the addresses clients spread rollouts over (`gymfleet.http`). A `port` set in YAML is not used under Ray placement (a port
 free here says nothing about a node's), and each server's output reaches `ng_run` through Ray's log forwarding, every
 line prefixed `(<instance>#<n>)`, rather than `nemo_gym_log_dir`.
 """
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.launch import bind_socket, split_secrets
-from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources
+from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources, is_loopback
 from gymfleet.fleet.ray_replica import ReplicaProcess, set_address
 from gymfleet.fleet.readiness import ServerCrashedError
 
@@ -177,17 +178,20 @@ class RayStartup:
             instance.fields = data[name][instance.server_type][instance.impl]
 
     def _start_head(self) -> None:
-        """The head server in this process, reachable from every node (all interfaces for a loopback host)."""
+        """The head server in this process, reachable from every node: on a cluster on real node addresses, a
+        loopback head host is bound on every interface and published as this node's address; on a loopback cluster
+        (this node's address is a loopback one) the head binds and publishes its configured host."""
         import uvicorn
 
         from gymfleet.fleet.head import create_head_app
 
         head = self.config.data["head_server"]
         host = head["host"]
-        if host in LOOPBACK:
-            bind_host, head["host"] = "0.0.0.0", self._ray.util.get_node_ip_address()
+        node_ip = self._ray.util.get_node_ip_address()
+        if host in LOOPBACK and not is_loopback(node_ip):
+            bind_host, head["host"] = "0.0.0.0", node_ip
         else:
-            bind_host = host
+            bind_host = host or "127.0.0.1"
         self._head_socket = bind_socket(bind_host, int(head["port"]), "head_server.port", assigned_if_unset=False)
         app = create_head_app(self.config, self.process_table, self.replica_table)
         server_config = uvicorn.Config(app, log_level="warning", lifespan="off")
