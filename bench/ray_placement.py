@@ -1,6 +1,7 @@
 """Ray placement: start-up time and rollouts through `run_examples` on a local multi-node Ray cluster.
 
-Starts a 3-node `ray.cluster_utils.Cluster` on this machine (Ray's own multi-node fixture), then the same fleet
+Starts a 3-node `ray.cluster_utils.Cluster` on this machine (Ray's own multi-node fixture, every node on `127.0.0.1`:
+the bench sends traffic only to loopback, and stops if any socket of its processes is outside it), then the same fleet
 (scripted model behind vllm_model, example_weather and its agent; each model turn sleeps `--delay-s`) three ways:
 `placement: local`, `placement: ray` with one replica of each server, and `placement: ray` with `--replicas` of the
 environment and the agent. For each: time until the fleet is ready, rollouts/s, p50/p99 end to end, errors, the
@@ -30,11 +31,12 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gymfleet import http  # noqa: E402
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
 from gymfleet.fleet.ray_placement import make_fleet  # noqa: E402
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
+from gymfleet.testing.loopback import loopback_cluster, off_loopback, tree_pids  # noqa: E402
 from resources_servers.example_weather.app import FORECASTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +132,10 @@ def run(label: str, config: dict, n: int) -> dict:
         latencies, errors, wall = asyncio.run(collect(fleet.config.head_port, rows(n)))
         rss = fleet_rss_mb(fleet.config.head_port)
         spread = verify_counts(fleet.config.head_port)
+        outside = off_loopback(tree_pids())
+        if outside:
+            raise SystemExit(f"{label}: sockets outside loopback (the bench sends traffic only to 127.0.0.0/8):\n"
+                             + "\n".join(outside))
     finally:
         fleet.shutdown()
     quantiles = statistics.quantiles(latencies, n=100)
@@ -144,22 +150,11 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--delay-s", type=float, default=0.3)
     args = parser.parse_args()
-    import ray
-    from ray.cluster_utils import Cluster
-
     results = [run("local", fleet_config("local", 1, args.delay_s, None), args.rollouts)]
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8})
-    for _ in range(2):
-        cluster.add_node(num_cpus=8)
-    ray.init(address=cluster.address, log_to_driver=False)
-    cluster.wait_for_nodes()
-    try:
+    with loopback_cluster({"num_cpus": 8}, {"num_cpus": 8}, {"num_cpus": 8}) as cluster:
         results.append(run("ray, 1 replica", fleet_config("ray", 1, args.delay_s, cluster.address), args.rollouts))
         results.append(run(f"ray, {args.replicas} replicas", fleet_config("ray", args.replicas, args.delay_s,
                                                                           cluster.address), args.rollouts))
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     columns = list(results[0])
     widths = [max(len(c), *(len(r[c]) for r in results)) for c in columns]
     print(f"{args.rollouts} rollouts at once, 2 model turns of {args.delay_s:g} s each, 3-node Ray cluster on one "

@@ -29,7 +29,8 @@ result for `--abort-s` (600 s) gives the run up, counting what is left as `stall
 `--placement ray --replicas 2` sets the top-level `placement: ray` and `num_replicas: 2` on every resources server,
 agent and the policy's model server. Ray placement needs a cluster: `$RAY_ADDRESS` (or this process already
 connected), or `--ray-nodes N`, which starts a local one of N nodes with Ray's own multi-node test fixture
-(`ray.cluster_utils.Cluster`, each node `--ray-node-cpus` CPUs) for the length of the run.
+(`ray.cluster_utils.Cluster`, each node `--ray-node-cpus` CPUs, on `127.0.0.1`; the head server then listens on
+127.0.0.1 too) for the length of the run.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def fleet_config(head_port: int, args: argparse.Namespace) -> dict:
         "math_with_judge": {"resources_servers": {"math_with_judge": {"should_use_judge": True}}},
         "policy_base_url": f"http://${{{SCRIPTED}.host}}:${{{SCRIPTED}.port}}/v1",
         "policy_api_key": "dummy_key", "policy_model_name": "scripted", "default_host": "127.0.0.1",
-        "head_server": {"host": "0.0.0.0", "port": head_port}, "port_range_low": 5000, "port_range_high": 5999,
+        "head_server": {"host": "127.0.0.1" if args.ray_nodes else "0.0.0.0", "port": head_port},
+        "port_range_low": 5000, "port_range_high": 5999,
         "global_aiohttp_connector_limit_per_host": 32768, "global_aiohttp_connector_limit": 65536,
         "num_gpu_nodes": 0,
     }
@@ -444,24 +446,16 @@ def main() -> None:
 
 @contextlib.contextmanager
 def local_ray_cluster(nodes: int, cpus: int) -> Iterator[None]:
-    """A local Ray cluster of `nodes` nodes this process is connected to (nothing when `nodes` is 0)."""
+    """A local Ray cluster of `nodes` nodes, each on `127.0.0.1`, this process is connected to (nothing when `nodes`
+    is 0)."""
     if not nodes:
         yield
         return
-    import ray
-    from ray.cluster_utils import Cluster
+    from gymfleet.testing.loopback import loopback_cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus})
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=cpus)
-    ray.init(address=cluster.address)
-    cluster.wait_for_nodes()
-    print(f"local Ray cluster: {nodes} nodes x {cpus} CPUs at {cluster.address}", flush=True)
-    try:
+    with loopback_cluster(*[{"num_cpus": cpus}] * nodes) as cluster:
+        print(f"local Ray cluster: {nodes} nodes x {cpus} CPUs at {cluster.address}", flush=True)
         yield
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

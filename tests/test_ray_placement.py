@@ -1,10 +1,13 @@
 """Ray placement across nodes (`gymfleet.fleet.ray_placement`) on a real 3-node Ray cluster on this machine.
 
 One module-scoped `ray.cluster_utils.Cluster` (Ray's own multi-node test fixture: a head and two worker nodes, each
-with its own CPUs and custom resources) runs one fleet: the scripted model behind `vllm_model`, example_weather as
+with its own CPUs and custom resources, every node on `127.0.0.1`: tests send nothing to this machine's other
+addresses) runs one fleet: the scripted model behind `vllm_model`, example_weather as
 two replicas, and its agent pinned to the node that alone has the `agent_node` resource. The tests check where
 Ray put each replica, that the head server publishes real addresses, that rollouts spread over both replicas and
-stick to one per rollout, and that a replica killed mid-collection fails its rollouts typed and comes back.
+stick to one per rollout, that a replica killed mid-collection fails its rollouts typed and comes back, and that no
+replica, head server or Ray service listens on or is called at an address outside loopback. The user's path, `ng_run`
+attached to a 2-node loopback cluster by `+ray_head_node_address=127.0.0.1:<port>`, serves a rollout.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +37,7 @@ from gymfleet.fleet.ray_placement import make_fleet, placement_of
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
 from gymfleet.testing import free_port
+from gymfleet.testing.loopback import loopback_cluster, off_loopback, off_loopback_hosts, on_loopback, tree_pids
 from resources_servers.example_weather.app import FORECASTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,19 +89,9 @@ def parse(initial: dict):
 
 @pytest.fixture(scope="module")
 def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    cluster.add_node(num_cpus=2, resources={"agent_node": 1})
-    cluster.add_node(num_cpus=2)
-    ray.init(address=cluster.address)
-    cluster.wait_for_nodes()
-    try:
+    nodes = [{"num_cpus": 2}, {"num_cpus": 2, "resources": {"agent_node": 1}}, {"num_cpus": 2}]
+    with loopback_cluster(*nodes) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +201,7 @@ def test_head_publishes_real_addresses(fleet):
     for replica in replicas:
         url = f"http://{replica['host']}:{replica['port']}"
         assert httpx.get(url + "/", timeout=10).json() == {"status": "ok"}, f"replica {url} answers directly"
-        assert replica["host"] not in ("127.0.0.1", "0.0.0.0"), "a node address other nodes can reach"
+        assert replica["host"] == "127.0.0.1", "the address of its node, on loopback here (never 0.0.0.0)"
     model = config["policy_model"]["responses_api_models"]["vllm_model"]
     llm = config["scripted_llm"]["responses_api_models"]["scripted_model"]
     assert model["base_url"] == f"http://{llm['host']}:{llm['port']}/v1", "URLs naming a server follow it"
@@ -215,9 +210,24 @@ def test_head_publishes_real_addresses(fleet):
     assert (agent_env["host"], agent_env["port"]) == (agent["host"], agent["port"])
 
 
-def test_ng_status_lists_every_replica(fleet):
-    import subprocess
+def test_nothing_listens_on_or_is_called_at_a_non_loopback_address(fleet, cluster):
+    """The cluster's nodes are on 127.0.0.1: the published addresses (replica table, config), every node Ray knows,
+    and every TCP socket of this test's processes (Ray's GCS, raylets, workers and agents, the replica actors and
+    their servers, the head server in this process) are on loopback, listening and connected alike."""
+    import ray
 
+    assert not off_loopback_hosts(instances(fleet)), instances(fleet)
+    assert not off_loopback_hosts(published(fleet))
+    assert all(on_loopback(node["NodeManagerAddress"]) for node in ray.nodes()), ray.nodes()
+    assert on_loopback(cluster.address.rsplit(":", 1)[0]) and on_loopback(fleet.config.head_host)
+    asyncio.run(collect(fleet, rows(4)))  # connections in use, not only listeners
+    pids = tree_pids()
+    servers = {replica.pid for replica in fleet._all()}
+    assert servers <= pids, "the replicas' servers are descendants of this test (so their sockets are checked)"
+    assert not off_loopback(pids)
+
+
+def test_ng_status_lists_every_replica(fleet):
     deadline = time.monotonic() + 120  # a model server says "waiting for upstream" until its probe of it answers
     while True:
         out = subprocess.run([sys.executable, "-m", "gymfleet.cli.status",
@@ -362,3 +372,51 @@ def test_no_room_on_the_cluster_falls_back_to_this_machine_only_when_ray_was_imp
         assert {entry["process_name"] for entry in httpx.get(url, timeout=10).json()} >= {ENV, AGENT}
     finally:
         fleet.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- the user's path
+
+
+def test_ng_run_attaches_to_a_two_node_loopback_cluster_and_serves_a_rollout():
+    """The issue's path: a 2-node `Cluster` whose nodes are on 127.0.0.1, then `ng_run` on the quickstart config
+    with `+ray_head_node_address=<its 127.0.0.1 address>`: the fleet comes up on that cluster (Ray would otherwise
+    look for it at this machine's interface address) and serves a rollout, all on loopback."""
+    with loopback_cluster({"num_cpus": 2}, {"num_cpus": 2}, connect=False) as own:
+        assert own.address.startswith("127.0.0.1:"), own.address
+        port = free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gymfleet.cli.run", "+config_paths=[configs/quickstart.yaml]",
+             f"+ray_head_node_address={own.address}", f"+head_server.port={port}"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            lines = []
+            for line in process.stdout:
+                lines.append(line)
+                if "servers ready" in line:
+                    break
+            text = "".join(lines)
+            assert "replicas of 4 servers ready on the Ray cluster" in text, text
+            row = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
+            row["agent_ref"] = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
+
+            async def one():
+                helper = RolloutCollectionHelper(request_timeout_s=WAIT_S)
+                [future] = helper.run_examples([row], {"host": "127.0.0.1", "port": port})
+                _, result = await asyncio.wait_for(future, WAIT_S)
+                await http.close()
+                return result
+
+            result = asyncio.run(one())
+            assert result["reward"] == 1.0, result
+            table = httpx.get(f"http://127.0.0.1:{port}/server_instances", timeout=10).json()
+            assert len(table) == 4 and not off_loopback_hosts(table), table
+            config = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", timeout=10).json())
+            assert not off_loopback_hosts(config)
+            assert not off_loopback(tree_pids()), "ng_run, its replicas and both clusters stay on loopback"
+        finally:
+            process.send_signal(signal.SIGINT)  # ng_run stops its replicas on the cluster
+            try:
+                process.wait(WAIT_S)
+            finally:
+                process.kill()
+                process.stdout.close()

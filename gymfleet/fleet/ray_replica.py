@@ -1,10 +1,11 @@
-"""The Ray actor of Ray placement (`gymfleet.fleet.ray_placement`): one replica of an instance, served from a child process
-on the actor's node.
+"""The Ray actor of Ray placement (`gymfleet.fleet.ray_placement`): one replica of an instance, served from a child
+process on the actor's node.
 
 `ReplicaProcess` is a plain class that `RayFleet` turns into an actor (`ray.remote`, lazily: importing this module
-needs no Ray). It binds a free port on its node's IP, then serves the instance there as `python -m gymfleet.fleet.launch`
-from a private copy of the fleet's config (secrets masked on disk, handed to the child in its environment), forwards
-the server's output (Ray forwards an actor's output to the driver) and restarts or stops it when told.
+needs no Ray). It binds a free port on its node's IP, then serves the instance there as `python -m
+gymfleet.fleet.launch` from a private copy of the fleet's config (secrets masked on disk, handed to the child in its
+environment), forwards the server's output (Ray forwards an actor's output to the driver) and restarts or stops it when
+told.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class ReplicaProcess:
     so importing this module needs no Ray).
 
     `bind()` reserves a free port on the node's IP and reports it; `serve()` writes the config on the node (secrets
-    masked) and starts `python -m gymfleet.fleet.launch` on that port; `poll()`, `respawn()` and `stop()` watch, restart
-    and end the server process.
+    masked) and starts `python -m gymfleet.fleet.launch` on that port; `poll()`, `respawn()` and `stop()` watch,
+    restart and end the server process.
     """
 
     def __init__(self, instance_name: str, index: int) -> None:
@@ -101,8 +102,8 @@ class ReplicaProcess:
         from gymfleet.serving.server import FLEET_TOKEN_ENV
 
         env = {**os.environ, SECRETS_ENV: json.dumps(self._secrets), FLEET_TOKEN_ENV: self._token}
-        command = [sys.executable, "-m", "gymfleet.fleet.launch", "--config", self._path, "--instance", self.instance_name,
-                   "--parent-pid", str(os.getpid()), "--workdir", self._workdir]
+        command = [sys.executable, "-m", "gymfleet.fleet.launch", "--config", self._path,
+                   "--instance", self.instance_name, "--parent-pid", str(os.getpid()), "--workdir", self._workdir]
         self._process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
                                          errors="replace")

@@ -25,9 +25,9 @@ environment, as `gymfleet.fleet.supervisor` does). The head server runs in this 
 addresses it listens on every interface when its host is a loopback one and publishes this node's IP, on a loopback
 cluster (`gymfleet.fleet.ray_cluster`) it binds and publishes its configured host; it serves the real addresses
 (`gymfleet.fleet.head`): `/server_instances` lists each instance's replicas (host, port, node, status, restarts),
-`/global_config_dict_yaml` the addresses clients spread rollouts over (`gymfleet.http`). A `port` set in YAML is not used under Ray placement (a port
-free here says nothing about a node's), and each server's output reaches `ng_run` through Ray's log forwarding, every
-line prefixed `(<instance>#<n>)`, rather than `nemo_gym_log_dir`.
+`/global_config_dict_yaml` the addresses clients spread rollouts over (`gymfleet.http`). A `port` set in YAML is not
+used under Ray placement (a port free here says nothing about a node's), and each server's output reaches `ng_run`
+through Ray's log forwarding, every line prefixed `(<instance>#<n>)`, rather than `nemo_gym_log_dir`.
 """
 
 from __future__ import annotations
