@@ -421,7 +421,23 @@ def test_ray_head_node_address_attaches_and_never_starts_a_cluster(tmp_path, mon
     if address is None:
         assert ray.calls == [], "no address: Ray is left alone (never a cluster of our own)"
     else:
-        assert ray.calls == [((), {"address": address, "ignore_reinit_error": True})], "attach, tolerate a live one"
+        pinned = {"_node_ip_address": "127.0.0.1"}  # attach as a node on the cluster's loopback address
+        assert ray.calls == [((), {"address": address, **pinned, "ignore_reinit_error": True})], "tolerate a live one"
+
+
+@pytest.mark.parametrize(("address", "node_ip"), [
+    ("10.0.0.1:6379", None), ("head.cluster:6379", None), ("[fd00::5]:6379", None), ("ray://10.0.0.1:10001", None),
+    ("127.0.0.1:6379", "127.0.0.1"), ("127.0.0.2:6379", "127.0.0.2"), ("localhost:6379", "127.0.0.1"),
+    ("ray://127.0.0.1:10001", None)])
+def test_a_real_cluster_is_attached_as_before_and_a_loopback_one_on_loopback(monkeypatch, address, node_ip):
+    """The cluster's address chooses: any non-loopback one (a real multi-node cluster) is `ray.init(address)` as it
+    always was; a loopback one also names the node address to attach as (`_node_ip_address`)."""
+    from gymfleet.fleet.ray_cluster import connect_ray
+
+    ray = RayStandIn()
+    connect_ray(ray, address)
+    pinned = {"_node_ip_address": node_ip} if node_ip else {}
+    assert ray.calls == [((), {"address": address, **pinned, "ignore_reinit_error": True})]
 
 
 def test_ray_address_that_cannot_be_attached_is_a_config_error(tmp_path, monkeypatch):

@@ -151,8 +151,10 @@ def connect_ray(ray: Any, address: str) -> None:
     if node_ip is None:
         ray.init(address=address, ignore_reinit_error=True)
         return
-    from ray._private import ray_constants
-
+    ray_constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if ray_constants is None:  # a Ray without the switch: nothing to turn off
+        ray.init(address=address, _node_ip_address=node_ip, ignore_reinit_error=True)
+        return
     saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
