@@ -3,13 +3,12 @@
 `serve(app)` runs the ASGI app under uvicorn in a thread on a port the OS picks, so tests use real HTTP, real
 cookies and the real middleware. `make_response` builds a Responses object from text and tool calls (so no test
 hand-writes twenty lines of JSON). `check_resources_server` is the conformance checker every environment passes;
-`nemo_gym_examples(env)` finds NeMo-Gym's own rows for an environment.
+`nemo_gym_examples(env)` finds NeMo-Gym's own rows for an environment (in NeMo-Gym's wheel, `nemo_gym_wheel.py`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import socket
 import threading
 import time
@@ -171,24 +170,16 @@ def running_fleet(config_paths: list[str], extra: dict[str, Any] | None = None) 
 
 
 def nemo_gym_examples(env: str) -> Path:
-    """The folder of NeMo-Gym's own example rows for `env` (compatibility fixtures kept outside the repository).
-
-    Looked for in `$GYMFLEET_SHARED_DIR/data/nemo_gym_examples`, then in `../shared/data/nemo_gym_examples` next to
-    the checkout, then in `/work/shared/...`.
+    """The folder of NeMo-Gym's own example rows for `env`: `resources_servers/<env>/data` in NeMo-Gym's wheel
+    (`gymfleet.testing.nemo_gym_wheel`: downloaded from the package index once, version-checked, cached).
 
     Raises:
-        FileNotFoundError: none of those has the folder; the message says where it looked and how to point at it.
+        FileNotFoundError: the release has no such environment or it ships no `data/` folder.
+        gymfleet.testing.nemo_gym_wheel.WheelUnavailableError: the wheel could not be downloaded.
     """
-    from gymfleet.fleet.config_instances import repository_root
+    from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
 
-    roots = [Path(os.environ["GYMFLEET_SHARED_DIR"])] if os.environ.get("GYMFLEET_SHARED_DIR") else []
-    roots += [repository_root().parent / "shared", Path("/work/shared")]
-    roots = list(dict.fromkeys(roots))
-    for root in roots:
-        folder = root / "data" / "nemo_gym_examples" / env
-        if folder.is_dir():
-            return folder
-    raise FileNotFoundError(
-        f"NeMo-Gym example rows for {env!r} not found in {[str(root) for root in roots]}; set GYMFLEET_SHARED_DIR "
-        "to the shared folder that holds data/nemo_gym_examples/"
-    )
+    folder = nemo_gym_folder(env) / "data"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"NeMo-Gym's {env} ships no data/ folder ({folder})")
+    return folder

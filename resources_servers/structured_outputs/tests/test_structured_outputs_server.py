@@ -1,7 +1,8 @@
 """structured_outputs as a real server: gold 1.0, wrong 0.0, empty 0.0 with HTTP 200, malformed row 422.
 
-NeMo-Gym's own rows (`shared/data/nemo_gym_examples/structured_outputs/`: v4 tool-call rows, Nano 3 JSON rows, v3
-multi-format rows) must validate and grade; where a valid document can be built from the row's schema, it scores 1.
+NeMo-Gym's own rows (its 0.7.0 wheel's `resources_servers/structured_outputs/data/`: v4 tool-call rows, v3 multi-format
+rows) and rows of our own in the format of its Nano 3 JSON rows (`tests/nano3_json_format.jsonl`; the wheel ships
+none) must validate and grade; where a valid document can be built from the row's schema, it scores 1.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "resources_servers/structured_outputs/data/example.jsonl"
 OUR_ROWS = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
 NEMO_DIR = nemo_gym_examples("structured_outputs")
+NEMO_FILES = [NEMO_DIR / "example.jsonl", NEMO_DIR / "structured_outputs_v3_example.jsonl",
+              NEMO_DIR / "structured_outputs_v4_example.jsonl", Path(__file__).parent / "nano3_json_format.jsonl"]
 NEMO_ROWS = [
     pytest.param(json.loads(line), id=f"{path.stem}-{index}")
-    for path in sorted(NEMO_DIR.glob("*.jsonl"))
+    for path in NEMO_FILES
     for index, line in enumerate(path.read_text().splitlines())
 ]
 

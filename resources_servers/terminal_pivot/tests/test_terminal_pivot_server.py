@@ -1,4 +1,4 @@
-"""terminal_pivot as a real server: realistic Terminus replies, NeMo-Gym's rows, malformed rows, aggregate metrics.
+"""terminal_pivot as a real server: realistic Terminus replies, NeMo-Gym-format rows, malformed rows, aggregates.
 
 Expected similarities come from difflib itself (the spec's definition of the reward) or are counted by hand.
 """
@@ -12,14 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.testing import make_response, nemo_gym_examples, serve
+from gymfleet.testing import make_response, serve
 from resources_servers.terminal_pivot.app import TerminalPivotServer
 
 ROOT = Path(__file__).resolve().parents[3]
 OUR_ROWS = [json.loads(line) for line in
             (ROOT / "resources_servers/terminal_pivot/data/example.jsonl").read_text().splitlines()]
-NEMO_ROWS = [json.loads(line) for line in
-             (nemo_gym_examples("terminal_pivot") / "example.jsonl").read_text().splitlines()]
+# NeMo-Gym's 0.7.0 release ships no terminal_pivot rows: these are rows of our own in NeMo-Gym's format (with its
+# `agent_ref`, both harnesses, first/mid/final rounds).
+NEMO_ROWS = [json.loads(line) for line in (Path(__file__).parent / "nemo_gym_format.jsonl").read_text().splitlines()]
 
 
 def t2(*keystrokes: str, complete: bool | None = None, **extra) -> dict:
