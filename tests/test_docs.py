@@ -8,6 +8,9 @@ runs, when not as written against the shared fleet:
   test runs it in the background and waits until every server is live.
 - `<!-- doc-test: own-fleet -->`: the block starts a fleet of its own (e.g. `ng_e2e_collect_rollouts`); it runs as
   written, with its head server on a free port instead of the shared fleet's.
+- `<!-- doc-test: checkout -->`: the block writes into the checkout (e.g. `ng_init_resources_server`): it runs in a
+  scratch checkout holding copies of `gymfleet/` and `tests/` and its own `resources_servers/` (the environments
+  linked in), on that copy's code.
 - `<!-- doc-test: parse: <why it cannot run here> -->`: it cannot run here (a GPU model endpoint, Docker, a cluster,
   installing into the environment, ...). The reason is required. Each command still runs, so its command line at
   least parses: an `ng_run` (or `gym env start`) with `+dry_run=true` (the whole config is validated), any other
@@ -18,25 +21,29 @@ A block that exits non-zero fails its test, with its output.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from gymfleet.serving.provenance import docstring_version
 from gymfleet.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(?:^<!--\s*doc-test:\s*(?P<mark>.*?)\s*-->\n)?^```bash\n(?P<body>.*?)^```\n", re.M | re.S)
-MODES = ("run", "fleet", "own-fleet", "parse")
+MODES = ("run", "fleet", "own-fleet", "checkout", "parse")
 BLOCK_TIMEOUT_S = 300
 FLEET_TIMEOUT_S = 180
 
@@ -102,24 +109,36 @@ def parse_only(command: list[str]) -> list[str]:
     return [*head, "--help"]
 
 
-def scratch(folder: Path, head_port: int) -> Path:
-    """A folder holding links to the repository's top-level entries and an `env.yaml` naming the head server."""
+def scratch(folder: Path, head_port: int, checkout: bool = False) -> Path:
+    """A folder holding links to the repository's top-level entries and an `env.yaml` naming the head server.
+
+    With `checkout`, `gymfleet/` and `tests/` are copies (so the code's repository root is this folder) and
+    `resources_servers/` is a folder of links to each environment (so a new one is made here, not in the repository).
+    """
     folder.mkdir(parents=True)
     for entry in ROOT.iterdir():
-        if entry.name not in (".git", "env.yaml", "results", "data"):
+        if entry.name in (".git", "env.yaml", "results", "data"):
+            continue
+        if checkout and entry.name in ("gymfleet", "tests"):
+            shutil.copytree(entry, folder / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif checkout and entry.name == "resources_servers":
+            (folder / entry.name).mkdir()
+            for env in entry.iterdir():
+                (folder / entry.name / env.name).symlink_to(env)
+        else:
             (folder / entry.name).symlink_to(entry)
     (folder / "env.yaml").write_text(f"head_server:\n  host: 127.0.0.1\n  port: {head_port}\n")
     return folder
 
 
-def environ() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "GYMFLEET_LOG_LEVEL": "WARNING"}
+def environ(code: Path = ROOT) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(code), "GYMFLEET_LOG_LEVEL": "WARNING"}
 
 
-def run(argv_or_script: list[str] | str, cwd: Path) -> subprocess.CompletedProcess:
+def run(argv_or_script: list[str] | str, cwd: Path, code: Path = ROOT) -> subprocess.CompletedProcess:
     shell = ["bash", "-euo", "pipefail", "-c", argv_or_script] if isinstance(argv_or_script, str) else argv_or_script
-    return subprocess.run(shell, cwd=cwd, env=environ(), capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
-                          check=False)
+    return subprocess.run(shell, cwd=cwd, env=environ(code), capture_output=True, text=True,
+                          timeout=BLOCK_TIMEOUT_S, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -175,10 +194,25 @@ def test_commands_split_as_a_shell_would():
 def test_documented_block_runs(block, fleet, tmp_path):
     if block.mode == "parse":
         folder = scratch(tmp_path / "block", fleet)
-        for command in commands(block.body):
-            done = run(parse_only(command), folder)
-            assert done.returncode == 0, f"{block.id}: {shlex.join(parse_only(command))}\n{done.stdout}\n{done.stderr}"
+        argvs = [parse_only(command) for command in commands(block.body)]
+        with ThreadPoolExecutor(4) as pool:  # each is mostly an interpreter starting up
+            for argv, done in zip(argvs, pool.map(lambda argv: run(argv, folder), argvs), strict=True):
+                assert done.returncode == 0, f"{block.id}: {shlex.join(argv)}\n{done.stdout}\n{done.stderr}"
         return
-    folder = scratch(tmp_path / "block", free_port() if block.mode == "own-fleet" else fleet)
-    done = run(block.body, folder)
+    checkout = block.mode == "checkout"
+    folder = scratch(tmp_path / "block", free_port() if block.mode == "own-fleet" else fleet, checkout=checkout)
+    done = run(block.body, folder, code=folder if checkout else ROOT)
     assert done.returncode == 0, f"{block.id} exited {done.returncode}:\n{block.body}\n{done.stdout}\n{done.stderr}"
+
+
+ENV_ROW = re.compile(r"^\| \[(?P<env>\w+)\]\(\.\./resources_servers/(?P=env)/\) \|.*\| (?P<version>v\d+) \|$", re.M)
+
+
+def test_the_environments_table_lists_every_environment_at_its_version():
+    table = (ROOT / "docs/environments.md").read_text()
+    listed = {match["env"]: match["version"] for match in ENV_ROW.finditer(table)}
+    current = {app.parent.name: docstring_version(ast.get_docstring(ast.parse(app.read_text())))
+               for app in sorted((ROOT / "resources_servers").glob("*/app.py"))}
+    assert listed == current, "docs/environments.md's table: one row per environment, its last `- vN:` entry"
+    readme = (ROOT / "README.md").read_text()
+    assert [env for env in current if f"](resources_servers/{env}/)" not in readme] == [], "README's environments"
