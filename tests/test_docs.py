@@ -109,6 +109,16 @@ def parse_only(command: list[str]) -> list[str]:
     return [*head, "--help"]
 
 
+def check_script_options(command: list[str]) -> None:
+    """`python <script> [--option value ...]`: the script compiles and declares every `--option` given."""
+    tree = ast.parse((ROOT / command[1]).read_text(), command[1])
+    declared = {arg.value for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"
+                for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
+    given = {word.split("=", 1)[0] for word in command[2:] if word.startswith("--")}
+    assert given <= declared, f"{shlex.join(command)}: {sorted(given - declared)} not among {sorted(declared)}"
+
+
 def scratch(folder: Path, head_port: int, checkout: bool = False) -> Path:
     """A folder holding links to the repository's top-level entries and an `env.yaml` naming the head server.
 
@@ -188,15 +198,22 @@ def test_commands_split_as_a_shell_would():
     assert parse_only(["python", "-m", "pip", "install", "-q", "-e", "."]) == [sys.executable, "-m", "pip", "install",
                                                                             "--help"]
     assert parse_only(["python", "bench/x.py", "--rows", "3"]) == [sys.executable, "bench/x.py", "--help"]
+    check_script_options(["python", "bench/verify_throughput.py", "--seconds", "1"])
+    with pytest.raises(AssertionError, match="--second"):
+        check_script_options(["python", "bench/verify_throughput.py", "--second", "1"])
 
 
 @pytest.mark.parametrize("block", [block for block in BLOCKS if block.mode != "fleet"], ids=lambda block: block.id)
 def test_documented_block_runs(block, fleet, tmp_path):
     if block.mode == "parse":
         folder = scratch(tmp_path / "block", fleet)
-        argvs = [parse_only(command) for command in commands(block.body)]
+        scripts = [command for command in commands(block.body) if command[0] in ("python", "python3")
+                   and command[1].endswith(".py")]
+        for command in scripts:
+            check_script_options(command)
+        argvs = list({tuple(parse_only(command)): None for command in commands(block.body) if command not in scripts})
         with ThreadPoolExecutor(4) as pool:  # each is mostly an interpreter starting up
-            for argv, done in zip(argvs, pool.map(lambda argv: run(argv, folder), argvs), strict=True):
+            for argv, done in zip(argvs, pool.map(lambda argv: run(list(argv), folder), argvs), strict=True):
                 assert done.returncode == 0, f"{block.id}: {shlex.join(argv)}\n{done.stdout}\n{done.stderr}"
         return
     checkout = block.mode == "checkout"
