@@ -233,3 +233,14 @@ def test_the_environments_table_lists_every_environment_at_its_version():
     assert listed == current, "docs/environments.md's table: one row per environment, its last `- vN:` entry"
     readme = (ROOT / "README.md").read_text()
     assert [env for env in current if f"](resources_servers/{env}/)" not in readme] == [], "README's environments"
+
+
+def test_the_architecture_page_names_every_module_of_gymfleet():
+    page = (ROOT / "docs/architecture.md").read_text()
+    rows = {match[1]: match[2] for match in re.finditer(r"^\| `?(\w+)/?`? \| [^|]+ \|(.*)\|$", page, re.M)}
+    missing = []
+    for path in sorted((ROOT / "gymfleet").rglob("*.py")):
+        group = "root" if path.parent.name == "gymfleet" else path.parent.name
+        if path.stem != "__init__" and f"`{path.stem}`" not in rows.get(group, ""):
+            missing.append(f"{group}: {path.stem}")
+    assert missing == [], "docs/architecture.md's layout table: add each module to its group's row"
