@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from gymfleet.errors import ConfigError
+from gymfleet.fleet import supervisor
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.fleet.run_helper import RunHelper
@@ -167,7 +168,9 @@ def test_a_tool_call_whose_session_died_with_the_environment_ends_the_episode_as
         fleet.poll()
 
 
-def test_a_port_taken_while_the_server_was_down_stops_the_fleet_with_the_port_named():
+def test_a_port_taken_while_the_server_was_down_stops_the_fleet_with_the_port_named(monkeypatch):
+    monkeypatch.setattr(supervisor, "PORT_FREE_TIMEOUT_S", 1.0)  # how long a restart waits for its port (10 s)
+    monkeypatch.setattr(supervisor, "RESTART_BACKOFF_S", 0.1)
     with running_fleet([QUICKSTART]) as fleet:
         mcqa = fleet.config.instance("mcqa")
         process = fleet.children["mcqa"].process
