@@ -145,8 +145,10 @@ def test_our_solution_to_a_nemo_gym_row_scores_one(code_gen_url):
 TAMPERING = {
     "fake-all-passed": "print('All tests passed!')\nprint('@@gymfleet-call-result@@ 6')\nraise SystemExit(0)",
     "patch-the-checker": "import glob\n"
-                         "for path in glob.glob('/**/checker.py', recursive=True) + glob.glob('/work/**/*.py'):\n"
-                         "    open(path, 'w').write('def stdout_matches(*a): return True')\nprint(0)",
+                         "for pattern in ('/**/checker.py', '/**/resources_servers/**/*.py'):\n"
+                         "  for path in glob.glob(pattern, recursive=True):\n"
+                         "    open(path, 'w').write('def stdout_matches(*a): return True')\n"
+                         "print(0)",
     "forge-result-marker": "import atexit, sys\nclass Solution:\n    def maxSubarraySum(self, nums): return None\n"
                            "atexit.register(lambda: print('\\n@@gymfleet-call-result@@6'))\n"
                            "sys.__stdout__.write('\\n@@gymfleet-call-result@@6\\n')",
