@@ -244,3 +244,12 @@ def test_the_architecture_page_names_every_module_of_gymfleet():
         if path.stem != "__init__" and f"`{path.stem}`" not in rows.get(group, ""):
             missing.append(f"{group}: {path.stem}")
     assert missing == [], "docs/architecture.md's layout table: add each module to its group's row"
+
+
+def test_relative_links_point_at_files_that_exist():
+    broken = []
+    for path in DOCS:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text()):
+            if not re.match(r"[a-z]+:", target) and not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert broken == []
