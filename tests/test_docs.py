@@ -97,6 +97,8 @@ def parse_only(command: list[str]) -> list[str]:
     its program (`python <script>`, `python -m <module>`) and its sub-command words."""
     if command[0] == "ng_run" or command[:3] == ["gym", "env", "start"]:
         return [*command, "+dry_run=true"]
+    if "/" in command[0] and command[0].endswith(".sh"):  # a script of ours: checked, never run (it may install)
+        return ["bash", "-n", command[0]]
     if command[0] in ("python", "python3"):
         head, rest = ([sys.executable, *command[1:3]], command[3:]) if command[1] == "-m" else \
             ([sys.executable, command[1]], command[2:])
@@ -198,6 +200,7 @@ def test_commands_split_as_a_shell_would():
     assert parse_only(["python", "-m", "pip", "install", "-q", "-e", "."]) == [sys.executable, "-m", "pip", "install",
                                                                             "--help"]
     assert parse_only(["python", "bench/x.py", "--rows", "3"]) == [sys.executable, "bench/x.py", "--help"]
+    assert parse_only(["scripts/install_bubblewrap.sh"]) == ["bash", "-n", "scripts/install_bubblewrap.sh"]
     check_script_options(["python", "bench/verify_throughput.py", "--seconds", "1"])
     with pytest.raises(AssertionError, match="--second"):
         check_script_options(["python", "bench/verify_throughput.py", "--second", "1"])
