@@ -43,7 +43,7 @@ from gymfleet.testing import free_port
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(?:^<!--\s*doc-test:\s*(?P<mark>.*?)\s*-->\n)?^```bash\n(?P<body>.*?)^```\n", re.M | re.S)
-MODES = ("run", "fleet", "own-fleet", "checkout", "parse")
+MODES = ("run", "fleet", "own-fleet", "checkout", "parse", "help")
 BLOCK_TIMEOUT_S = 300
 FLEET_TIMEOUT_S = 180
 
@@ -92,10 +92,10 @@ def commands(body: str) -> list[list[str]]:
     return found
 
 
-def parse_only(command: list[str]) -> list[str]:
-    """What runs for a command that cannot run here: an `ng_run` with `+dry_run=true`; any other with `--help` after
-    its program (`python <script>`, `python -m <module>`) and its sub-command words."""
-    if command[0] == "ng_run" or command[:3] == ["gym", "env", "start"]:
+def parse_only(command: list[str], dry_run: bool = True) -> list[str]:
+    """What runs for a command that cannot run here: an `ng_run` with `+dry_run=true` (unless `dry_run` is false);
+    any other with `--help` after its program (`python <script>`, `python -m <module>`) and its sub-command words."""
+    if dry_run and (command[0] == "ng_run" or command[:3] == ["gym", "env", "start"]):
         return [*command, "+dry_run=true"]
     if "/" in command[0] and command[0].endswith(".sh"):  # a script of ours: checked, never run (it may install)
         return ["bash", "-n", command[0]]
@@ -187,8 +187,8 @@ def fleet(tmp_path_factory):
 def test_every_block_is_marked_with_a_known_mode_and_one_starts_the_fleet():
     assert len(BLOCKS) >= 10, "the docs' bash blocks were not found"
     assert [block.mode for block in BLOCKS if block.mode not in MODES] == [], f"modes are {MODES}"
-    assert [block.id for block in BLOCKS if block.mode == "parse" and not block.reason] == [], \
-        "a `parse` block says why it cannot run: <!-- doc-test: parse: <why> -->"
+    assert [block.id for block in BLOCKS if block.mode in ("parse", "help") and not block.reason] == [], \
+        "a `parse` or `help` block says why it cannot run: <!-- doc-test: parse: <why> -->"
     assert len([block for block in BLOCKS if block.mode == "fleet"]) == 1
 
 
@@ -197,6 +197,7 @@ def test_commands_split_as_a_shell_would():
         ["docker", "compose", "up", "-d"], ["ls", "-la"], ["echo", "a # b"]]
     assert parse_only(["ray", "start", "--head", "--port=6379"]) == ["ray", "start", "--help"]
     assert parse_only(["ng_run", "+config_paths=[x.yaml]"]) == ["ng_run", "+config_paths=[x.yaml]", "+dry_run=true"]
+    assert parse_only(["ng_run", "+config_paths=[x.yaml]"], dry_run=False) == ["ng_run", "--help"]
     assert parse_only(["python", "-m", "pip", "install", "-q", "-e", "."]) == [sys.executable, "-m", "pip", "install",
                                                                             "--help"]
     assert parse_only(["python", "bench/x.py", "--rows", "3"]) == [sys.executable, "bench/x.py", "--help"]
@@ -208,13 +209,14 @@ def test_commands_split_as_a_shell_would():
 
 @pytest.mark.parametrize("block", [block for block in BLOCKS if block.mode != "fleet"], ids=lambda block: block.id)
 def test_documented_block_runs(block, fleet, tmp_path):
-    if block.mode == "parse":
+    if block.mode in ("parse", "help"):
         folder = scratch(tmp_path / "block", fleet)
         scripts = [command for command in commands(block.body) if command[0] in ("python", "python3")
                    and command[1].endswith(".py")]
         for command in scripts:
             check_script_options(command)
-        argvs = list({tuple(parse_only(command)): None for command in commands(block.body) if command not in scripts})
+        argvs = list({tuple(parse_only(command, dry_run=block.mode == "parse")): None
+                      for command in commands(block.body) if command not in scripts})
         with ThreadPoolExecutor(4) as pool:  # each is mostly an interpreter starting up
             for argv, done in zip(argvs, pool.map(lambda argv: run(list(argv), folder), argvs), strict=True):
                 assert done.returncode == 0, f"{block.id}: {shlex.join(argv)}\n{done.stdout}\n{done.stderr}"
