@@ -100,12 +100,15 @@ def dry_run(config: GlobalConfig) -> str:
     Raises:
         ConfigError: no instances, or the first invalid instance, named by its YAML path.
     """
-    from gymfleet.fleet.launch import build_server
+    from gymfleet.fleet.folders import describe
+    from gymfleet.fleet.launch import validate_instance
 
     if not config.instances:
         raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
     for instance in config.instances.values():
-        build_server(instance, config)
+        if instance.folder is not None:
+            print(describe(instance), flush=True)
+        validate_instance(instance, config)
     rows = [("INSTANCE", "TYPE", "IMPL", "LISTENS ON", "WORKERS", "REPLICAS", "USES")]
     for inst in config.instances.values():
         uses = ", ".join(sorted(set(_references(inst.fields)))) or "-"

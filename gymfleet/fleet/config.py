@@ -31,11 +31,13 @@ from gymfleet.fleet.config_checks import _validate_instance
 from gymfleet.fleet.config_instances import (
     CLI_SOURCE,
     HEAD_SERVER_KEY_NAME,
+    SERVER_FOLDERS,
     SERVER_TYPES,
     GlobalConfig,
     ServerInstance,
     _discover_instances,
     repository_root,
+    set_folders,
 )
 from gymfleet.fleet.config_merge import (
     apply_directives,
@@ -50,6 +52,7 @@ from gymfleet.fleet.config_merge import (
     resolved_config_paths,
     to_plain,
 )
+from gymfleet.fleet.folders import SERVER_FOLDERS_KEY, named_folders, server_folders
 
 if TYPE_CHECKING:
     from gymfleet.http import ClientLimits
@@ -118,6 +121,10 @@ def parse_global_config(
     files = load_config_files(resolved_config_paths(top), roots)
     check_definitions(files)
     raw = merge(*(data for _, data, _ in files), env, initial, cli, what="config files")
+    folders = server_folders(((path, data) for path, data, _ in files), root, _definition, SERVER_FOLDERS)
+    folders.update(named_folders(raw.get(SERVER_FOLDERS_KEY)))  # `+server_folders.<instance>=<folder>` wins
+    if folders:
+        raw[SERVER_FOLDERS_KEY] = folders
     sources = [*((str(path), data) for path, data, _ in files), ("env.yaml", env)]
     sources += [("initial_global_config_dict", initial), (CLI_SOURCE, cli)]
     origins = {key: [label for label, data in sources if key in data] for key in raw}
@@ -234,6 +241,7 @@ def _build(raw: dict, assign_ports: bool, root: Path) -> tuple[dict, dict[str, S
         name: ServerInstance(name, server_type, impl, data[name][server_type][impl], root)
         for name, (server_type, impl) in found.items()
     }
+    set_folders(instances, data)
     for inst in instances.values():
         _validate_instance(inst, instances)
     return data, instances

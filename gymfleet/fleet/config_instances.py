@@ -26,6 +26,7 @@ import pydantic
 import yaml
 
 from gymfleet.errors import ConfigError, ServerRefError, did_you_mean
+from gymfleet.fleet.folders import SERVER_FOLDERS_KEY
 from gymfleet.masking import mask_secrets
 
 __all__ = [
@@ -72,7 +73,7 @@ GLOBAL_KEYS = frozenset(
     {
         "policy_base_url", "policy_api_key", "policy_model_name", "global_aiohttp_connector_limit",
         "global_aiohttp_connector_limit_per_host", "uvicorn_logging_show_200_ok", "restart_crashed_servers",
-        "exit_on_server_failure", "placement", "server_start",
+        "exit_on_server_failure", "placement", "server_start", "server_folders", "folder_requirements",
     }
 )  # fmt: skip
 CLI_SOURCE = "the command line"
@@ -96,6 +97,8 @@ class ServerInstance:
     impl: str
     fields: dict
     root: Path = field(default_factory=repository_root, repr=False)
+    folder: Path | None = None
+    """The folder it is served from when that lies outside `root` (a NeMo-Gym tree's; `gymfleet.fleet.folders`)."""
 
     @property
     def path(self) -> str:
@@ -135,7 +138,10 @@ class ServerInstance:
 
     @property
     def dir(self) -> Path:
-        """`<root>/<type folder>/<impl>`; agents live in `agents/` (or `responses_api_agents/` if only that exists)."""
+        """`<root>/<type folder>/<impl>`; agents live in `agents/` (or `responses_api_agents/` if only that exists);
+        `folder` when it is served from a tree of its own."""
+        if self.folder is not None:
+            return self.folder
         folder = self.root / SERVER_FOLDERS[self.server_type] / self.impl
         legacy = self.root / self.server_type / self.impl
         return legacy if not folder.is_dir() and legacy.is_dir() else folder
@@ -196,6 +202,7 @@ class GlobalConfig:
             name: ServerInstance(name, server_type, impl, data[name][server_type][impl], root)
             for name, (server_type, impl) in found.items()
         }
+        set_folders(instances, data)
         return cls(data=data, instances=instances)
 
     @classmethod
@@ -254,3 +261,11 @@ def _almost_server_problem(name: str, block: dict) -> str | None:
     if not isinstance(fields, dict) or not fields.get("entrypoint"):
         return f"{name}.{server_type}.{impl}: missing `entrypoint` (e.g. entrypoint: app.py)."
     return None
+
+
+def set_folders(instances: dict[str, ServerInstance], data: dict) -> None:
+    """Point the instances served from a tree of their own at their folder (`server_folders`, see
+    `gymfleet.fleet.folders`)."""
+    for name, folder in (data.get(SERVER_FOLDERS_KEY) or {}).items():
+        if name in instances:
+            instances[name].folder = Path(folder)

@@ -45,6 +45,8 @@ from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
 from gymfleet.fleet.config import client_limits
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance, repository_root
+from gymfleet.fleet.folders import enter_tree
+from gymfleet.fleet.folders import module_name as folder_module_name
 from gymfleet.masking import mask_secrets
 
 if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and should say its first words quickly
@@ -159,6 +161,15 @@ def _module_name(path: Path) -> str | None:
     return None
 
 
+def _exec_file(name: str, path: Path) -> Any:
+    """Import the file at `path` as module `name` (registered in `sys.modules` first, as an import would)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_server_class(instance: ServerInstance) -> type[Server]:
     """The single `Server` subclass defined in the instance's entrypoint."""
     path = instance.dir / (instance.entrypoint or "app.py")
@@ -170,15 +181,13 @@ def load_server_class(instance: ServerInstance) -> type[Server]:
         )
     from gymfleet.serving.server import Server
 
-    name = _module_name(path)
-    if name is not None:
+    if instance.folder is not None:  # a folder of another tree: its imports resolve in that tree
+        enter_tree(instance.folder)
+        module = _exec_file(folder_module_name(instance.folder, instance.entrypoint or "app.py"), path)
+    elif (name := _module_name(path)) is not None:
         module = importlib.import_module(name)
     else:
-        name = f"gymfleet_server_{instance.server_type}_{instance.impl}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        module = _exec_file(f"gymfleet_server_{instance.server_type}_{instance.impl}", path)
     classes = [
         obj
         for _, obj in inspect.getmembers(module, inspect.isclass)
@@ -207,6 +216,25 @@ def build_server(instance: ServerInstance, config: GlobalConfig | dict[str, Any]
                           hint="Leave num_workers out (one process), or place it as num_replicas under Ray placement: "
                                "each rollout keeps to one replica.")
     return cls(validated, data)
+
+
+def instance_python(instance: ServerInstance, config: GlobalConfig, say=print) -> str:
+    """The interpreter that serves `instance`: this one, or for a folder of another tree whose requirements conflict
+    with this environment, the folder's own (`gymfleet.fleet.folder_env`, made once and cached)."""
+    if instance.folder is None:
+        return sys.executable
+    from gymfleet.fleet.folder_env import folder_python
+
+    return folder_python(instance.folder, str(config.data.get("folder_requirements") or "check"), say)
+
+
+def validate_instance(instance: ServerInstance, config: GlobalConfig, say=print) -> None:
+    """Build `instance`'s server to validate it: here, or for a folder of another tree in a fresh interpreter of its
+    environment (its tree's imports must not enter this process)."""
+    if instance.folder is None:
+        build_server(instance, config)
+    else:
+        check_in_fresh_interpreter(instance.name, config.data, instance_python(instance, config, say))
 
 
 def die_with_parent(parent_pid: int, interval_s: float = 0.5, workdir: Path | None = None,
@@ -391,9 +419,51 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--instance", required=True, help="instance name")
     parser.add_argument("--parent-pid", type=int, help="die when this process (the supervisor) dies")
     parser.add_argument("--workdir", type=Path, help="the fleet's work folder, removed if the supervisor dies")
+    parser.add_argument("--check", action="store_true", help="build the server (validating it) and exit")
     args = parser.parse_args(argv)
     secrets = take_secrets()
+    if args.check:
+        _configure_logging(args.instance)
+        try:
+            config = load_config(args.config, secrets)
+            build_server(config.instance(args.instance), config)
+        except GymfleetError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        return
     serve_supervised(args.config, args.instance, secrets, parent_pid=args.parent_pid, workdir=args.workdir)
+
+
+CHECK_TIMEOUT_S = 600
+"""How long validating one folder of another tree in a fresh interpreter may take."""
+
+
+def check_in_fresh_interpreter(name: str, data: dict[str, Any], python: str | None = None) -> None:
+    """Validate instance `name` of the resolved config `data` as its server would start: in a fresh interpreter
+    (`python -m gymfleet.fleet.launch --check`, `python` being the folder's environment's), so nothing of a folder
+    of another tree (`gymfleet.fleet.folders`) is imported into this process.
+
+    Raises:
+        ConfigError: the folder does not import or its fields do not validate; the child's error, in one line.
+    """
+    import subprocess
+    import tempfile
+
+    masked, secrets = split_secrets(data)
+    with tempfile.TemporaryDirectory(prefix="gymfleet-check-") as scratch:
+        config_path = Path(scratch) / "resolved_config.json"
+        write_resolved(masked, config_path)
+        command = [python or sys.executable, "-m", "gymfleet.fleet.launch", "--config", str(config_path),
+                   "--instance", name, "--check"]
+        try:
+            done = subprocess.run(command, env={**os.environ, SECRETS_ENV: json.dumps(secrets)}, capture_output=True,
+                                  text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, errors="replace")
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"{name}: its server did not build within {CHECK_TIMEOUT_S}s", path=name) from None
+    if done.returncode != 0:
+        text = done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}"
+        why = text[text.rfind("error: "):].removeprefix("error: ") if "error: " in text else text.splitlines()[-1]
+        raise ConfigError(why if why.startswith(name) else f"{name}: {why}", path=name)
 
 
 def write_resolved(data: dict[str, Any], path: Path) -> None:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
-from gymfleet.fleet.launch import SECRETS_ENV
+from gymfleet.fleet.launch import SECRETS_ENV, instance_python
 from gymfleet.fleet.readiness import _Child
 from gymfleet.fleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
 from gymfleet.fleet.zygote import ForkedProcess, Zygote, ZygoteError
@@ -122,7 +121,7 @@ class ServerStart:
         """The server process of `instance`, in its own process group, output piped to the supervisor: forked by
         the zygote, or (`server_start: spawn`, or no zygote left) a fresh interpreter."""
         zygote = self._zygote
-        if zygote is not None:
+        if zygote is not None and instance.folder is None:  # a folder of another tree: a fresh interpreter
             from gymfleet.serving.server import FLEET_TOKEN_ENV
 
             env = {**os.environ, FLEET_TOKEN_ENV: self.token}
@@ -135,7 +134,7 @@ class ServerStart:
     def _spawn_popen(self, instance: ServerInstance) -> subprocess.Popen:
         """`instance` as a fresh interpreter: `python -m gymfleet.fleet.launch`."""
         command = [
-            sys.executable,
+            instance_python(instance, self.config, self._say),
             "-m",
             "gymfleet.fleet.launch",
             "--config",

@@ -49,13 +49,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
+from gymfleet.fleet.folders import describe
 from gymfleet.fleet.launch import (
     EXIT_PORT_IN_USE,
     WORKDIR_PREFIX,
     PortInUseError,
     bind_socket,
-    build_server,
     split_secrets,
+    validate_instance,
     write_resolved,
 )
 from gymfleet.fleet.readiness import (
@@ -138,7 +139,7 @@ class Fleet(ServerStart, Readiness):
     def validate(self) -> None:
         """Build every server in this process once, so config mistakes stop start-up with their YAML path."""
         for instance in self.config.instances.values():
-            build_server(instance, self.config)
+            validate_instance(instance, self.config, self._say)
 
     def start(self, timeout_s: float = 180.0) -> None:
         """Start the head server and every instance; return when all answer. Raises on any failure.
@@ -215,7 +216,10 @@ class Fleet(ServerStart, Readiness):
             time.sleep(0.02)
 
     def _spawn(self, instance: ServerInstance) -> None:
-        """Start `instance` for the first time and say so: name, what it is, URL, pid, where its output goes."""
+        """Start `instance` for the first time and say so: name, what it is, URL, pid, where its output goes (and,
+        for a folder of another tree, which folder serves it)."""
+        if instance.folder is not None:
+            self._say(describe(instance))
         child = self.children[instance.name] = _Child(instance, self._popen(instance), time.time())
         self._start_pump(child)
         self._say(f"started {instance.name} ({instance.server_type}/{instance.impl}) on {instance.url}, "

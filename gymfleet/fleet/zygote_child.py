@@ -136,8 +136,8 @@ def _validate_child(config_path: Path, secrets: list, fd: int, only: list[str] |
     try:
         config = load_config(config_path, [(list(path), value) for path, value in secrets])
         for instance in config.instances.values():
-            if (only is None or instance.name in only) and instance.name not in skip:
-                build_server(instance, config)
+            if (only is None or instance.name in only) and instance.name not in skip and instance.folder is None:
+                build_server(instance, config)  # a folder of another tree validates in its own interpreter
         result: dict[str, Any] = {"ok": True}
     except Exception as exc:  # noqa: BLE001 - the supervisor validates again itself, raising the real error
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}  # one atomic pipe write

@@ -61,11 +61,14 @@ def import_shared() -> None:
 
 
 def server_groups(config_path: Path) -> list[list[Any]]:
-    """The config's instances grouped by the server file they run (instances of one class share one import)."""
+    """The config's instances grouped by the server file they run (instances of one class share one import); not
+    those served from a folder of another tree (`gymfleet.fleet.folders`: a fresh interpreter each)."""
     from gymfleet.fleet.launch import load_config
 
     groups: dict[Path, list[Any]] = {}
     for instance in load_config(config_path, []).instances.values():
+        if instance.folder is not None:
+            continue
         groups.setdefault(instance.dir / (instance.entrypoint or "app.py"), []).append(instance)
     return list(groups.values())
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import email.parser
 import fcntl
 import logging
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from gymfleet.fleet.cache import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +32,6 @@ DOWNLOAD_TIMEOUT_S = 600
 
 class WheelUnavailableError(RuntimeError):
     """NeMo-Gym's wheel could not be downloaded or is not the version asked for; the message says why and the fix."""
-
-
-def cache_dir() -> Path:
-    """Where gymfleet caches downloads: `$GYMFLEET_CACHE_DIR`, else `$XDG_CACHE_HOME/gymfleet`, else
-    `~/.cache/gymfleet`."""
-    if os.environ.get("GYMFLEET_CACHE_DIR"):
-        return Path(os.environ["GYMFLEET_CACHE_DIR"])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "gymfleet"
 
 
 def nemo_gym_wheel(version: str = NEMO_GYM_VERSION) -> Path:

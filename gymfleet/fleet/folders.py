@@ -1,0 +1,167 @@
+"""Server folders from anywhere: a NeMo-Gym tree's `resources_servers/<env>/` served where it lies.
+
+`ng_run "+config_paths=[<tree>/resources_servers/foo/configs/foo.yaml]"` serves folder `foo` of that tree. The tree
+of an instance is found from the config file that defines it: the nearest folder above the file holding
+`<server type>/<impl>/<entrypoint>` (NeMo-Gym resolves `<type>/<impl>` against the working directory or its install
+root; a config file inside a tree names its own folder, wherever the command runs). `server_folders(files, root)`
+maps such instances to their folder when it lies outside gymfleet's own root; the parsed config keeps that map under
+the top-level key `server_folders` (`{instance: folder}`), so every child process sees it; a config written
+elsewhere names a folder there itself (`+server_folders.<instance>=<folder>`, `named_folders`). A resources server's
+folder wins over gymfleet's built-in environment of the same name (for that instance; `describe` is the start-up line
+that says which implementation serves it). Agents and models keep gymfleet's implementation where gymfleet has one
+of that name (NeMo-Gym's own agents are not served yet); a folder with no built-in of its name is served from its tree.
+
+Imports inside a folder resolve as under NeMo-Gym (which runs `python app.py` in the folder, with the tree
+installed): bare sibling imports (`from util import ...`) find the folder, and the tree's top-level packages
+(`resources_servers`, `responses_api_agents`, `environments`, ...) are the tree's, never gymfleet's folders of the
+same name. One Python process can hold one `resources_servers` package, so a foreign folder always runs in a fresh
+interpreter of its own (never forked from the zygote, never built in the supervisor): `enter_tree` is the first thing
+that interpreter does, and `gymfleet.fleet.launch.check_in_fresh_interpreter` is how a dry run and the supervisor
+validate one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gymfleet.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SERVER_FOLDERS_KEY = "server_folders"
+"""Top-level key of the resolved config: `{instance name: absolute folder}` for folders outside gymfleet's root."""
+
+
+def tree_of(config_file: Path, type_folder: str, impl: str, entrypoint: str) -> Path | None:
+    """The nearest folder above `config_file` that holds `<type_folder>/<impl>/<entrypoint>`, if any."""
+    for parent in Path(config_file).resolve().parents:
+        if (parent / type_folder / impl / entrypoint).is_file():
+            return parent
+    return None
+
+
+def server_folders(files: Iterable[tuple[Path, dict]], root: Path, definition, type_folders: dict[str, str],
+                   ) -> dict[str, str]:
+    """`{instance: folder}` for the instances whose folder lies in a tree outside `root` (gymfleet's own).
+
+    `files` are the loaded config files in merge order (a later definition of an instance wins), `definition(block)`
+    gives `(server type, impl)` of an instance block or None, and `type_folders` maps a server type to the folder
+    gymfleet keeps its implementations in (agents live in `agents/`).
+    """
+    root = Path(root).resolve()
+    found: dict[str, str] = {}
+    for path, data in files:
+        for name, block in data.items():
+            kind = definition(block)
+            if kind is None:
+                continue
+            server_type, impl = kind
+            entrypoint = str(block[server_type][impl].get("entrypoint") or "app.py")
+            tree = tree_of(path, server_type, impl, entrypoint)
+            if tree is None or tree == root:
+                found.pop(name, None)
+                continue
+            builtin = root / type_folders.get(server_type, server_type) / impl
+            if server_type != "resources_servers" and builtin.is_dir():
+                found.pop(name, None)  # gymfleet's agent/model of that name serves it
+                continue
+            found[name] = str(tree / server_type / impl)
+    return found
+
+
+def named_folders(value: Any) -> dict[str, str]:
+    """The folders named explicitly with `server_folders: {instance: folder}` (absolute, each a NeMo-Gym-shaped
+    `<tree>/<server type>/<impl>` folder), for a config written outside the folder's tree.
+
+    Raises:
+        ConfigError: not a mapping, or a folder that does not exist.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{SERVER_FOLDERS_KEY}: must map instance names to folders, not {value!r}",
+                          path=SERVER_FOLDERS_KEY, hint="+server_folders.<instance>=/path/to/resources_servers/foo")
+    found = {}
+    for name, folder in value.items():
+        path = Path(str(folder)).expanduser().resolve()
+        if not path.is_dir():
+            where = f"{SERVER_FOLDERS_KEY}.{name}"
+            raise ConfigError(f"{where}: {folder} is not a folder", path=where)
+        found[str(name)] = str(path)
+    return found
+
+
+def describe(instance: Any) -> str:
+    """The start-up line that says which implementation serves `instance` (a `ServerInstance` with a `folder`)."""
+    builtin = dataclasses.replace(instance, folder=None).dir
+    shadowed = f", not gymfleet's built-in {builtin.parent.name}/{builtin.name}" if builtin.is_dir() else ""
+    return f"{instance.name}: served by the folder {instance.folder}{shadowed} (in a fresh interpreter)"
+
+
+# ------------------------------------------------------------------------------------------ inside the child
+
+
+class _TreeFinder(importlib.abc.MetaPathFinder):
+    """Finds the tree's top-level packages (and their submodules) in the tree only: gymfleet's folders of the same
+    name (a regular package `resources_servers/__init__.py`) would otherwise win over the tree's namespace package."""
+
+    def __init__(self, tree: Path, names: frozenset[str]) -> None:
+        self.tree = str(tree)
+        self.names = names
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None):
+        if fullname.partition(".")[0] not in self.names:
+            return None
+        if "." not in fullname:
+            return importlib.machinery.PathFinder.find_spec(fullname, [self.tree])
+        return None  # submodules: the parent package's __path__ lies in the tree already
+
+    def __repr__(self) -> str:
+        return f"_TreeFinder({self.tree!r})"
+
+
+TREE_PACKAGES = ("resources_servers", "responses_api_agents", "responses_api_models", "environments",
+                 "environment_servers", "benchmarks")
+"""The top-level packages of a NeMo-Gym tree (those its wheel installs, less `nemo_gym` itself: gymfleet's `nemo_gym`
+surface stands in for it). In a folder's process these names are the tree's."""
+
+
+def tree_packages(tree: Path) -> frozenset[str]:
+    """The NeMo-Gym top-level packages (`TREE_PACKAGES`) that `tree` has."""
+    return frozenset(name for name in TREE_PACKAGES if (Path(tree) / name).is_dir())
+
+
+def enter_tree(folder: Path) -> None:
+    """Make this interpreter import as NeMo-Gym's `python app.py` in `folder` would: the folder first on `sys.path`
+    (bare sibling imports), and its tree's packages (`TREE_PACKAGES`) found in the tree only, so they shadow
+    gymfleet's folders of the same name. The tree itself is not put on `sys.path`: its `nemo_gym/` (NeMo-Gym's own
+    code, in a wheel's tree) must not shadow gymfleet's `nemo_gym` surface.
+
+    Call it before importing anything from the folder; modules of those names already imported are dropped.
+    """
+    folder = Path(folder).resolve()
+    tree = folder.parents[1]
+    names = tree_packages(tree)
+    for module in [m for m in sys.modules if m.partition(".")[0] in names]:
+        del sys.modules[module]
+    sys.meta_path.insert(0, _TreeFinder(tree, names))
+    if str(folder) in sys.path:
+        sys.path.remove(str(folder))
+    sys.path.insert(0, str(folder))
+    os.chdir(folder)  # NeMo-Gym starts the server in its folder: relative data paths resolve there
+
+
+def module_name(folder: Path, entrypoint: str) -> str:
+    """The dotted name the entrypoint has in its tree (`resources_servers.mcqa.app`), so an import of that name
+    elsewhere in the folder finds the same module rather than a second copy."""
+    folder = Path(folder).resolve()
+    parts = [folder.parent.name, folder.name, *Path(entrypoint).with_suffix("").parts]
+    return ".".join(parts) if all(part.isidentifier() for part in parts) else f"gymfleet_folder_{folder.name}"

@@ -1,0 +1,20 @@
+"""pytest plugin that runs a NeMo-Gym folder's own tests in place, as NeMo-Gym does (`cd <folder> && pytest`):
+`-p gymfleet.testing.folder_pytest` with `GYMFLEET_TEST_FOLDER=<folder>` makes the session import as the folder's
+server does (`gymfleet.fleet.folders.enter_tree`): bare sibling imports (`from app import ...`, `from utils import
+...`) find the folder, and `resources_servers.<other>` is the tree's folder, never gymfleet's environment of that name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gymfleet.fleet.folders import enter_tree
+
+FOLDER_ENV = "GYMFLEET_TEST_FOLDER"
+
+
+def pytest_configure(config) -> None:
+    folder = os.environ.get(FOLDER_ENV)
+    if folder:
+        enter_tree(Path(folder))

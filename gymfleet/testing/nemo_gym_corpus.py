@@ -1,0 +1,335 @@
+"""Try one NeMo-Gym environment folder on gymfleet, as a user would: start it, run its tests, replay its rollouts.
+
+`try_folder(folder, scratch)` returns a `FolderResult`:
+
+- **start**: the folder's config (`configs/<name>.yaml`, else its first) cut down to the folder's resources
+  server(s) and stand-ins for the model servers they name (gymfleet's `openai_model` pointed at an endpoint nobody
+  serves: a folder that calls its judge there fails that call, typed), written to a scratch file that names the folder
+  with `+server_folders.<instance>=<folder>`; then `ng_run +dry_run=true` and a real `ng_run`, until "All N / N
+  servers ready" (`"dry"` when only the dry run passed, `"yes"` when it served);
+- **tests**: the folder's own tests where it lies, in a subprocess of its environment, with NeMo-Gym's pytest
+  settings and its tree's imports (`run_tests_in_place`), passed/total from pytest's summary;
+- **rewards**: every row of `data/example_rollouts*.jsonl` with a recorded `reward` and `response`, replayed as
+  NeMo-Gym's agent made it: `POST /seed_session` with the row, the response's tool calls in order (`POST /<tool>`
+  with their arguments, one cookie jar per row), then `POST /verify`; agreeing means the same reward within 1e-6.
+
+What the folder needs that this machine lacks is said in one line (`why`): `needs(folder)` names containers, Lean and
+GPUs before anything starts; a start, test or replay failure is reduced to its first telling line (`_why`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gymfleet.testing import free_port
+
+START_TIMEOUT_S = 240
+TESTS_TIMEOUT_S = 600
+STUB_MODEL_URL = "http://127.0.0.1:9/v1"
+"""Where stand-in model servers point: the discard port, where nothing answers (a judge call fails, typed)."""
+NEEDS = [  # (pattern over app.py, requirements.txt and the config used, what the folder needs)
+    (re.compile(r"^\s*(import|from) docker\b|\bdocker (run|exec|pull|build)\b|\b(apptainer|enroot)\b|docker\.io/|"
+                r"\bdocker_image|dockerhub|\bDocker (daemon|workers)|singularity", re.I | re.M),
+     "containers (docker/apptainer)"),
+    (re.compile(r"\blean4?\b|mathlib", re.I), "a Lean checker"),
+    (re.compile(r"^vllm\b|^\s*(import|from) vllm\b|torch\.cuda\.is_available\(\)\s*$", re.M), "a GPU (vllm/cuda)"),
+]
+
+
+@dataclass
+class FolderResult:
+    folder: str
+    cls: str = "-"
+    start: str = "no"
+    """`yes` (served), `dry` (the dry run passed, the real start did not), `no`, or `-` (not tried)."""
+    tests_passed: int = 0
+    tests_total: int = 0
+    agree: int = 0
+    rows: int = 0
+    why: list[str] = field(default_factory=list)
+
+    def row(self) -> list[str]:
+        tests = f"{self.tests_passed}/{self.tests_total}" if self.tests_total else "-"
+        rewards = f"{self.agree}/{self.rows}" if self.rows else "-"
+        return [self.folder, self.cls, self.start, tests, rewards, "; ".join(self.why)[:160]]
+
+    @property
+    def ok(self) -> bool:
+        return (self.start == "yes" and self.tests_passed == self.tests_total
+                and self.agree == self.rows)
+
+
+def server_class(folder: Path) -> str:
+    """The name of the server class `app.py` defines (the last class deriving from a `...Server` base)."""
+    try:
+        tree = ast.parse((folder / "app.py").read_text(errors="replace"))
+    except (OSError, SyntaxError):
+        return "-"
+    names = [node.name for node in tree.body if isinstance(node, ast.ClassDef)
+             and any(ast.unparse(base).endswith("Server") for base in node.bases)]
+    return names[-1] if names else "-"
+
+
+def needs(folder: Path) -> str | None:
+    """What the folder needs that gymfleet on this machine cannot give it (containers, Lean, a GPU), if anything."""
+    text = "\n".join(path.read_text(errors="replace") for path in [folder / "app.py", folder / "requirements.txt",
+                                                                    config_file(folder)] if path and path.is_file())
+    found = [what for pattern, what in NEEDS if pattern.search(text)]
+    return "needs " + ", ".join(found) if found else None
+
+
+def config_file(folder: Path) -> Path | None:
+    """The folder's config: `configs/<name>.yaml`, else its first `configs/*.yaml`."""
+    own = folder / "configs" / f"{folder.name}.yaml"
+    return own if own.is_file() else next(iter(sorted((folder / "configs").glob("*.yaml"))), None)
+
+
+def folder_config(folder: Path) -> tuple[dict[str, Any], list[str]]:
+    """The folder's resources server instances from its config, plus stand-ins for the model servers they name;
+    and the names of those instances."""
+    path = config_file(folder)
+    if path is None:
+        raise RuntimeError("no configs/*.yaml")
+    data = yaml.safe_load(path.read_text()) or {}
+    kept = {name: block for name, block in data.items()
+            if isinstance(block, dict) and isinstance(block.get("resources_servers"), dict)
+            and folder.name in block["resources_servers"]}
+    if not kept:
+        raise RuntimeError(f"its config defines no resources_servers.{folder.name} instance")
+    for name in sorted(_references(kept, "responses_api_models") - set(kept)):
+        kept[name] = {"responses_api_models": {"openai_model": {
+            "entrypoint": "app.py", "base_url": STUB_MODEL_URL, "api_key": "stand-in", "model": "stand-in"}}}
+    servers = [name for name, block in kept.items() if "resources_servers" in block]
+    return kept, servers
+
+
+def _references(node: Any, server_type: str) -> set[str]:
+    if isinstance(node, dict):
+        if node.get("type") == server_type and isinstance(node.get("name"), str):
+            return {node["name"]}
+        return set().union(*(_references(value, server_type) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_references(value, server_type) for value in node))
+    return set()
+
+
+def _ng_run(config: Path, folder: Path, servers: list[str], extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{config}]",
+            *(f"+server_folders.{name}={folder}" for name in servers), "+policy_base_url=" + STUB_MODEL_URL,
+            "+policy_api_key=stand-in", "+policy_model_name=stand-in", "+model_endpoint_readiness_timeout_seconds=0",
+            *extra]
+
+
+def try_folder(folder: Path, scratch: Path, *, requirements: str = "check", tests: bool = True) -> FolderResult:
+    """Start `folder` under ng_run, run its tests, replay its recorded rollouts (see the module docstring)."""
+    result = FolderResult(folder.name, server_class(folder))
+    need = needs(folder)
+    if need:
+        result.start = "-"
+        result.why.append(need)
+        return result
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        data, servers = folder_config(folder)
+    except (RuntimeError, yaml.YAMLError) as exc:
+        result.why.append(f"config: {exc}")
+        return result
+    config = scratch / "config.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_root()), os.environ.get("PYTHONPATH")]))}
+    extra = [f"+folder_requirements={requirements}"]
+    dry = subprocess.run(_ng_run(config, folder, servers, [*extra, "+dry_run=true"]), capture_output=True, text=True,
+                         env=env, timeout=START_TIMEOUT_S + 600, stdin=subprocess.DEVNULL, errors="replace")
+    if dry.returncode != 0:
+        result.why.append("dry run: " + _why(dry.stderr + dry.stdout))
+    else:
+        result.start = "dry"
+        _serve(folder, config, servers, extra, env, scratch, result)
+    if tests and (folder / "tests").is_dir():
+        _tests(folder, scratch / "tests", result, requirements)
+    return result
+
+
+def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env: dict, scratch: Path,
+           result: FolderResult) -> None:
+    port = free_port()
+    log_path = scratch / "ng_run.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(_ng_run(config, folder, servers, [*extra, f"+head_server.port={port}"]),
+                                   stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "servers ready!" not in log_path.read_text(errors="replace"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                result.why.append("start: " + _why(log_path.read_text(errors="replace")))
+                return
+            time.sleep(0.5)
+        result.start = "yes"
+        import httpx
+
+        published = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", timeout=30).json())
+        fields = published[servers[0]]["resources_servers"][folder.name]
+        _replay(folder, f"http://{fields['host']}:{fields['port']}", result)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def recorded_rows(folder: Path) -> list[dict]:
+    """The recorded rollouts (`data/example_rollouts*.jsonl`) that carry a reward and a response."""
+    rows = []
+    for path in sorted((folder / "data").glob("example_rollouts*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a Git LFS pointer or an empty line
+            if isinstance(row, dict) and isinstance(row.get("reward"), (int, float)) and row.get("response"):
+                rows.append(row)
+    return rows
+
+
+TASK_FILE_LIMIT = 50_000_000
+"""Task files larger than this are not read to complete rollout rows (a bench run reads every folder's data)."""
+
+
+def _prompt_key(row: dict) -> str:
+    """A row's prompt as (role, content) pairs: recorded rollouts spell the same messages with more fields."""
+    messages = (row.get("responses_create_params") or {}).get("input")
+    if isinstance(messages, list):
+        messages = [(m.get("role"), m.get("content")) if isinstance(m, dict) else m for m in messages]
+    return json.dumps(messages, sort_keys=True)
+
+
+def task_rows(folder: Path) -> dict[str, dict]:
+    """The folder's task rows (`data/*.jsonl` but the rollouts) by their prompt: a recorded rollout keeps only some
+    task fields (mcqa's rows lack `options`), so its `/verify` body is the task row with the rollout over it."""
+    found: dict[str, dict] = {}
+    for path in sorted((folder / "data").glob("*.jsonl")):
+        if "rollouts" in path.name or path.stat().st_size > TASK_FILE_LIMIT:
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                found.setdefault(_prompt_key(row), row)
+    return found
+
+
+def _replay(folder: Path, url: str, result: FolderResult) -> None:
+    import httpx
+
+    rows = recorded_rows(folder)
+    tasks = task_rows(folder)
+    result.rows = len(rows)
+    first_problem = None
+    orphans = 0
+    for row in rows:
+        task = tasks.get(_prompt_key(row), {})
+        orphans += not task
+        request = {**task, **{key: value for key, value in row.items() if key != "reward"}}
+        try:
+            with httpx.Client(base_url=url, timeout=120) as client:
+                client.post("/seed_session", json=request)
+                for item in row["response"].get("output") or []:
+                    if isinstance(item, dict) and item.get("type") == "function_call":
+                        try:
+                            arguments = json.loads(item.get("arguments") or "{}")
+                        except json.JSONDecodeError:
+                            arguments = {}
+                        client.post(f"/{item.get('name')}", json=arguments)
+                reply = client.post("/verify", json=request)
+        except httpx.HTTPError as exc:
+            first_problem = first_problem or f"verify: {type(exc).__name__}: {exc}"
+            continue
+        if reply.status_code != 200:
+            first_problem = first_problem or f"verify {reply.status_code}: {_why(reply.text)}"
+            continue
+        body = reply.json()
+        got = body.get("reward")
+        if isinstance(got, (int, float)) and abs(got - row["reward"]) <= 1e-6:
+            result.agree += 1
+        else:
+            failure = body.get("_ng_failure_class")
+            first_problem = first_problem or (f"reward {got} != recorded {row['reward']}"
+                                              + (f" ({failure})" if failure else ""))
+    if first_problem:
+        result.why.append(first_problem + (f" ({orphans} rows' task not in data/)" if orphans else ""))
+
+
+def run_tests_in_place(folder: Path, scratch: Path, python: str | None = None, timeout_s: float = TESTS_TIMEOUT_S,
+                       ) -> subprocess.CompletedProcess:
+    """Run `folder`'s own tests where the folder lies, with NeMo-Gym's pytest settings (asyncio_mode = auto, not
+    gymfleet's `filterwarnings = error`), imports resolving in its tree (`gymfleet.testing.folder_pytest`), in a
+    subprocess of `python` (the folder's own environment's, when it has one)."""
+    from gymfleet.testing.folder_pytest import FOLDER_ENV
+    from gymfleet.testing.nemo_gym_folders import FOLDER_PYTEST_INI
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    ini = scratch / "pytest.ini"
+    ini.write_text(FOLDER_PYTEST_INI)
+    env = {**os.environ, FOLDER_ENV: str(folder),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(_root()), os.environ.get("PYTHONPATH")]))}
+    command = [python or sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir", str(folder), "-p",
+               "gymfleet.testing.folder_pytest", "-p", "no:cacheprovider", "-q", "--no-header", "tests"]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout_s,
+                          stdin=subprocess.DEVNULL, errors="replace")
+
+
+def _tests(folder: Path, scratch: Path, result: FolderResult, requirements: str) -> None:
+    from gymfleet.errors import ConfigError
+    from gymfleet.fleet.folder_env import folder_python
+
+    try:
+        python = folder_python(folder, requirements, say=lambda line: None)
+    except ConfigError as exc:
+        result.why.append(f"tests: {str(exc).splitlines()[0]}")
+        return
+    try:
+        done = run_tests_in_place(folder, scratch, python)
+    except subprocess.TimeoutExpired:
+        result.why.append(f"tests: not done within {TESTS_TIMEOUT_S}s")
+        return
+    counts = {kind: int(number) for number, kind in re.findall(r"(\d+) (passed|failed|errors?)", done.stdout)}
+    result.tests_passed = counts.get("passed", 0)
+    result.tests_total = sum(counts.values())
+    if result.tests_passed < result.tests_total or not result.tests_total:
+        result.why.append("tests: " + _why(done.stdout + done.stderr))
+
+
+def _why(text: str) -> str:
+    """The first telling line of a failure's output: an error line, an exception, else the last line."""
+    unset = re.search(r"cannot resolve '\$\{([\w.]+)\}'", text)
+    if unset:
+        return f"needs {unset.group(1)} (an external service's key or setting: +{unset.group(1)}=...)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for pattern in (r"^error: ", r"^E\s+\w+(Error|Exception)\b", r"^\w+(Error|Exception): ", r"^ERROR "):
+        for line in lines:
+            if re.search(pattern, line):
+                return re.sub(r"^(error: |E\s+)", "", line)[:200]
+    return (lines[-1] if lines else "no output")[:200]
+
+
+def _root() -> Path:
+    from gymfleet.fleet.config import repository_root
+
+    return repository_root()

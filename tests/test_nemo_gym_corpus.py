@@ -1,0 +1,45 @@
+"""NeMo-Gym 0.7.0's own environment folders, unchanged, on gymfleet: what `bench/nemo_gym_corpus.py` does over the
+whole corpus, over a handful of folders of different kinds. Each is started under `ng_run` from the wheel's tree
+(its config cut down to its resources server, named with `+server_folders`), its own tests run in a subprocess with
+NeMo-Gym's pytest settings, and its recorded rollouts are replayed through `/verify` to the recorded rewards.
+
+- `example_single_tool_call`: a tool route added in `setup_webserver` (the replay calls the recorded tool calls);
+- `example_session_state_mgmt`: per-session state kept between `/seed_session`, tool calls and `/verify`;
+- `mcqa`: a folder named like gymfleet's own `mcqa` environment, whose requirement (`tiktoken`) the fleet lacks:
+  served from the tree, in an environment of its own (`+folder_requirements=venv`);
+- `math_with_judge`: a judge folder that pins `math-verify==0.8.0` where gymfleet has 0.9: served in its own uv
+  environment (made once, cached), its library grading replayed.
+
+The wheel comes from the package index (cached, `gymfleet.testing.nemo_gym_wheel`); the folders' environments are
+made with uv from the package index the first time, then cached.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gymfleet.testing.nemo_gym_corpus import needs, try_folder
+from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
+
+FOLDERS = {  # folder: ng_run's folder_requirements for it
+    "example_single_tool_call": "check",
+    "example_session_state_mgmt": "check",
+    "mcqa": "venv",
+    "math_with_judge": "check",  # a conflicting pin gets its own environment whatever the policy
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOLDERS))
+def test_a_nemo_gym_folder_starts_passes_its_own_tests_and_replays_its_recorded_rewards(name, tmp_path):
+    folder = nemo_gym_folder(name)
+    assert needs(folder) is None
+    result = try_folder(folder, tmp_path, requirements=FOLDERS[name])
+    assert result.start == "yes", result.why
+    assert result.tests_total > 0 and result.tests_passed == result.tests_total, result.why
+    assert result.rows > 0 and result.agree == result.rows, result.why
+
+
+def test_a_folder_that_needs_containers_or_lean_is_named_in_one_line_and_not_started(tmp_path):
+    for name, what in [("swebench", "containers"), ("math_formal_lean", "a Lean checker")]:
+        result = try_folder(nemo_gym_folder(name), tmp_path / name)
+        assert result.start == "-" and len(result.why) == 1 and what in result.why[0]

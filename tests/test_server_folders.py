@@ -1,0 +1,166 @@
+"""Server folders from anywhere (`gymfleet.fleet.folders`) and their requirements (`gymfleet.fleet.folder_env`).
+
+A tree of our own (written under tmp_path, laid out as a NeMo-Gym checkout: `resources_servers/<env>/`, no
+`resources_servers/__init__.py`) holds a folder named `mcqa` like gymfleet's built-in environment, importing a bare
+sibling module and another folder of its tree. Served beside gymfleet's own `example_weather` in one fleet, its
+imports must resolve in its tree. A folder whose requirements pin a version the fleet's environment does not have runs
+in an environment of its own, made with uv (a real install of a small pure-Python package from the package index).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gymfleet.errors import ConfigError
+from gymfleet.fleet.folder_env import check_requirements, folder_python
+from gymfleet.testing import running_fleet
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILTIN_MCQA = {"builtin_mcqa": {"resources_servers": {"mcqa": {"entrypoint": "app.py", "domain": "knowledge"}}}}
+PINNED = "tabulate==0.8.10"  # small, pure Python; the fleet's environment has tabulate 0.9
+
+APP = '''
+import importlib.metadata
+import sys
+
+import resources_servers
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from resources_servers.shared_helpers.helpers import ORIGIN
+from util import WHICH
+
+
+class TreeConfig(ResourcesServerConfig):
+    pass
+
+
+class TreeResponse(VerifyResponse):
+    which: str
+    origin: str
+    package_path: list[str]
+    tabulate: str
+    prefix: str
+
+
+class TreeServer(ResourcesServer):
+    config: TreeConfig
+    reverify_mode = "stateless"
+    reward_libraries = ()
+
+    async def verify(self, body: VerifyRequest) -> TreeResponse:
+        return TreeResponse.echo(body, reward=1.0, which=WHICH, origin=ORIGIN,
+                                 package_path=list(resources_servers.__path__),
+                                 tabulate=importlib.metadata.version("tabulate"), prefix=sys.prefix)
+'''
+
+
+def make_tree(root: Path, env: str = "mcqa", requirements: str = "-e nemo-gym[dev] @ ../../\n",
+              fields: str = "") -> Path:
+    """A NeMo-Gym-shaped tree with folder `env` (and a helper folder it imports); returns the folder's config file."""
+    folder = root / "resources_servers" / env
+    (folder / "configs").mkdir(parents=True)
+    (folder / "app.py").write_text(APP)
+    (folder / "util.py").write_text('WHICH = "the tree\'s util"\n')
+    (folder / "requirements.txt").write_text(requirements)
+    helpers = root / "resources_servers" / "shared_helpers"
+    helpers.mkdir()
+    (helpers / "helpers.py").write_text('ORIGIN = "the tree\'s shared_helpers"\n')
+    (root / "nemo_gym").mkdir()  # a wheel's tree holds NeMo-Gym's own code: it must not shadow gymfleet's surface
+    (root / "nemo_gym" / "__init__.py").write_text("raise ImportError('the tree\\'s nemo_gym was imported')\n")
+    config = folder / "configs" / f"{env}.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        {env}:
+          resources_servers:
+            {env}:
+              entrypoint: app.py
+              domain: knowledge
+        """) + textwrap.indent(fields, " " * 6))
+    return config
+
+
+ROW = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}]},
+       "response": {"id": "r", "output": [], "created_at": 0, "model": "m", "object": "response",
+                    "parallel_tool_calls": False, "tool_choice": "auto", "tools": []}}
+
+
+def verify(url: str) -> dict:
+    reply = httpx.post(url + "/verify", json=ROW, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_a_folder_of_another_tree_is_served_from_its_tree_beside_the_builtin_environment_of_its_name(tmp_path):
+    config = make_tree(tmp_path / "tree")
+    with running_fleet([str(config)], BUILTIN_MCQA) as fleet:
+        assert fleet.config.instance("mcqa").dir == tmp_path / "tree/resources_servers/mcqa"
+        assert fleet.config.instance("builtin_mcqa").folder is None
+        body = verify(fleet.config.instance("mcqa").url)
+        assert body["which"] == "the tree's util" and body["origin"] == "the tree's shared_helpers"
+        assert body["package_path"] == [str(tmp_path / "tree/resources_servers")]
+        assert body["reward"] == 1.0 and body["prefix"] == sys.prefix
+        row = {**ROW, "options": [{"A": "yes"}, {"B": "no"}], "expected_answer": "A"}
+        builtin = httpx.post(fleet.config.instance("builtin_mcqa").url + "/verify", json=row, timeout=30)
+        assert builtin.status_code == 200, builtin.text
+        assert "which" not in builtin.json() and "extracted_answer" in builtin.json()
+
+
+def _ng_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gymfleet.cli.run", *args], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_dry_run_says_which_folder_serves_an_instance_and_validates_it_in_its_own_interpreter(tmp_path):
+    config = make_tree(tmp_path / "tree")
+    done = _ng_run(f"+config_paths=[{config}]", "+dry_run=true")
+    assert done.returncode == 0, done.stderr
+    assert (f"mcqa: served by the folder {tmp_path}/tree/resources_servers/mcqa, not gymfleet's built-in "
+            "resources_servers/mcqa") in done.stdout
+    bad = make_tree(tmp_path / "bad", fields="grading_mod: strict\n")
+    done = _ng_run(f"+config_paths=[{bad}]", "+dry_run=true")
+    assert done.returncode != 0 and "mcqa.resources_servers.mcqa.grading_mod" in done.stderr
+
+
+def test_requirements_are_sorted_against_this_environment(tmp_path):
+    (tmp_path / "more.txt").write_text("pyyaml>=5  # satisfied\n")
+    (tmp_path / "requirements.txt").write_text(textwrap.dedent(f"""\
+        -e nemo-gym[dev,sandbox] @ ../../
+        # a comment
+        {PINNED}
+        gymfleet-no-such-package-xyz>=1
+        colorama; python_version < "3"
+        -r more.txt
+        --index-url https://example.invalid/simple
+        """))
+    reqs = check_requirements(tmp_path)
+    installed = importlib.metadata.version("tabulate")
+    assert reqs.conflicting == [f"{PINNED} (installed {installed})"]
+    assert reqs.missing == ["gymfleet-no-such-package-xyz>=1"]
+    assert reqs.satisfied == ["pyyaml>=5"]
+    assert reqs.unsupported == ["'--index-url https://example.invalid/simple' (requirements.txt:7)"]
+    assert reqs.lines == [PINNED, "gymfleet-no-such-package-xyz>=1", "pyyaml>=5"]
+
+
+def test_a_missing_requirement_stops_with_the_install_command(tmp_path):
+    (tmp_path / "requirements.txt").write_text("gymfleet-no-such-package-xyz>=1\n")
+    with pytest.raises(ConfigError, match=r"(?s)not installed here: gymfleet-no-such-package-xyz>=1.*"
+                                          r"pip install 'gymfleet-no-such-package-xyz>=1'"):
+        folder_python(tmp_path)
+    assert folder_python(tmp_path.parent) == sys.executable  # no requirements.txt: nothing to install
+
+
+def test_a_conflicting_pin_runs_in_an_environment_of_its_own_made_once(tmp_path):
+    assert importlib.metadata.version("tabulate") != PINNED.split("==")[1]
+    config = make_tree(tmp_path / "tree", env="pinned", requirements=f"-e nemo-gym[dev] @ ../../\n{PINNED}\n")
+    with running_fleet([str(config)]) as fleet:
+        body = verify(fleet.config.instance("pinned").url)
+    assert body["tabulate"] == "0.8.10" and "folder_envs" in body["prefix"] and body["prefix"] != sys.prefix
+    said = []
+    assert folder_python(config.parents[1], say=said.append) == f"{body['prefix']}/bin/python"
+    assert said == []  # cached: the second start makes nothing
