@@ -18,6 +18,7 @@ NeMo-Gym gives every server folder a virtualenv of its own, made from its `requi
   content, this Python and the fleet's versions, so the second start is instant.
   `+folder_requirements=venv` gives a folder with missing requirements its own environment too.
 
+A folder set up with a `pyproject.toml` instead (NeMo-Gym's other layout) is read from its `[project].dependencies`.
 Lines that are not requirements (`--index-url`, URLs, local paths other than NeMo-Gym's own) are reported, never
 silently dropped: such a folder is said to need them.
 """
@@ -87,6 +88,12 @@ def check_requirements(folder: Path) -> FolderRequirements:
     path = Path(folder) / "requirements.txt"
     if path.is_file():
         _sort_file(path, result, seen=set())
+    elif (Path(folder) / "pyproject.toml").is_file():  # NeMo-Gym's other venv setup: [project].dependencies
+        import tomllib
+
+        project = tomllib.loads((Path(folder) / "pyproject.toml").read_text()).get("project") or {}
+        for text in project.get("dependencies") or []:
+            _sort_line(str(text), "pyproject.toml", 0, Path(folder), result)
     return result
 
 
@@ -101,32 +108,37 @@ def _sort_file(path: Path, result: FolderRequirements, seen: set[Path]) -> None:
         if line.startswith(("-r ", "--requirement ")):
             _sort_file(path.parent / line.split(None, 1)[1], result, seen)
             continue
-        editable = line.startswith(("-e ", "--editable "))
-        text = line.split(None, 1)[1] if editable else line
-        if _is_tree_root(path.parent, text):
-            continue  # `-e ../..`: the NeMo-Gym checkout the folder lies in, which gymfleet stands in for
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:
-            result.unsupported.append(f"{text!r} ({path.name}:{number})")
-            continue
-        if canonicalize_name(requirement.name) == NEMO_GYM:
-            continue  # gymfleet's nemo_gym surface stands in for NeMo-Gym itself
-        if requirement.marker is not None and not requirement.marker.evaluate():
-            continue
-        if requirement.url or editable:
-            result.unsupported.append(f"{text!r} ({path.name}:{number})")
-            continue
-        result.lines.append(str(requirement))
-        try:
-            installed = importlib.metadata.version(requirement.name)
-        except importlib.metadata.PackageNotFoundError:
-            result.missing.append(str(requirement))
-            continue
-        if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
-            result.conflicting.append(f"{requirement} (installed {installed})")
-        else:
-            result.satisfied.append(str(requirement))
+        _sort_line(line, path.name, number, path.parent, result)
+
+
+def _sort_line(line: str, where: str, number: int, folder: Path, result: FolderRequirements) -> None:
+    """Sort one requirement line (`where`:`number` names it in messages)."""
+    editable = line.startswith(("-e ", "--editable "))
+    text = line.split(None, 1)[1] if editable else line
+    if _is_tree_root(folder, text):
+        return  # `-e ../..`: the NeMo-Gym checkout the folder lies in, which gymfleet stands in for
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement:
+        result.unsupported.append(f"{text!r} ({where}:{number})")
+        return
+    if canonicalize_name(requirement.name) == NEMO_GYM:
+        return  # gymfleet's nemo_gym surface stands in for NeMo-Gym itself
+    if requirement.marker is not None and not requirement.marker.evaluate():
+        return
+    if requirement.url or editable:
+        result.unsupported.append(f"{text!r} ({where}:{number})")
+        return
+    result.lines.append(str(requirement))
+    try:
+        installed = importlib.metadata.version(requirement.name)
+    except importlib.metadata.PackageNotFoundError:
+        result.missing.append(str(requirement))
+        return
+    if requirement.specifier and not requirement.specifier.contains(installed, prereleases=True):
+        result.conflicting.append(f"{requirement} (installed {installed})")
+    else:
+        result.satisfied.append(str(requirement))
 
 
 def _is_tree_root(folder: Path, text: str) -> bool:
