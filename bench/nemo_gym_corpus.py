@@ -38,6 +38,7 @@ def _line(cells: list[str]) -> str:
 
 def _reason(why: str) -> str:
     """A failure reason with its specifics (paths, numbers, names in quotes) blanked, to count alike ones."""
+    why = re.sub(r"(not installed here|cannot install|conflicting with this environment): .*", r"\1: <packages>", why)
     why = re.sub(r"/\S+", "<path>", why)
     why = re.sub(r"'[^']*'|\"[^\"]*\"", "<x>", why)
     return re.sub(r"\d+(\.\d+)?", "<n>", why)[:110]
