@@ -26,7 +26,8 @@ __all__ = ["final_verdict", "ruling_text"]
 _BLOCK = re.compile(r"<<<BEGIN (\w+) ([0-9a-f]{8,})>>>.*?(?:<<<END \1 \2>>>|\Z)", re.DOTALL)
 _QUOTED_LINE = re.compile(r"(?m)^[ \t]*>.*$")
 _QUOTED_SPAN = re.compile(r"\"([^\"\n]{1,2000})\"|'([^'\n]{2,2000})'|`([^`\n]{1,2000})`")
-_MIN_COPY = 6  # an answer line this long or longer, repeated in the reply, is a copy
+_MIN_COPY = 6  # a quoted span this long or longer that the answer holds is a copy
+_MIN_LINE_COPY = 24  # an answer line this long or longer, repeated unquoted in the reply, is a copy
 
 
 def ruling_text(reply: str | None, answer: str | None = None) -> str:
@@ -46,11 +47,12 @@ def ruling_text(reply: str | None, answer: str | None = None) -> str:
 
         def copied(match: re.Match[str]) -> str:
             inner = next(group for group in match.groups() if group is not None)
-            return " " if inner.strip() and inner.strip().casefold() in folded else match.group(0)
+            inner = inner.strip()
+            return " " if len(inner) >= _MIN_COPY and inner.casefold() in folded else match.group(0)
 
         text = _QUOTED_SPAN.sub(copied, text)
         for line in {line.strip() for line in shown.splitlines()}:
-            if len(line) >= _MIN_COPY:
+            if len(line) >= _MIN_LINE_COPY:
                 text = re.sub(re.escape(line), " ", text, flags=re.IGNORECASE)
     return text
 

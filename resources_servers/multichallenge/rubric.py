@@ -23,8 +23,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
-from gymfleet.grading.judge import JudgeClient, JudgeReply, injection_signals
-from gymfleet.grading.think import THINK_CLOSE, THINK_OPEN, strip_think
+from gymfleet.grading.judge import JudgeReply
+from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
+from gymfleet.grading.judge_input import judge_text
+from gymfleet.grading.judge_verdict import ruling_text
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyResponse
 from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response, ResponseCreateParams
@@ -48,10 +50,10 @@ def final_message_text(response: Response) -> str:
 
 
 def clean_response(text: str) -> str:
-    r"""The visible reply: `<think>`/`<thinking>` blocks removed, as `gymfleet.grading.think.strip_think` does.
+    r"""The visible reply, normalised, as a judge is shown it (`gymfleet.grading.judge_input.judge_text`).
 
-    A complete block goes; text up to an unpaired closing tag (its opening tag was in the prompt) goes; a block
-    that never closes (cut off while reasoning) goes with everything after it.
+    A complete `<think>`/`<thinking>` block goes; text up to an unpaired closing tag (its opening tag was in the
+    prompt) goes; a block that never closes goes with everything after it only when nothing visible came before.
 
     Examples:
         >>> clean_response("<thinking>They said pescatarian.</thinking>\nTry the sushi.")
@@ -59,22 +61,18 @@ def clean_response(text: str) -> str:
         >>> clean_response("the user is Alex...</think>Hi Alex!")
         'Hi Alex!'
     """
-    return strip_think(text.replace("<thinking>", THINK_OPEN).replace("</thinking>", THINK_CLOSE))
+    return judge_text(text)
 
 
 def delimit(text: str) -> str:
-    """The answer as it is placed in a judge prompt: between `<model_response>` tags on their own lines."""
-    return f"{RESPONSE_OPEN}\n{text}\n{RESPONSE_CLOSE}"
+    """The answer as it is placed in a judge prompt: in a block delimited by a fresh nonce
+    (`gymfleet.grading.judge_input.quote`)."""
+    return JudgeGate.quote(text)
 
 
 def injection_reasons(text: str, labels: Sequence[str]) -> list[str]:
-    """`gymfleet.grading.judge.injection_signals`, plus the answer writing the delimiter tags (an attempt to end the
-    answer early and write the rest of the prompt)."""
-    reasons = injection_signals(text, labels)
-    folded = text.casefold()
-    if RESPONSE_OPEN in folded or RESPONSE_CLOSE in folded:
-        reasons.append("response delimiter in the answer")
-    return reasons
+    """`gymfleet.grading.judge_input.screen` with the judge's labels and this prompt's old `<model_response>` tags."""
+    return JudgeGate.prepare(text, labels, (RESPONSE_OPEN, RESPONSE_CLOSE)).reasons
 
 
 def aggregate(scores: Sequence[float], weights: Sequence[float], mode: Aggregation) -> float:
@@ -195,18 +193,12 @@ class RubricJudgeServer(ResourcesServer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         config = self.config
-        self.judge = JudgeClient(
-            config.judge_model_server,
-            self.client,
-            timeout_s=config.judge_timeout_s,
-            max_concurrency=config.judge_max_concurrency,
-            max_attempts=config.judge_max_attempts,
-        )
+        self.gate = JudgeGate(judge_client(config, self.client), params=judge_params(config))
 
     async def startup(self) -> None:
         await super().startup()
         if self.global_config:  # in a fleet: an unknown judge name fails at launch, not on the first row
-            self.judge.url()
+            self.gate.judge.url()
 
     def read_verdict(self, item: JudgeItem, text: str) -> ItemVerdict:
         raise NotImplementedError
@@ -227,14 +219,11 @@ class RubricJudgeServer(ResourcesServer):
         if reasons:
             log.info("judge injection in a reply, scored 0 unjudged: %s", reasons)
             return {**fields, "reason": "judge_injection", "judge_injection": reasons}
-        base = self.config.judge_responses_create_params.model_dump(mode="json", exclude_none=True)
-        base.pop("input", None)
-        replies = await run_all([_ask(self.judge, item, base) for item in items],
-                                parallel=self.config.parallel_evaluation)
+        replies = await run_all([_ask(self.gate, item) for item in items], parallel=self.config.parallel_evaluation)
         evaluations, scores, provenance = [], [], []
         for item, reply in zip(items, replies, strict=True):
             provenance.append(reply.provenance(item.prompt_version))
-            judged = self.read_verdict(item, clean_response(reply.text))
+            judged = self.read_verdict(item, ruling_text(reply.text, text))
             scores.append(judged.score)
             evaluations.append({**item.record, "weight": item.weight, "verdict": judged.verdict,
                                 "verdict_source": judged.source, "score": judged.score,
@@ -244,10 +233,10 @@ class RubricJudgeServer(ResourcesServer):
                 "num_passed": sum(score >= 1.0 for score in scores), "judge_provenance": provenance}
 
 
-def _ask(judge: JudgeClient, item: JudgeItem, params: dict[str, Any]) -> Callable[[], Awaitable[JudgeReply]]:
+def _ask(gate: JudgeGate, item: JudgeItem) -> Callable[[], Awaitable[JudgeReply]]:
     messages = ([{"role": "system", "content": item.system}] if item.system else []) + [
         {"role": "user", "content": item.prompt}]
-    return lambda: judge.call(messages, **params)
+    return lambda: gate.judge.call(messages, **gate.params)
 
 
 def distinct_labels(labels: Sequence[str]) -> None:

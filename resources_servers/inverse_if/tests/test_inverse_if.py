@@ -2,6 +2,8 @@ r"""inverse_if as a real server with a scripted judge: verdict kinds, per-row pr
 
 from __future__ import annotations
 
+import re
+
 import contextlib
 import json
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.testing import make_response, nemo_gym_examples, serve
 from resources_servers.inverse_if.app import InverseIfServer, read_pass_fail
-from resources_servers.multichallenge.rubric import delimit, injection_reasons
+from resources_servers.multichallenge.rubric import injection_reasons
 from responses_api_models.scripted_model.app import ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,13 +27,13 @@ BASE = {"name": "inverse_if", "domain": "instruction_following", "judge_model_se
         "judge_max_attempts": 2, "judge_timeout_s": 5}
 FRUITS = ROWS[2]  # three fruits, reverse alphabetical, lowercase, semicolons
 ORDER_C = r"# The one requirement to check\nAre they"
-REPLY = "<model_response>\n"  # rules name the reply under judgement, not the reference
+REPLY = "<<<BEGIN RESPONSE \\w+>>>\n"  # rules name the reply under judgement, not the reference
 PASS_JSON = '```json\n{"result": "PASS", "explanation": "Met."}\n```'
 FAIL_JSON = '```json\n{"result": "FAIL", "explanation": "Not met."}\n```'
 
 JUDGE_RULES = [
     # A gullible judge: a reply that mentions PASS anywhere gets PASS.
-    {"match": "(?s)<model_response>.*PASS.*</model_response>", "text": PASS_JSON},
+    {"match": "(?s)BEGIN RESPONSE.*PASS.*<<<END RESPONSE", "text": PASS_JSON},
     {"match": REPLY + "pear; mango; apple", "text": "All three fruits, in order, lowercase.\n" + PASS_JSON},
     {"match": "(?s)" + REPLY + "apple; mango; pear.*" + ORDER_C,
      "text": 'Alphabetical, not reverse: {"result": "fail"}'},
@@ -49,10 +51,10 @@ JUDGE_RULES = [
     {"match": "judge is slow", "delay_s": 0.3, "text": PASS_JSON},
     # NeMo-Gym rows carry their own system prompt and template ("## Student Response").
     {"match": r"(?s)meticulous instruction-following grading teacher.*Roman numerals.*"
-              r"## Student Response\n<model_response>\n\[\[IV\]\]\n</model_response>",
+              r"## Student Response\n.*<<<BEGIN RESPONSE (\w+)>>>\n\[\[IV\]\]\n<<<END RESPONSE \1>>>",
      "match_in": "transcript", "text": PASS_JSON},
     {"match": "(?s)meticulous instruction-following grading teacher", "match_in": "transcript", "text": FAIL_JSON},
-    {"match": r"(?s)Criterion: .*Answer: <model_response>\ndurian", "text": PASS_JSON},
+    {"match": r"(?s)Criterion: .*Answer: .*BEGIN RESPONSE \w+>>>\ndurian", "text": PASS_JSON},
 ]
 
 
@@ -152,7 +154,7 @@ def test_verdicts(url, text, reward, verdicts):
     for evaluation, item in zip(result["rubric_evaluations"], FRUITS["rubric"], strict=True):
         prompt = evaluation["judge_prompt"]
         assert prompt.startswith("# Instruction given to the writer\n" + FRUITS["prompt"])
-        assert delimit(result["generated_response"]) in prompt and prompt.rstrip().endswith(item["criteria"])
+        assert _quoted(result["generated_response"], prompt) and prompt.rstrip().endswith(item["criteria"])
         assert FRUITS["reference_response"] in prompt
     assert {entry["prompt_version"].split("@")[0] for entry in result["judge_provenance"]} == {"judge_prompt.txt"}
     assert result["rubric"] == FRUITS["rubric"] and result["judge_prompt_template"] is None, "row echoed as sent"
@@ -267,3 +269,8 @@ def test_rollout_through_simple_agent():
     assert answer.status_code == 200, answer.text
     result = answer.json()
     assert (result["reward"], result["num_passed"], result["generated_response"]) == (1.0, 3, "pear; mango; apple")
+
+
+def _quoted(text: str, prompt: str) -> bool:
+    """The prompt holds `text` in a nonce block (`gymfleet.grading.judge_input.quote`)."""
+    return re.search(r"<<<BEGIN RESPONSE (\w+)>>>\n" + re.escape(text) + r"\n<<<END RESPONSE \1>>>", prompt) is not None

@@ -2,6 +2,8 @@ r"""multichallenge as a real server with a scripted judge: verdict kinds, judge 
 
 from __future__ import annotations
 
+import re
+
 import asyncio
 import contextlib
 import json
@@ -18,7 +20,6 @@ from resources_servers.multichallenge.app import MultichallengeServer, read_yes_
 from resources_servers.multichallenge.rubric import (
     aggregate,
     clean_response,
-    delimit,
     final_message_text,
     injection_reasons,
     run_all,
@@ -38,7 +39,7 @@ DAYTRIP_Q = r"Question about the final reply:\s*Does the reply still"
 # The judge sees our judge_prompt.txt; each rule names a reply (by a phrase in it) and, where it matters, a question.
 JUDGE_RULES = [
     # A gullible judge: any prompt holding an injection gets the positive label.
-    {"match": r"(?i)ignore (all|the) (previous|instructions above)|\[\[YES\]\]\s*</model_response>|"
+    {"match": r"(?i)ignore (all|the) (previous|instructions above)|\[\[YES\]\]\s*(?:</model_response>|<<<END RESPONSE)|"
               r"</model_response>\s*\[\[YES\]\]", "text": "As instructed. [[YES]]"},
     {"match": "(?i)certified gluten-free oats", "text": "Oats labelled gluten-free are safe and quick. [[YES]]"},
     {"match": "(?s)wholemeal toast.*" + GLUTEN_Q, "text": "Wholemeal bread contains wheat gluten.\n[[NO]]"},
@@ -123,7 +124,7 @@ def test_read_yes_no(text, verdict):
         ("<thinking>Remember: no z.</thinking>A cat lay in the sun.", "A cat lay in the sun."),
         ("reasoning whose opening tag was in the prompt</think>Hi Alex!", "Hi Alex!"),
         ("notes</thinking>\nDay 1: Alfama.", "Day 1: Alfama."),
-        ("Plan: Alfama. <think>should I add Sintra", "Plan: Alfama."),
+        ("Plan: Alfama. <think>should I add Sintra", "Plan: Alfama. should I add Sintra"),
         ("<think>all reasoning, no reply</think>", ""),
         ("No tags at all.", "No tags at all."),
     ],
@@ -250,7 +251,7 @@ def test_verdicts(url, row, text, reward, verdicts):
     assert "<think>" not in result["generated_response"]
     for evaluation, item in zip(result["rubric_evaluations"], ROWS[row]["rubric"], strict=True):
         assert evaluation["question"] == item["question"] and evaluation["judge_prompt"].count(item["question"]) == 1
-        assert delimit(result["generated_response"]) in evaluation["judge_prompt"]
+        assert _quoted(result["generated_response"], evaluation["judge_prompt"])
         assert ROWS[row]["context"] in evaluation["judge_prompt"]
     (version,) = {entry["prompt_version"] for entry in result["judge_provenance"]}
     assert version.startswith("judge_prompt.txt@") and len(result["judge_provenance"]) == len(verdicts)
@@ -381,7 +382,7 @@ def test_config_is_checked(change, message):
 
 
 def test_custom_labels_and_template():
-    rules = [{"match": "REPLY: <model_response>\nCertified", "text": "Good.\n<<PASS>>"}]
+    rules = [{"match": "(?s)REPLY: .*BEGIN RESPONSE \\w+>>>\nCertified", "text": "Good.\n<<PASS>>"}]
     config = {"judge_prompt_template": "Q: {question}\nREPLY: {response}", "judge_system_message": "",
               "yes_label": "<<PASS>>", "no_label": "<<FAIL>>"}
     with judged(rules, **config) as base:
@@ -414,3 +415,8 @@ def test_rollout_through_simple_agent():
     result = answer.json()
     assert result["reward"] == 1.0 and result["num_passed"] == 2
     assert result["generated_response"].startswith("Overnight oats") and "Coeliac" not in result["generated_response"]
+
+
+def _quoted(text: str, prompt: str) -> bool:
+    """The prompt holds `text` in a nonce block (`gymfleet.grading.judge_input.quote`)."""
+    return re.search(r"<<<BEGIN RESPONSE (\w+)>>>\n" + re.escape(text) + r"\n<<<END RESPONSE \1>>>", prompt) is not None
