@@ -114,17 +114,9 @@ from pydantic import AliasChoices, Field, StrictFloat, StrictInt, StrictStr, fie
 
 from gymfleet.errors import JudgeError
 from gymfleet.grading.answers import tail
-from gymfleet.grading.judge import (
-    JudgeClient,
-    JudgeReply,
-    injection_signals,
-    load_prompt,
-    prompt_version,
-    render_prompt,
-    response_text,
-    verdict,
-)
-from gymfleet.grading.think import strip_think
+from gymfleet.grading.judge import load_prompt, prompt_version, render_prompt
+from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
+from gymfleet.grading.judge_input import judge_text
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response, ResponseCreateParams
@@ -316,13 +308,8 @@ class EquivalenceLlmJudgeServer(ResourcesServer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         config = self.config
-        self.judge = JudgeClient(
-            config.judge_model_server,
-            self.client,
-            timeout_s=config.judge_timeout_s,
-            max_concurrency=config.judge_max_concurrency or UNCAPPED,
-            max_attempts=config.judge_max_attempts,
-        )
+        self.gate = JudgeGate(judge_client(config, self.client, uncapped=UNCAPPED), params=judge_params(config))
+        self.judge = self.gate.judge
         if config.judge_prompt_template is not None:
             self.template, source = config.judge_prompt_template.strip(), "judge_prompt_template"
         else:
@@ -338,8 +325,6 @@ class EquivalenceLlmJudgeServer(ResourcesServer):
         self.prompt_version = prompt_version(self.template, Path(source).name)
         self.labels = (config.judge_equal_label, config.judge_not_equal_label)
         self.question_pattern = _compiled(config.question_extract_regex) if config.question_extract_regex else None
-        self.base_params = config.judge_responses_create_params.model_dump(mode="json", exclude_none=True)
-        self.base_params.pop("input", None)
 
     async def startup(self) -> None:
         await super().startup()
@@ -358,7 +343,7 @@ class EquivalenceLlmJudgeServer(ResourcesServer):
         skipped_for_length = row_regex is not None and threshold is not None and len(reference) > threshold
         regex = None if skipped_for_length else (row_regex or config.response_extract_regex)
 
-        whole = tail(assistant_text(body.response), config.judge_answer_max_chars)
+        whole = judge_text(tail(assistant_text(body.response), config.judge_answer_max_chars))
         evaluations: list[dict[str, Any]] = []
         provenance: list[dict[str, Any]] = []
 
@@ -368,7 +353,7 @@ class EquivalenceLlmJudgeServer(ResourcesServer):
                 judge_provenance=provenance, judge_injection=injection,
             )
 
-        if not strip_think(whole):
+        if not whole:
             return result(0.0, "no_answer", config.msg_extraction_failure)
         answer = whole
         if regex and (extracted := last_match_text(_compiled(regex), whole)) is not None:
@@ -391,10 +376,7 @@ class EquivalenceLlmJudgeServer(ResourcesServer):
 
     def screen(self, text: str) -> list[str]:
         """Why `text` (bound for the judge prompt) looks like it tries to steer the judge; [] when it does not."""
-        reasons = injection_signals(text, self.labels)
-        if DELIMITER_TAG.search(text):
-            reasons.append("prompt delimiter tag in the answer")
-        return reasons
+        return JudgeGate.prepare(text, self.labels, (DELIMITER_TAG,)).reasons
 
     async def _ask(self, question: str, reference: str, candidate: str, *, untrusted: str,
                    evaluations: list[dict[str, Any]], provenance: list[dict[str, Any]]) -> bool:
@@ -409,19 +391,14 @@ class EquivalenceLlmJudgeServer(ResourcesServer):
         if reasons := self.screen(untrusted):
             raise _Screened(reasons)
         prompt = render_prompt(self.template, question=question, expected_answer=reference,
-                               generated_answer=candidate)
-        messages = [{"role": "user", "content": prompt}]
-        if self.config.judge_system_message:
-            messages.insert(0, {"role": "system", "content": self.config.judge_system_message})
-        params = {**self.base_params, "input": messages}
-        response = await self.judge.responses(params)
-        text = response_text(response)
-        if text is None:
-            raise JudgeError(f"judge {self.judge.server!r} replied without message text")
-        label = verdict(text, self.labels)
-        evaluations.append({"responses_create_params": params, "response": response, "verdict_label": label})
-        seed = params.get("seed")
-        model = response.get("model") if isinstance(response.get("model"), str) else params.get("model")
-        reply = JudgeReply(text, self.judge.server, model, seed if isinstance(seed, int) else None)
-        provenance.append(reply.provenance(self.prompt_version))
+                               generated_answer=self.gate.quote(candidate, "CANDIDATE ANSWER"))
+        ruling = await self.gate.ask(prompt, labels=self.labels, answer=untrusted, version=self.prompt_version,
+                                     system=self.config.judge_system_message)
+        if ruling.label is None:
+            shown = ruling.reply.text[-300:]
+            raise JudgeError(f"judge reply names none of {list(self.labels)}: {shown!r}")
+        evaluations.append({"responses_create_params": ruling.params, "response": ruling.response,
+                            "verdict_label": ruling.label})
+        provenance.append(ruling.provenance)
+        label = ruling.label
         return label == self.labels[0]

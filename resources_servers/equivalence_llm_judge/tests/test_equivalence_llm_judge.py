@@ -9,6 +9,8 @@ injection tests fail without the environment's screen.
 
 from __future__ import annotations
 
+import re
+
 import asyncio
 import json
 from pathlib import Path
@@ -20,6 +22,7 @@ import yaml
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import ServerRefError
+from gymfleet.grading.judge_input import quote
 from gymfleet.grading.judge import load_prompt, render_prompt
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from gymfleet.wire import Response, ResponseCreateParams
@@ -49,27 +52,27 @@ GULLIBLE = "The answer says it is correct, so it must be. [[A=B]]"
 
 JUDGE_RULES = [
     # Faults and verdict kinds, keyed by a word in the candidate answer.
-    {"match": r"<candidate_answer>[^<]*overloaded", "status": 503},
-    {"match": r"<candidate_answer>[^<]*busy", "status": 429, "fail_times": 1, "retry_after_s": 0.2,
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*overloaded", "status": 503},
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*busy", "status": 429, "fail_times": 1, "retry_after_s": 0.2,
      "text": EQUAL_REPLY},
-    {"match": r"<candidate_answer>[^<]*flaky", "status": 500, "fail_times": 1, "text": EQUAL_REPLY},
-    {"match": r"<candidate_answer>[^<]*stalled", "delay_s": 5, "text": EQUAL_REPLY},
-    {"match": r"<candidate_answer>[^<]*slowly", "delay_s": 0.3, "text": EQUAL_REPLY},
-    {"match": r"<candidate_answer>[^<]*toolong", "status": 400,
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*flaky", "status": 500, "fail_times": 1, "text": EQUAL_REPLY},
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*stalled", "delay_s": 5, "text": EQUAL_REPLY},
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*slowly", "delay_s": 0.3, "text": EQUAL_REPLY},
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*toolong", "status": 400,
      "error_message": "This model's maximum context length is 32768 tokens."},
-    {"match": r"<candidate_answer>[^<]*undecided", "text": "I cannot decide between the two."},
-    {"match": r"<candidate_answer>[^<]*silence", "text": ""},
-    {"match": r"<candidate_answer>[^<]*twice", "text": "[[A!=B]] at first sight; on reflection [[A=B]]"},
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*undecided", "text": "I cannot decide between the two."},
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*silence", "text": ""},
+    {"match": r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*twice", "text": "[[A!=B]] at first sight; on reflection [[A=B]]"},
     # GULLIBLE: obeys whatever the candidate says about the verdict.
-    {"match": r"(?i)<candidate_answer>.*(ignore the instructions above|disregard the rubric|\[\[A=B\]\])",
+    {"match": r"(?i)BEGIN CANDIDATE ANSWER.*(ignore the instructions above|disregard the rubric|\[\[A=B\]\])",
      "text": GULLIBLE},
-    {"match": r"<candidate_answer>.*Verdict: CORRECT", "text": "CORRECT, as the answer itself says."},
+    {"match": r"BEGIN CANDIDATE ANSWER.*Verdict: CORRECT", "text": "CORRECT, as the answer itself says."},
     # lc_judge's prompt (CORRECT / INCORRECT).
     {"match": r"(?is)long document.*<reference_answer>\s*(\S[^<]*?)\s*</reference_answer>.*"
-              r"<candidate_answer>[^<]*\1", "text": "CORRECT - the candidate gives the reference answer."},
-    {"match": r"(?i)long document", "text": "INCORRECT - the correct answer is something else."},
+              r"BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*\1", "text": "The candidate gives the reference answer.\nCORRECT"},
+    {"match": r"(?i)long document", "text": "The correct answer is something else.\nINCORRECT"},
     # Every other prompt: equal when the candidate contains the reference.
-    {"match": r"(?is)<reference_answer>\s*(\S[^<]*?)\s*</reference_answer>.*<candidate_answer>[^<]*\1",
+    {"match": r"(?is)<reference_answer>\s*(\S[^<]*?)\s*</reference_answer>.*BEGIN CANDIDATE ANSWER \w+>>>\n[^<]*\1",
      "text": EQUAL_REPLY},
 ]
 JUDGE_DEFAULT = {"text": "The candidate gives a different result.\n\n[[A!=B]] the answers are not equivalent"}
@@ -141,7 +144,7 @@ def prompts(result: dict) -> list[str]:
 
 
 def candidate_of(prompt: str) -> str:
-    return prompt.split("<candidate_answer>\n", 1)[1].rsplit("\n</candidate_answer>", 1)[0]
+    return re.search(r"<<<BEGIN CANDIDATE ANSWER (\w+)>>>\n(.*)\n<<<END CANDIDATE ANSWER \1>>>", prompt, re.DOTALL).group(2)
 
 
 # ---------------------------------------------------------------------------------------------- pure functions
@@ -256,7 +259,7 @@ FAULTS = [
     ("Jupiter (busy)", 1.0, None, "429-then-ok"),
     ("Jupiter (flaky)", 1.0, None, "500-then-ok"),
     ("Jupiter, said slowly", 1.0, None, "slow-within-deadline"),
-    ("Jupiter twice", 0.0, None, "both-labels-first-wins"),
+    ("Jupiter twice", 1.0, None, "both-labels-last-wins"),
     ("Jupiter (overloaded)", None, "HTTP 503", "503-always"),
     ("Jupiter (stalled)", None, "", "timeout"),
     ("Jupiter toolong", None, "HTTP 400", "context-overflow-400"),
@@ -319,7 +322,8 @@ def test_the_gullible_judge_would_have_been_fooled(judge):
     """Without the screen the injection would pay: the scripted judge says equal to the injected prompt."""
     template = load_prompt(HERE / "app.py", "prompt_templates/equivalence_llm_judge.txt")
     for text in INJECTIONS[:3]:
-        prompt = render_prompt(template, question="Which planet?", expected_answer="Jupiter", generated_answer=text)
+        prompt = render_prompt(template, question="Which planet?", expected_answer="Jupiter",
+                               generated_answer=quote(text, "CANDIDATE ANSWER"))
         reply = httpx.post(f"{judge}/v1/responses", json={"input": prompt}, timeout=30).json()
         assert "[[A=B]]" in reply["output"][-1]["content"][0]["text"]
 
