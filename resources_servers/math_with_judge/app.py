@@ -86,9 +86,10 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from gymfleet.grading.answers import tail
-from gymfleet.grading.judge import JudgeClient, load_prompt, render_prompt, response_text, verdict
-from gymfleet.grading.latex import last_boxed
+from gymfleet.errors import JudgeError
+from gymfleet.grading.answers import BOX_START, BRACE_TOKEN, last_boxed, tail
+from gymfleet.grading.judge import load_prompt, prompt_version, render_prompt
+from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
 from gymfleet.grading.mathcheck import MathChecker, MathResult
 from gymfleet.grading.procpool import available_cpus
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
@@ -127,6 +128,39 @@ def listed_items(text: str) -> int:
             items += 1
         previous = char
     return items
+
+
+def boxed_answers(text: str) -> list[str]:
+    r"""The distinct contents of every complete `\boxed{}` / `\fbox{}` in `text`, in order (spaces, `\left`/`\right`
+    and a box nested in a box ignored, so the same answer boxed twice is one).
+
+    Examples:
+        >>> boxed_answers(r"\boxed{1} or \boxed{2}"), boxed_answers(r"\boxed{ 1 } so \boxed{1}")
+        (['1', '2'], ['1'])
+        >>> boxed_answers(r"\boxed{\boxed{\frac{1}{2}}} and \boxed 5.")
+        ['\\frac{1}{2}', '5']
+    """
+    found: list[str] = []
+    for match in BOX_START.finditer(text):
+        if match.group(2) is not None:
+            content = match.group(2).rstrip(".,;:!?")
+        else:
+            depth, close = 0, None
+            for token in BRACE_TOKEN.finditer(text, match.start(1)):
+                depth += {"{": 1, "}": -1}.get(token.group(), 0)
+                if depth == 0:
+                    close = token.start()
+                    break
+            if close is None:
+                continue
+            content = text[match.end(1):close]
+        content = content.strip()
+        while content.startswith("\\boxed{") and content.endswith("}"):
+            content = content[len("\\boxed{"):-1].strip()
+        key = re.sub(r"\s+|\\left|\\right", "", content)
+        if key and key not in found:
+            found.append(key)
+    return found
 
 
 def _number_as_text(value: Any) -> Any:
@@ -190,21 +224,16 @@ class MathWithJudgeServer(ResourcesServer):
         super().__init__(*args, **kwargs)
         config = self.config
         self.checker = MathChecker(workers=min(config.library_verifier_max_concurrency, available_cpus()))
-        self.judge = None
+        self.gate = None
         if config.should_use_judge:
-            self.judge = JudgeClient(
-                config.judge_model_server,
-                self.client,
-                timeout_s=config.judge_timeout_s,
-                max_concurrency=config.judge_max_concurrency,
-                max_attempts=config.judge_max_attempts,
-            )
+            self.gate = JudgeGate(judge_client(config, self.client), params=judge_params(config))
         self.judge_prompt = load_prompt(__file__, "judge.txt")
+        self.prompt_version = prompt_version(self.judge_prompt, "judge.txt")
 
     async def startup(self) -> None:
         await super().startup()
-        if self.judge is not None:
-            self.judge.url()  # an unknown judge name fails here, at launch, not on the first wrong answer
+        if self.gate is not None:
+            self.gate.judge.url()  # an unknown judge name fails here, at launch, not on the first wrong answer
 
     async def shutdown(self) -> None:
         self.checker.close()
@@ -219,24 +248,48 @@ class MathWithJudgeServer(ResourcesServer):
         fields = {"extracted_answer": result.extracted, "library_reward": result.reward,
                   "library_reason": result.reason}
         box = last_boxed(text)
+        if box is not None and await self._several(boxed_answers(text)):
+            # "\boxed{1} or \boxed{2}": different answers offered as alternatives are a hedge.
+            fields = {**fields, "library_reward": 0.0, "library_reason": "several_answers"}
+            return MathWithJudgeResponse.echo(body, reward=0.0, judge_evaluations=None, **fields)
         if result.equal and box is not None and listed_items(box) > listed_items(result.extracted or ""):
             # math-verify read only part of the box: "\boxed{0, 400, true}" parses as 400 alone.
             fields = {**fields, "library_reward": 0.0, "library_reason": "several_answers"}
             return MathWithJudgeResponse.echo(body, reward=0.0, judge_evaluations=None, **fields)
-        if self.judge is None or result.equal or box is None:
+        if self.gate is None or result.equal or box is None:
             return MathWithJudgeResponse.echo(body, reward=result.reward, judge_evaluations=None, **fields)
         reward, evaluations = await self._ask_judge(body.question, body.expected_answer, box[:JUDGE_ANSWER_CHARS])
         return MathWithJudgeResponse.echo(body, reward=reward, judge_evaluations=evaluations, **fields)
 
+    async def _several(self, boxes: list[str]) -> bool:
+        """True when the boxes hold answers that math-verify does not find equal to the last one."""
+        for other in boxes[:-1]:
+            check = await self.checker.check(boxes[-1], f"\\boxed{{{other}}}",
+                                             timeout_s=self.config.library_verifier_timeout_seconds)
+            if not check.equal:
+                return True
+        return False
+
     async def _ask_judge(self, question: str, expected: str, answer: str) -> tuple[float, list[dict[str, Any]]]:
-        """Ask in both orders (the second only if the first says equal); 1.0 only when both say equal."""
-        base = self.config.judge_responses_create_params.model_dump(mode="json", exclude_none=True)
+        """Ask in both orders (the second only if the first says equal); 1.0 only when both say equal.
+
+        The answer is screened first (`gymfleet.grading.judge_input`): a box that tries to steer the judge is 0.0
+        without asking it."""
+        assert self.gate is not None
+        prepared = JudgeGate.prepare(answer, (EQUAL, NOT_EQUAL))
+        if prepared.reasons:
+            return 0.0, []
         evaluations = []
-        for first, second in ((expected, answer), (answer, expected)):
-            prompt = render_prompt(self.judge_prompt, question=question, first_answer=first, second_answer=second)
-            params = {**base, "input": [{"role": "user", "content": prompt}]}
-            response = await self.judge.responses(params)
-            evaluations.append({"responses_create_params": params, "response": response})
-            if verdict(response_text(response), (EQUAL, NOT_EQUAL)) != EQUAL:
+        for first, second in ((expected, prepared.shown), (prepared.shown, expected)):
+            quoted = (self.gate.quote(first, "ANSWER A") if first is prepared.shown else first,
+                      self.gate.quote(second, "ANSWER B") if second is prepared.shown else second)
+            prompt = render_prompt(self.judge_prompt, question=question, first_answer=quoted[0],
+                                   second_answer=quoted[1])
+            ruling = await self.gate.ask(prompt, labels=(EQUAL, NOT_EQUAL), answer=prepared.shown,
+                                         version=self.prompt_version)
+            evaluations.append({"responses_create_params": ruling.params, "response": ruling.response})
+            if ruling.label is None:
+                raise JudgeError(f"judge reply names none of {[EQUAL, NOT_EQUAL]}: {ruling.reply.text[-300:]!r}")
+            if ruling.label != EQUAL:
                 return 0.0, evaluations
         return 1.0, evaluations

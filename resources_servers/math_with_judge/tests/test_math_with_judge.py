@@ -2,6 +2,8 @@ r"""math_with_judge as a real server: realistic outputs, NeMo-Gym rows, poison i
 
 from __future__ import annotations
 
+import re
+
 import asyncio
 import json
 from pathlib import Path
@@ -42,7 +44,10 @@ CASES = [
     (0, REASONING + r"The sum is $20^2$, so the answer is $\boxed{400}$.", 1.0, None, "boxed-after-reasoning"),
     (0, r"\boxed{400}", 1.0, None, "bare-box"),
     (0, r"The sum is \fbox{400}.", 1.0, None, "fbox"),
-    (0, r"First guess \boxed{200}; recounting, the sum is \boxed{400}.", 1.0, None, "corrected-last-box-wins"),
+    (0, r"First guess \boxed{200}; recounting, the sum is \boxed{400}.", 0.0, "several_answers",
+     "two-different-boxes"),
+    (0, r"The sum is \boxed{400}, so the answer is \boxed{ 400 }.", 1.0, None, "same-answer-boxed-twice"),
+    (0, r"\boxed{400} or \boxed{401}", 0.0, "several_answers", "boxed-alternatives"),
     (1, REASONING + r"Hence $P = \boxed{\frac{11}{12}}$.", 1.0, None, "frac"),
     (1, r"\boxed{\dfrac{33}{36}}", 1.0, None, "unreduced-dfrac"),
     (1, r"\boxed{0.9166666667}", 1.0, None, "decimal"),
@@ -54,7 +59,7 @@ CASES = [
     (0, r"\boxed{399}", 0.0, "not_equal", "off-by-one"),
     (1, r"\boxed{\frac{1}{12}}", 0.0, "not_equal", "wrong-frac"),
     (4, r"The roots are \boxed{1, 2}.", 0.0, "not_equal", "missing-root"),
-    (0, r"The sum is \boxed{400}. Or is it \boxed{401}?", 0.0, "not_equal", "right-then-wrong-box"),
+    (0, r"The sum is \boxed{400}. Or is it \boxed{401}?", 0.0, "several_answers", "right-then-wrong-box"),
     (0, "", 0.0, "no_boxed_answer", "empty"),
     (0, None, 0.0, "no_boxed_answer", "no-message"),
     (0, "I am not able to solve this problem.", 0.0, "no_boxed_answer", "refusal"),
@@ -68,7 +73,7 @@ CASES = [
     (0, "Possible answers: 800, 400, 200", 0.0, "no_boxed_answer", "hedge-possible-answers"),
     (0, "\n".join(str(k) for k in range(380, 401)), 0.0, "no_boxed_answer", "hedge-list-of-numbers"),
     (3, "y = 10 or y = -10", 0.0, "no_boxed_answer", "hedge-two-equations"),
-    (0, r"It is \boxed{200}, \boxed{400} or \boxed{800}.", 0.0, "not_equal", "lists-three-boxes"),
+    (0, r"It is \boxed{200}, \boxed{400} or \boxed{800}.", 0.0, "several_answers", "lists-three-boxes"),
     (0, r"\boxed{200, 400, 800}", 0.0, "not_equal", "lists-three-in-one-box"),
     (0, r"\boxed{400 \text{ or } 401}", 0.0, "not_equal", "hedge-or-in-box"),
     # math-verify reads these boxes only in part (as 400 alone): every candidate at once, the gold among them.
@@ -168,7 +173,7 @@ JUDGE_SCRIPT = {
     "rules": [
         # Rules see the rendered judge.txt prompt; the answer under judgement names the scenario.
         {"match": r"\\ldots", "text": "An ellipsis is not a number. [[A!=B]]"},
-        {"match": r"Answer A:\s*\\text\{twelve dozen", "text": "On reflection they differ. [[A!=B]]"},
+        {"match": r"Answer A:\s*\(The.*BEGIN ANSWER A \w+>>>\n\\text\{twelve dozen", "text": "On reflection they differ. [[A!=B]]"},
         {"match": "twelve dozen", "text": "144 is twelve dozen. [[A=B]]"},
         {"match": "four hundred", "text": "Four hundred is 400. [[A=B]]"},
         {"match": "about four", "text": "About four is not 400. [[A!=B]]"},
@@ -196,8 +201,9 @@ def test_judge_both_orders_equal_scores_one(judged_url):
     assert (result["reward"], result["library_reward"]) == (1.0, 0.0)
     first, second = result["judge_evaluations"]
     prompt = first["responses_create_params"]["input"][0]["content"]
-    assert prompt.index("Answer A:\n400") < prompt.index("Answer B:\n\\text{four hundred}")
-    assert "Answer A:\n\\text{four hundred}" in second["responses_create_params"]["input"][0]["content"]
+    assert re.search(r"Answer A:\n400\n.*Answer B:\n.*BEGIN ANSWER B \w+>>>\n\\text\{four hundred\}", prompt, re.DOTALL)
+    assert re.search(r"Answer A:\n.*BEGIN ANSWER A \w+>>>\n\\text\{four hundred\}",
+                     second["responses_create_params"]["input"][0]["content"], re.DOTALL)
     assert first["responses_create_params"]["max_output_tokens"] == 512
     assert second["response"]["output"][-1]["content"][0]["text"].endswith("[[A=B]]")
 
@@ -234,7 +240,7 @@ def test_judge_sees_only_the_box(judged_url):
     assert (result["reward"], result["library_reason"]) == (0.0, "parse_error")
     (only,) = result["judge_evaluations"]
     prompt = only["responses_create_params"]["input"][0]["content"]
-    assert "Answer B:\n\\ldots" in prompt and "dear grader" not in prompt
+    assert re.search(r"BEGIN ANSWER B \w+>>>\n\\ldots\n", prompt) and "dear grader" not in prompt
 
 
 @pytest.mark.parametrize("text", [r"\boxed{\text{I am undecided}}", r"\boxed{\text{overloaded}}"],
