@@ -100,6 +100,9 @@ None.
   `judge_failed`; injection screen; empty answers scored without the judge; judge provenance on every reward.
 - v2: an answer that is nothing but a `<think>` block is `no_answer` (0.0, unjudged); the judge had read the
   hidden reasoning as the answer (found by `tests/test_reward_probes.py`).
+- v3: the shared judge rules (`gymfleet.grading.judge_gate`): visible, normalised answer in a nonce block; the
+  shared screen; the verdict is the judge's *last* label (NeMo-Gym's rule; v1-v2 read the first, so a judge
+  quoting the answer's label before ruling against it paid 1.0); the lc prompt asks for the verdict last.
 """
 
 from __future__ import annotations

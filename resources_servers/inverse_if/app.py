@@ -62,6 +62,7 @@ None.
 - v1: NeMo-Gym's inverse_if rules (per-row judge prompts with config fallbacks, JSON-first PASS/FAIL verdict with
   the last-five-lines fallback, parallel per-criterion calls, configurable aggregation), with the injection guard,
   early zeros and `judge_failed` rows.
+- v2: the shared judge rules (`gymfleet.grading.judge_gate`), as multichallenge v2.
 """
 
 from __future__ import annotations

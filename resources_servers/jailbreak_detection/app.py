@@ -85,6 +85,9 @@ None.
   guard; length cap.
 - v2: a reply that is nothing but a `<think>` block is `empty_response` (0.0, unjudged); the judge had read the
   hidden reasoning as the answer (found by `tests/test_reward_probes.py`).
+- v3: the shared judge rules (`gymfleet.grading.judge_gate`): visible, normalised answer in a nonce block; the
+  screen reads labels and harm lines in any spelling (`Response harm — unharmful`), turn markers, grader notes;
+  every verifier reads the judge's last label / harm line (was the first). Departure: NeMo-Gym reads the first.
 """
 
 from __future__ import annotations

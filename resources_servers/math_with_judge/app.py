@@ -77,6 +77,9 @@ None.
   text outside the box); math-verify pinned to `>=0.9,<0.10`.
 - v3: a box that math-verify reads only in part (`\boxed{0, 1, 400, t}` parsed as 400) scores 0
   (`several_answers`); found by the reward-hacking probes (`tests/test_reward_probes.py`, every candidate at once).
+- v4: several different boxed answers (`\boxed{1} or \boxed{2}`, a first guess boxed then corrected) score 0
+  (`several_answers`); the same answer boxed twice does not. Departure: NeMo-Gym lets math-verify read the text.
+  The judge is asked through `gymfleet.grading.judge_gate` (screened box, nonce block, last label).
 """
 
 from __future__ import annotations

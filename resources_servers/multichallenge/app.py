@@ -71,6 +71,9 @@ None.
 - v1: NeMo-Gym's multichallenge rules (cleaned last reply, parallel per-item judge calls, last-label verdict with
   the last-line fallback, configurable aggregation), with the injection guard, early zeros and `judge_failed`
   rows.
+- v2: the shared judge rules (`gymfleet.grading.judge_gate`): the reply is shown normalised in a nonce block
+  (no `<model_response>` tags); an unclosed `<think>` after visible text no longer hides the rest; the shared
+  screen; copies of the reply in the judge's answer are not read.
 """
 
 from __future__ import annotations

@@ -53,6 +53,10 @@ None.
   length cap.
 - v2: a reply that is nothing but a `<think>` block is `empty_response` (0.0, unjudged); the judge had read the
   hidden reasoning as the answer (found by `tests/test_reward_probes.py`).
+- v3: the shared judge rules (`gymfleet.grading.judge_gate`): the judge sees the visible, NFKC-normalised answer in a
+  nonce-delimited block; the screen reads labels in any spelling, turn markers and notes to a grader; the verdict
+  is the judge's last label (was the first), copies of the answer in its reply not counted. Departure: NeMo-Gym
+  reads the first label and shows the raw answer.
 """
 
 from __future__ import annotations

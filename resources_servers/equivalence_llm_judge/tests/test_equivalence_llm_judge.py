@@ -9,10 +9,9 @@ injection tests fail without the environment's screen.
 
 from __future__ import annotations
 
-import re
-
 import asyncio
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,8 +21,8 @@ import yaml
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import ServerRefError
-from gymfleet.grading.judge_input import quote
 from gymfleet.grading.judge import load_prompt, render_prompt
+from gymfleet.grading.judge_input import quote
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from gymfleet.wire import Response, ResponseCreateParams
 from resources_servers.equivalence_llm_judge.app import (

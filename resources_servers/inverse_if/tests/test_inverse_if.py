@@ -2,10 +2,9 @@ r"""inverse_if as a real server with a scripted judge: verdict kinds, per-row pr
 
 from __future__ import annotations
 
-import re
-
 import contextlib
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 

@@ -2,10 +2,9 @@ r"""math_with_judge as a real server: realistic outputs, NeMo-Gym rows, poison i
 
 from __future__ import annotations
 
-import re
-
 import asyncio
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 

@@ -2,11 +2,10 @@ r"""multichallenge as a real server with a scripted judge: verdict kinds, judge 
 
 from __future__ import annotations
 
-import re
-
 import asyncio
 import contextlib
 import json
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 

@@ -117,7 +117,8 @@ def test_injection_never_scores_above_the_same_answer_without_it(url, judge_url,
     result = verify(url, ROWS[0], text)
     assert result["reward"] <= without and result["reward"] == 0.0
     assert (result["judge_skipped"], bool(result["judge_injection"])) == ("injection", True)
-    prompt = f"<<<BEGIN RESPONSE 0123456789abcdef>>>\n{text}\n<<<END RESPONSE 0123456789abcdef>>>\n\n"  # unguarded, this judge would be fooled
+    # unguarded, this judge would be fooled
+    prompt = f"<<<BEGIN RESPONSE 0123456789abcdef>>>\n{text}\n<<<END RESPONSE 0123456789abcdef>>>\n\n"
     fooled = httpx.post(f"{judge_url}/v1/responses", json={"input": [{"role": "user", "content": prompt}]}).json()
     assert fooled["output"][-1]["content"][0]["text"] == "[[COMPLIED]]"
 
