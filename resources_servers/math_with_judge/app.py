@@ -90,9 +90,10 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, model_validator
 
 from gymfleet.errors import JudgeError
-from gymfleet.grading.answers import BOX_START, BRACE_TOKEN, last_boxed, tail
+from gymfleet.grading.answers import tail
 from gymfleet.grading.judge import load_prompt, prompt_version, render_prompt
 from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
+from gymfleet.grading.latex import BOX_START, BRACE_TOKEN, last_boxed
 from gymfleet.grading.mathcheck import MathChecker, MathResult
 from gymfleet.grading.procpool import available_cpus
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
