@@ -96,7 +96,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -104,6 +103,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, model_validator
 
 from gymfleet.errors import ConfigError, SandboxError, ServerRefError
+from gymfleet.grading.canary import interleave, make_canaries, tampered
 from gymfleet.grading.sandbox_client import RunResult, SandboxClient
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
@@ -122,11 +122,13 @@ case "$1" in
     git apply --whitespace=nowarn .gymfleet/model.patch 1>&2 || exit 10
     rm -f .gymfleet/model.patch
     if [ -s .gymfleet/test.patch ]; then git apply --whitespace=nowarn .gymfleet/test.patch 1>&2 || exit 11; fi
-    rm -f .gymfleet/test.patch ;;
+    rm -f .gymfleet/test.patch
+    : > .gymfleet/applied ;;
   apply-gold)
     git apply --whitespace=nowarn .gymfleet/gold.patch 1>&2 || exit 11
     rm -f .gymfleet/gold.patch ;;
-  test) exec python3 .gymfleet/harness.py ;;
+  test) [ -f .gymfleet/applied ] || exit 99
+    exec python3 .gymfleet/harness.py .gymfleet/tests.json "$2" ;;
   repro) exec python3 reproduce_bug.py ;;
 esac
 """
@@ -229,13 +231,14 @@ class SwerlGenServer(ResourcesServer):
         blocks = edits.parse_edits(solution)
         changed = edits.apply_edits(task.files, blocks, task.test_files, remove_repo_name=task.remove_repo_name)
         patch = edits.make_patch(task.files, changed, remove_repo_name=task.remove_repo_name)
-        token = secrets.token_hex(16)
-        stdin = f"{token}\n{json.dumps(task.fail_to_pass + task.pass_to_pass)}\n"
+        canaries = make_canaries()
+        test_ids = interleave(task.fail_to_pass + task.pass_to_pass, canaries)
         files = {".gymfleet/model.patch": patch, ".gymfleet/test.patch": task.test_patch,
-                 ".gymfleet/harness.py": HARNESS}
-        cases = [{"args": ["apply-model"]}, {"args": ["test"], "stdin": stdin}]
+                 ".gymfleet/harness.py": HARNESS, ".gymfleet/tests.json": json.dumps(test_ids),
+                 f"{canaries.module}.py": canaries.source}
+        cases = [{"args": ["apply-model"]}] + [{"args": ["test", str(index)]} for index in range(len(test_ids))]
         started = time.monotonic()
-        results = await self._batch(task, files, cases)
+        results = await self._batch(task, files, cases, stop_on_failure=False)
         elapsed = round(time.monotonic() - started, 3)
         applied = results[0]
         if applied.return_code == TASK_PATCH_FAILED:
@@ -246,14 +249,19 @@ class SwerlGenServer(ResourcesServer):
             return {"reward": 0.0, "reason": "patch_does_not_apply", "detail": applied.stderr[-2000:] or
                     applied.message, "resolution": NO, "model_patch": patch, "verification_time": elapsed,
                     "verification_result": _nemo_result("done", NO)}
-        statuses = _reported(results[1].stdout if len(results) > 1 else "", token)
+        statuses = {test_id: _status(result) for test_id, result in zip(test_ids, results[1:], strict=False)}
         passed = {test_id for test_id, status in statuses.items() if status == "PASSED"}
+        if forged := tampered(canaries, passed):
+            log.warning("task %s: results forged: %s", task.instance_id, forged)
+            return {"reward": 0.0, "reason": "tests_tampered", "detail": forged, "resolution": NO,
+                    "model_patch": patch, "verification_time": elapsed,
+                    "verification_result": _nemo_result("done", NO)}
         f2p = _share(task.fail_to_pass, passed)
         p2p = _share(task.pass_to_pass, passed)
         resolution = FULL if f2p == 1 and p2p == 1 else PARTIAL if 0 < f2p < 1 and p2p == 1 else NO
         reward = {FULL: 1.0, PARTIAL: self.config.partial_reward, NO: 0.0}[resolution]
-        run = results[1] if len(results) > 1 else None
-        detail = None if run is None or run.ok else run.message
+        broken = [result for result in results[1:] if result.status not in ("ok", "failed")]
+        detail = broken[0].message if broken else None
         return {"reward": reward, "reason": None if resolution == FULL else "tests_failed", "detail": detail,
                 "resolution": resolution, "fail_to_pass": f2p, "pass_to_pass": p2p,
                 "test_results": {test_id: statuses.get(test_id, "FAILED") for test_id in
@@ -285,11 +293,12 @@ class SwerlGenServer(ResourcesServer):
                 "return_codes_after_patch": codes_after, "verification_time": elapsed,
                 "verification_result": _nemo_result("done", None, codes_before, codes_after)}
 
-    async def _batch(self, task: Task, files: dict[str, str], cases: list[dict[str, Any]]) -> list[RunResult]:
+    async def _batch(self, task: Task, files: dict[str, str], cases: list[dict[str, Any]], *,
+                     stop_on_failure: bool = True) -> list[RunResult]:
         archive, repo_files = task.repository()
         async with self._slots:
             results = await self.sandbox.run_batch(
-                DRIVER, cases, "bash", files={**repo_files, **files}, archive=archive, stop_on_failure=True,
+                DRIVER, cases, "bash", files={**repo_files, **files}, archive=archive, stop_on_failure=stop_on_failure,
                 timeout_s=self.config.test_timeout_s, memory_mb=self.config.memory_mb,
                 max_output_bytes=self.config.max_output_bytes,
             )
@@ -315,15 +324,11 @@ def _bounded(text: str, config: SwerlGenConfig) -> str:
     return text
 
 
-def _reported(stdout: str, token: str) -> dict[str, str]:
-    """The harness's result lines (those starting with the run's token): `{test id: status}`."""
-    statuses: dict[str, str] = {}
-    prefix = token + " "
-    for line in stdout.split("\n"):
-        if line.startswith(prefix):
-            status, _, test_id = line[len(prefix):].partition(" ")
-            statuses[test_id] = status
-    return statuses
+def _status(result: RunResult) -> str:
+    """A test's status from its process's exit (`harness.py`): the launcher reports it, the test cannot write it."""
+    if result.status not in ("ok", "failed"):
+        return "ERROR"
+    return {0: "PASSED", 1: "FAILED", 2: "ERROR", 3: "SKIPPED"}.get(result.return_code, "ERROR")
 
 
 def _share(tests: list[str], passed: set[str]) -> float:

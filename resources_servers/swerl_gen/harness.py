@@ -1,11 +1,15 @@
 """swerl_gen's test runner, run inside the sandbox (standard library only; see app.py).
 
-stdin: a line holding a one-time token, then a JSON list of test ids. Each id is either unittest's dotted name
+`python3 .gymfleet/harness.py TESTS_JSON INDEX`: TESTS_JSON lists every test id of the grading run (the task's
+and the grader's canaries), INDEX the one this process runs. Each id is unittest's dotted name
 (`pkg.tests.test_io.ReadTests.test_empty`) or pytest's node id (`pkg/tests/test_io.py::ReadTests::test_empty`,
-`tests/test_io.py::test_plain_function`; a plain function passes when it returns without raising). After every
-test has run, one line per id is printed: `<token> PASSED|FAILED|ERROR|SKIPPED <id>`. Tests print what they like,
-but without the token their lines are not results; a run that dies before the end reports nothing, which the
-grader reads as every test failed.
+`tests/test_io.py::test_plain_function`; a plain function passes when it returns without raising). Every id is
+resolved first (so every test module is imported, the same way in every process), then the one test runs.
+
+The result is this process's exit status (0 passed, 1 failed, 2 error, 3 skipped), which the sandbox's launcher
+reports on a channel the process does not hold; no secret lives in this process, so there is nothing to read and
+replay. A process can still choose its own exit status, which is what the grader's canaries are for: a must-fail
+canary that exits 0 means the code under test forges results.
 """
 
 import importlib
@@ -14,6 +18,8 @@ import json
 import os
 import sys
 import unittest
+
+PASSED, FAILED, ERROR, SKIPPED = 0, 1, 2, 3
 
 
 def _resolve(test_id):
@@ -33,47 +39,45 @@ def _resolve(test_id):
     return target
 
 
-def _run(test_id):
-    try:
-        target = _resolve(test_id)
-    except BaseException:  # an import that raises, exits or is missing: the test errors
-        return "ERROR"
+def _run(target):
     if isinstance(target, unittest.TestCase | unittest.TestSuite):
         result = unittest.TestResult()
         try:
             target.run(result)
         except BaseException:
-            return "ERROR"
+            return ERROR
         if result.errors:
-            return "ERROR"
+            return ERROR
         if result.failures or result.unexpectedSuccesses:
-            return "FAILED"
+            return FAILED
         if result.skipped and result.testsRun == len(result.skipped) or not result.testsRun:
-            return "SKIPPED"
-        return "PASSED"
+            return SKIPPED
+        return PASSED
     if not callable(target):
-        return "ERROR"
+        return ERROR
     try:
         target()
     except AssertionError:
-        return "FAILED"
+        return FAILED
     except BaseException:
-        return "ERROR"
-    return "PASSED"
+        return ERROR
+    return PASSED
 
 
 def main():
-    token = sys.stdin.readline().strip()
-    test_ids = json.loads(sys.stdin.readline())
-    report = os.fdopen(os.dup(1), "w")
+    test_ids = json.load(open(sys.argv[1]))
+    mine = test_ids[int(sys.argv[2])]
     sys.path.insert(0, os.getcwd())
-    outcomes = []
+    sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
+    targets = {}
     for test_id in test_ids:
-        sys.stdout, sys.stderr = io.StringIO(), io.StringIO()
-        outcomes.append((test_id, _run(test_id)))
-        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-    report.write("".join(f"{token} {status} {test_id}\n" for test_id, status in outcomes))
-    report.flush()
+        try:
+            targets[test_id] = _resolve(test_id)
+        except BaseException as exc:  # an import that raises, exits or is missing: that test errors
+            targets[test_id] = exc
+    target = targets[mine]
+    status = ERROR if isinstance(target, BaseException) else _run(target)
+    os._exit(status)
 
 
 if __name__ == "__main__":

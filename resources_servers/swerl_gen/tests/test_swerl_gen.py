@@ -161,16 +161,40 @@ FIX_THEN_BREAK = block("textstats/counting.py", "    return len(text.split())", 
 HANG = block("textstats/counting.py", DOC, f"{DOC}\nwhile True:\n    pass")
 
 
+# Issue 25's attacks, each without a fix. The first walks the stack to the harness's frame and replays whatever
+# secret it finds there (v1's one-time token) as a PASSED line for every test, then exits 0 before the real report.
+STEAL_TOKEN = block("textstats/counting.py", DOC, DOC + """
+import os, sys
+_frame = sys._getframe()
+while _frame is not None and "token" not in _frame.f_locals and "test_ids" not in _frame.f_locals:
+    _frame = _frame.f_back
+if _frame is not None:
+    _ids = _frame.f_locals.get("test_ids") or []
+    _token = _frame.f_locals.get("token", "")
+    os.write(1, "".join(f"{_token} PASSED {_id}\\n" for _id in _ids).encode())
+os._exit(0)""")
+# Replaces unittest internals outside v1's watch list at import time: every assertion passes.
+PATCH_UNITTEST = block("textstats/counting.py", DOC, DOC + """
+import unittest.case
+unittest.case.TestCase._getAssertEqualityFunc = lambda self, first, second: (lambda *a, **k: None)
+unittest.case.TestCase.assertTrue = lambda self, *a, **k: None""")
+
+
+@pytest.mark.parametrize("text", [STEAL_TOKEN, PATCH_UNITTEST, EXIT_EARLY, HANG],
+                         ids=["steal-token", "patch-unittest", "exit-0-everywhere", "hangs-at-import"])
+def test_forged_results_score_tests_tampered(url, text):
+    result = verify(url, TEXTSTATS, answer(text))
+    assert (result["reward"], result["reason"]) == (0.0, "tests_tampered"), result
+
+
 @pytest.mark.parametrize(("row", "text", "reward", "resolution"), [
     (KV, answer(KV_SPLIT_ONLY), 0.2, "RESOLVED_PARTIAL"),
     (TEXTSTATS, answer(COUNT_STRIP), 0.0, "RESOLVED_NO"),
     (TEXTSTATS, answer(COUNT_ZERO), 0.2, "RESOLVED_PARTIAL"),
     (TEXTSTATS, answer(FAKE_VERDICTS), 0.0, "RESOLVED_NO"),
-    (TEXTSTATS, answer(EXIT_EARLY), 0.0, "RESOLVED_NO"),
-    (TEXTSTATS, answer(HANG), 0.0, "RESOLVED_NO"),
     (TEXTSTATS, answer(TASKS[0].fix_edits, FIX_THEN_BREAK), 0.0, "RESOLVED_NO"),
-], ids=["partial-fix", "wrong-fix", "fixes-one-of-two", "prints-fake-verdicts", "exits-0-early",
-        "hangs", "fix-then-break"])
+], ids=["partial-fix", "wrong-fix", "fixes-one-of-two", "prints-fake-verdicts",
+        "fix-then-break"])
 def test_wrong_and_hostile_fixes_are_graded_by_the_tests(url, row, text, reward, resolution):
     result = verify(url, row, text)
     assert (result["reward"], result["resolution"]) == (reward, resolution), result
