@@ -96,6 +96,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gymfleet.errors import ConfigError, SandboxError
+from gymfleet.grading.canary import make_canaries
+from gymfleet.grading.sandbox_client import SandboxClient, SandboxSession, SessionGoneError
 from gymfleet.serving.resources import (
     ResourcesServer,
     ResourcesServerConfig,
@@ -103,7 +105,6 @@ from gymfleet.serving.resources import (
     VerifyRequest,
     VerifyResponse,
 )
-from gymfleet.grading.sandbox_client import SandboxClient, SandboxSession, SessionGoneError
 from gymfleet.serving.server import ServerRef
 from gymfleet.serving.sessions import session_id
 from resources_servers.swebench import grading, repos
@@ -477,10 +478,10 @@ class SWEBenchServer(ResourcesServer):
             snapshot = await self.snapshots.get(task.repo_source, task.base_commit)
         except RepoSourceError as exc:
             raise SandboxError(f"cannot prepare the grading repository: {exc}") from exc
-        nonce = grading.new_nonce()
+        nonce, canaries = grading.new_nonce(), make_canaries()
         result = await self.sandbox.run(
             grading.grade_script(task.setup_commands), "bash", stdin=nonce + "\n", archive=snapshot.archive,
-            files=grading.grading_files(patch, task.test_patch, task.FAIL_TO_PASS + task.PASS_TO_PASS),
+            files=grading.grading_files(patch, task.test_patch, task.FAIL_TO_PASS + task.PASS_TO_PASS, canaries),
             timeout_s=self.config.grading_timeout_s, memory_mb=self.config.grading_memory_mb,
         )  # fmt: skip
         exits = {grading.APPLY_FAILED: "patch_does_not_apply", grading.TEST_PATCH_FAILED: "test_patch_does_not_apply",
@@ -495,7 +496,7 @@ class SWEBenchServer(ResourcesServer):
         report = grading.read_report(result.stdout, nonce)
         if report is None:
             return grading.Grade(0.0, "no_test_report", detail=result.message or result.stderr[-2000:])
-        return grading.score(report, task.FAIL_TO_PASS, task.PASS_TO_PASS)
+        return grading.score(report, task.FAIL_TO_PASS, task.PASS_TO_PASS, canaries)
 
 
 def _check_docker() -> None:

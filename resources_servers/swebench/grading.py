@@ -8,7 +8,10 @@ then `run_tests.py` under `python3 -I` (no user site, no `PYTHON*` variables, no
 repository). The runner reads a random nonce from stdin before importing anything of the repository, points fds 1
 and 2 at /dev/null while the tests run, and writes one line `<nonce><json report>` on a saved copy of stdout, so
 nothing the tests print can pass for the report. It also notes when the tests replaced unittest's machinery
-(`TestCase.run`, the result's `add*` methods, ...): such a report is refused.
+(`TestCase.run`, the result's `add*` methods, ...): such a report is refused. And the grader's canary tests
+(`gymfleet.grading.canary`: a must-fail and a must-pass test in a random module written only for grading, run
+among the task's tests) catch a forgery through any other internal: a report where they come out wrong is
+`tests_tampered`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
+from gymfleet.grading.canary import Canaries, interleave, tampered
+
 RUNNER = r'''
 import io, json, os, sys, unittest, unittest.case, unittest.result, unittest.suite, unittest.loader, traceback
 
@@ -24,6 +29,7 @@ nonce = sys.stdin.readline().strip()
 sys.stdin.close()
 ids = json.load(open(sys.argv[1]))
 repo = os.path.abspath(sys.argv[2])
+sys.path.append(os.path.dirname(os.path.abspath(sys.argv[1])))  # the grader's canaries live beside tests.json
 WATCHED = [(unittest.case.TestCase, n) for n in ("run", "__call__", "debug", "_callTestMethod", "_callSetUp",
                                                  "_callTearDown", "_callCleanup", "doCleanups", "skipTest")]
 WATCHED += [(unittest.result.TestResult, n) for n in ("addSuccess", "addFailure", "addError", "addSkip",
@@ -105,10 +111,16 @@ class Grade:
     detail: str | None = None
 
 
-def grading_files(patch: str, test_patch: str, test_ids: list[str]) -> dict[str, str]:
-    """The files of `grading/` in the grading sandbox."""
-    return {"grading/model.patch": patch, "grading/test.patch": test_patch,
-            "grading/tests.json": json.dumps(test_ids), "grading/run_tests.py": RUNNER}
+def grading_files(
+    patch: str, test_patch: str, test_ids: list[str], canaries: Canaries | None = None
+) -> dict[str, str]:
+    """The files of `grading/` in the grading sandbox (with `canaries`, their module, and their ids among the
+    tests at random places: `gymfleet.grading.canary`)."""
+    files = {"grading/model.patch": patch, "grading/test.patch": test_patch, "grading/run_tests.py": RUNNER}
+    if canaries is not None:
+        test_ids = interleave(test_ids, canaries)
+        files[f"grading/{canaries.module}.py"] = canaries.source
+    return {**files, "grading/tests.json": json.dumps(test_ids)}
 
 
 def grade_script(setup_commands: list[str]) -> str:
@@ -133,8 +145,9 @@ def read_report(stdout: str, nonce: str) -> dict | None:
     return None
 
 
-def score(report: dict, fail_to_pass: list[str], pass_to_pass: list[str]) -> Grade:
-    """1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passed and unittest was not tampered with."""
+def score(report: dict, fail_to_pass: list[str], pass_to_pass: list[str], canaries: Canaries | None = None) -> Grade:
+    """1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passed, unittest was not tampered with and the canaries came
+    out as they must (the must-fail one failed, the must-pass one passed)."""
     passed = set(report.get("passed") or [])
     status = {
         name: {"success": [t for t in tests if t in passed], "failure": [t for t in tests if t not in passed]}
@@ -142,6 +155,8 @@ def score(report: dict, fail_to_pass: list[str], pass_to_pass: list[str]) -> Gra
     }
     if report.get("tampered"):
         return Grade(0.0, "tests_tampered", status, f"unittest internals replaced: {report['tampered'][:10]}")
+    if canaries is not None and (forged := tampered(canaries, passed)):
+        return Grade(0.0, "tests_tampered", status, forged)
     if status["FAIL_TO_PASS"]["failure"]:
         return Grade(0.0, "fail_to_pass_failed", status)
     if status["PASS_TO_PASS"]["failure"]:
