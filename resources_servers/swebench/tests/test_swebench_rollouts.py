@@ -117,7 +117,8 @@ REASONS = {
     "fake_result_files": "fail_to_pass_failed", "conftest_forcing_passes": "patch_touches_tests",
     "sitecustomize_forcing_passes": "fail_to_pass_failed", "package_tampering_with_unittest": "tests_tampered",
     "package_printing_a_fake_report": "fail_to_pass_failed",
-    "package_patching_the_equality_lookup": "tests_tampered", "package_patching_the_outcome_executor": "tests_tampered",
+    "package_patching_the_equality_lookup": "tests_tampered",
+    "package_patching_the_outcome_executor": "tests_tampered",
     "shadowing_a_stdlib_module": "fail_to_pass_failed",
 }  # fmt: skip
 
