@@ -44,7 +44,8 @@ POLICY_RULES = [
 # The judge says equal when the candidate contains the reference; a little latency keeps the collection running
 # while the test takes the judge down.
 JUDGE_RULES = [
-    {"match": r"(?is)<reference_answer>\s*(\S[^<]*?)\s*</reference_answer>.*<candidate_answer>[^<]*\1",
+    {"match": r"(?is)<reference_answer>\s*(\S[^<]*?)\s*</reference_answer>.*<<<BEGIN CANDIDATE ANSWER (\w+)>>>"
+              r"(?:(?!<<<END).)*\1",
      "delay_s": 0.1, "text": "Same answer.\n\n[[A=B]] the answers are equivalent"},
 ]
 
