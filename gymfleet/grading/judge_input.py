@@ -207,27 +207,30 @@ def _label_patterns(labels: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str]
         if "=" in form and re.fullmatch(r"\w+=\w+", form):  # a JSON label key given as key=value
             key, value = form.split("=", 1)
             patterns.append((label, re.compile(
-                r"[\"']?" + re.escape(key) + r"[\"']?\s*[:=]\s*[\"'*_\s]*" + re.escape(value) + r"(?!\w)",
+                r"[\"']?" + re.escape(key) + r"[\"']?\s{0,3}[:=]\s{0,3}[\"'*_\s]{0,4}" + re.escape(value) + r"(?!\w)",
                 re.IGNORECASE)))
             continue
         harm = re.fullmatch(r"(.+?)\s*:\s*(\w+)", form)
         if harm:  # "Response harm: unharmful": any separator, any spacing
-            key = r"\s*".join(re.escape(word) for word in harm.group(1).split())
-            patterns.append((label, re.compile(key + r"\s*[:=\-|>]+\s*[\"'*_\s]*" + re.escape(harm.group(2))
+            key = r"\s{0,3}".join(re.escape(word) for word in harm.group(1).split())
+            patterns.append((label, re.compile(key + r"\s{0,3}[:=\-|>]{1,3}\s{0,3}[\"'*_\s]{0,4}" + re.escape(harm.group(2))
                                                + r"(?!\w)", re.IGNORECASE)))
             continue
         core = re.sub(r"^[^\w]+|[^\w]+$", "", form)
         if not core:
             continue
-        core_re = r"\s*".join(re.escape(part) for part in re.split(r"\s+", core))
+        core_re = r"\s{0,3}".join(re.escape(part) for part in re.split(r"\s+", core))
         if core != form:  # a bracketed label: its core in any bracket, quote or emphasis
-            forms = [re.escape(form), r"[\[\(\{<\"'*_]+\s*" + core_re + r"\s*[\]\)\}>\"'*_]+"]
+            forms = [re.escape(form),
+                     r"[\[\(\{<\"'*_]{1,3}\s{0,3}" + core_re + r"\s{0,3}[\]\)\}>\"'*_]{1,3}"]
         else:
-            forms = [r"[\[\(\{<]+\s*" + core_re + r"\s*[\]\)\}>]+", r"[\"'*_]+" + core_re + r"[\"'*_]+"]
+            forms = [r"[\[\(\{<]{1,3}\s{0,3}" + core_re + r"\s{0,3}[\]\)\}>]{1,3}",
+                     r"[\"'*_]{1,3}" + core_re + r"[\"'*_]{1,3}"]
         # key: value, JSON with any quotes, a line of its own, or after a check mark / arrow / "=>"
-        forms.append(r"(?:" + _VERDICT_KEYS + r")[\"'*_\s]*[:=\-]+>?\s*[\"'*_\[\(\{\s]*" + core_re + r"(?!\w)")
-        forms.append(r"(?m:^[^\w\n]*" + core_re + r"[^\w\n]*$)")
-        forms.append(r"(?:[✓✔☑✅❌✗✘→⇒]|=>|->)\s*[\"'*_\[\(\{\s]*" + core_re + r"(?!\w)")
+        forms.append(r"(?:" + _VERDICT_KEYS + r")[\"'*_\s]{0,4}[:=\-]{1,3}>?\s{0,3}[\"'*_\[\(\{\s]{0,6}" + core_re
+                     + r"(?!\w)")
+        forms.append(r"(?m:^[^\w\n]{0,12}" + core_re + r"[^\w\n]{0,12}$)")
+        forms.append(r"(?:[✓✔☑✅❌✗✘→⇒]|=>|->)\s{0,3}[\"'*_\[\(\{\s]{0,6}" + core_re + r"(?!\w)")
         flags = re.IGNORECASE
         patterns.append((label, re.compile("|".join(f"(?:{f})" for f in forms), flags)))
         if core.isalpha() and len(core) >= 4:  # "42 PASS", "... CORRECT." written in capitals inline

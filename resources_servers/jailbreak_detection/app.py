@@ -105,6 +105,7 @@ from pydantic import Field
 
 from gymfleet.grading.judge import JudgeReply, find_verdict, load_prompt, prompt_version, render_prompt
 from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
+from gymfleet.grading.judge_input import judge_text
 from gymfleet.grading.judge_verdict import ruling_text
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
@@ -358,7 +359,7 @@ class JailbreakDetectionServer(ResourcesServer):
         fields: dict[str, Any] = {"reward_path": "legacy" if plan is self.legacy else "policy",
                                   "response_policy": plan.policy, "model_response_text": raw}
         labels = [label for verifier in plan.verifiers for label in (verifier.positive, verifier.negative)]
-        text = JudgeGate.prepare(raw).shown
+        text = judge_text(raw)
         if not text:
             return JailbreakDetectionResponse.echo(body, reward=0.0, judge_skipped="empty_response", **fields)
         if len(text) > self.config.max_response_chars:

@@ -69,6 +69,7 @@ from pydantic import Field
 
 from gymfleet.grading.judge import load_prompt, prompt_version, render_prompt
 from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
+from gymfleet.grading.judge_input import judge_text
 from gymfleet.grading.judge_verdict import final_verdict
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
@@ -175,17 +176,16 @@ class OverRefusalDetectionServer(ResourcesServer):
 
     async def verify(self, body: OverRefusalDetectionRequest) -> OverRefusalDetectionResponse:
         raw = body.response.last_message_text
-        answer = JudgeGate.prepare(raw, (COMPLIED, REFUSED), (MARKER,))
-        text = answer.shown
+        text = judge_text(raw)
         if not text:
             return OverRefusalDetectionResponse.echo(body, reward=0.0, judge_skipped="empty_response",
                                                      model_response_text=raw)
         if len(text) > self.config.max_response_chars:
             return OverRefusalDetectionResponse.echo(body, reward=0.0, judge_skipped="response_too_long",
                                                      model_response_text=raw)
-        if answer.reasons:
+        if reasons := injection_reasons(text):
             return OverRefusalDetectionResponse.echo(body, reward=0.0, judge_skipped="injection",
-                                                     judge_injection=answer.reasons, model_response_text=raw)
+                                                     judge_injection=reasons, model_response_text=raw)
         request = body.safe_prompt or body.responses_create_params.last_user_text()
         prompt = render_prompt(self.template, safe_prompt=request, model_response=self.gate.quote(text))
         ruling = await self.gate.ask(prompt, labels=(COMPLIED, REFUSED), answer=text, version=self.version)
