@@ -44,7 +44,7 @@ def test_scored_rows_carry_the_environment_version_config_hash_and_libraries():
     provenance = answer["reward_provenance"]
     assert provenance["environment"] == "math_with_judge"
     assert provenance["instance"] == "math_with_judge"
-    assert provenance["version"] == "v3"  # the last entry of app.py's `## Version history`
+    assert provenance["version"] == "v4"  # the last entry of app.py's `## Version history`
     assert len(provenance["config_hash"]) == 16
     assert set(provenance["libraries"]) == {"gymfleet", "math-verify", "sympy", "latex2sympy2_extended"}
     assert provenance["libraries"]["sympy"] == library_versions(["sympy"])["sympy"]

@@ -319,6 +319,7 @@ class JailbreakDetectionServer(ResourcesServer):
         super().__init__(*args, **kwargs)
         config = self.config
         self.gate = JudgeGate(judge_client(config, self.client), params=judge_params(config))
+        self.judge = self.gate.judge  # what `gymfleet.serving.provenance` records
         self.legacy = self._legacy_plan()
         self.plans: dict[str, Plan] = {}
         if config.policy_verifier_templates_path:

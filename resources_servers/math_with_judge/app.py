@@ -231,6 +231,7 @@ class MathWithJudgeServer(ResourcesServer):
         self.gate = None
         if config.should_use_judge:
             self.gate = JudgeGate(judge_client(config, self.client), params=judge_params(config))
+        self.judge = self.gate.judge if self.gate else None  # what `gymfleet.serving.provenance` records
         self.judge_prompt = load_prompt(__file__, "judge.txt")
         self.prompt_version = prompt_version(self.judge_prompt, "judge.txt")
 

@@ -194,6 +194,7 @@ class RubricJudgeServer(ResourcesServer):
         super().__init__(*args, **kwargs)
         config = self.config
         self.gate = JudgeGate(judge_client(config, self.client), params=judge_params(config))
+        self.judge = self.gate.judge  # what `gymfleet.serving.provenance` records
 
     async def startup(self) -> None:
         await super().startup()

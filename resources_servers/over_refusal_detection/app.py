@@ -166,6 +166,7 @@ class OverRefusalDetectionServer(ResourcesServer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.gate = JudgeGate(judge_client(self.config, self.client), params=judge_params(self.config))
+        self.judge = self.gate.judge  # what `gymfleet.serving.provenance` records
         self.template = load_prompt(__file__, "judge.txt")
         self.version = prompt_version(self.template, "judge.txt")
 
