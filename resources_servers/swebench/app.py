@@ -87,8 +87,6 @@ import asyncio
 import json
 import logging
 import shlex
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -108,6 +106,7 @@ from gymfleet.serving.resources import (
 from gymfleet.serving.server import ServerRef
 from gymfleet.serving.sessions import session_id
 from resources_servers.swebench import grading, repos
+from resources_servers.swebench.containers import ContainerRunner
 from resources_servers.swebench.repos import RepoSourceError, Snapshot
 
 log = logging.getLogger(__name__)
@@ -137,7 +136,14 @@ class SWEBenchConfig(ResourcesServerConfig):
     sandbox_url: str | None = None
     """A sandbox outside the fleet (`http://host:port`); wins over `sandbox`."""
     backend: Literal["bwrap", "docker"] = "bwrap"
-    """Where repositories run: the bubblewrap sandbox service, or Docker (official SWE-bench images)."""
+    """Where grading runs: the bubblewrap sandbox service, or a fresh container per grading (`containers.py`)."""
+    base_image: str = "localhost/gymfleet-base:bookworm"
+    """Docker backend: the image task images are built on (python3 and git in it)."""
+    docker_host: str | None = None
+    """Docker backend: the engine (`unix:///...`, `tcp://...`); default `DOCKER_HOST`, then Docker's or Podman's
+    socket."""
+    docker_concurrency: int = Field(default=4, ge=1)
+    """Docker backend: gradings running at once (more wait)."""
     command_timeout_s: float = Field(default=30.0, gt=0)
     max_command_timeout_s: float = Field(default=120.0, gt=0)
     max_output_chars: int = Field(default=10_000, ge=200)
@@ -298,14 +304,19 @@ class SWEBenchServer(ResourcesServer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.sandbox = SandboxClient(self.config.sandbox, url=self.config.sandbox_url, config=self.client)
+        self.containers: ContainerRunner | None = None
+        self.grader: SandboxClient | ContainerRunner = self.sandbox
+        if self.config.backend == "docker":
+            self.containers = self.grader = ContainerRunner(self.config.base_image, host=self.config.docker_host,
+                                                            concurrency=self.config.docker_concurrency)
         self.snapshots = repos.SNAPSHOTS
         self.workspaces: dict[str, Workspace] = {}
         self._expiry: asyncio.Task | None = None
 
     async def startup(self) -> None:
         await super().startup()
-        if self.config.backend == "docker":
-            _check_docker()
+        if self.containers is not None:
+            await asyncio.to_thread(self.containers.start)
         if self.config.sandbox_url is None and self.global_config:  # in a fleet: a missing sandbox fails now
             try:
                 self.client.url_of(self.config.sandbox)
@@ -319,6 +330,8 @@ class SWEBenchServer(ResourcesServer):
             self._expiry.cancel()
         for key in list(self.workspaces):
             await self._close(self.workspaces.pop(key))
+        if self.containers is not None:
+            self.containers.close()
         await super().shutdown()
 
     # ------------------------------------------------------------------------------------------------ sessions
@@ -339,6 +352,10 @@ class SWEBenchServer(ResourcesServer):
     async def _open(self, task: SWEBenchTask) -> Workspace:
         if task.repo_source is None:
             image = repos.image_for(task.__dict__ | (task.__pydantic_extra__ or {}))
+            if self.containers is not None and await asyncio.to_thread(self.containers.has_image, image):
+                raise RepoSourceError(f"row {task.instance_id}: its image {image} is on this engine, but running "
+                                      "official SWE-bench images (their own test commands and log parsers) is not "
+                                      "implemented; give the row a repo_source")
             raise RepoSourceError(f"row {task.instance_id}: {repos.image_help(image)}")
         snapshot: Snapshot = await self.snapshots.get(task.repo_source, task.base_commit)
         sandbox = await self.sandbox.session(archive=snapshot.archive, timeout_s=self.config.command_timeout_s,
@@ -479,7 +496,7 @@ class SWEBenchServer(ResourcesServer):
         except RepoSourceError as exc:
             raise SandboxError(f"cannot prepare the grading repository: {exc}") from exc
         nonce, canaries = grading.new_nonce(), make_canaries()
-        result = await self.sandbox.run(
+        result = await self.grader.run(
             grading.grade_script(task.setup_commands), "bash", stdin=nonce + "\n", archive=snapshot.archive,
             files=grading.grading_files(patch, task.test_patch, task.FAIL_TO_PASS + task.PASS_TO_PASS, canaries),
             timeout_s=self.config.grading_timeout_s, memory_mb=self.config.grading_memory_mb,
@@ -498,22 +515,3 @@ class SWEBenchServer(ResourcesServer):
             return grading.Grade(0.0, "no_test_report", detail=result.message or result.stderr[-2000:])
         return grading.score(report, task.FAIL_TO_PASS, task.PASS_TO_PASS, canaries)
 
-
-def _check_docker() -> None:
-    """Raises ConfigError: no Docker engine answers here, or (with one) the Docker backend is not implemented."""
-    binary = shutil.which("docker")
-    if binary is None:
-        raise ConfigError("swebench backend: docker, but there is no `docker` command on this host.",
-                          hint="Install Docker and start its engine, or use backend: bwrap with rows that name a "
-                               "repo_source.")
-    try:
-        done = subprocess.run([binary, "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                              text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"swebench backend: docker, but `docker version` failed: {exc}") from exc
-    if done.returncode != 0 or not done.stdout.strip():
-        raise ConfigError(f"swebench backend: docker, but no Docker engine is running here: "
-                          f"{(done.stderr or done.stdout).strip()[-300:]}",
-                          hint="Start the Docker daemon (or point DOCKER_HOST at one), or use backend: bwrap.")
-    raise ConfigError("swebench backend: docker is not implemented in this version (the engine answered, "
-                      f"version {done.stdout.strip()}).", hint="Use backend: bwrap with rows that name a repo_source.")
