@@ -48,10 +48,12 @@ or `/verify` whose session was seeded before this server crashed and was restart
 needs and how to provide it.
 
 ## Departures from NeMo-Gym
-- Our tasks run in the bubblewrap sandbox from git bundles; NeMo-Gym builds a container per instance from
-  `swebench==4.1.0`'s test specs. Official SWE-bench images (NeMo-Gym's rows) need `backend: docker`, which this
-  version only checks for: with no engine it fails at start-up saying so, and running instances in Docker is not
-  implemented yet (start-up says that too).
+- Our tasks run from git bundles, graded in the bubblewrap sandbox or (`backend: docker`) in a fresh container
+  from a per-task image (`containers.py`); NeMo-Gym builds a container per instance from `swebench==4.1.0`'s test
+  specs. Rows naming official SWE-bench images (NeMo-Gym's rows) are not run: with `backend: docker` the seeding
+  error says whether the engine holds the image (running it needs SWE-bench's per-repository test commands and log
+  parsers, not implemented) or lacks it (naming it, and `docker pull`). The agent's session runs in the sandbox
+  service with either backend.
 - Tests run with the stdlib's unittest through our runner; NeMo-Gym runs the instance's own test command and parses
   its log (`swebench`'s log parsers), where a test's printed text can pass for a result.
 - A patch touching test files is rejected outright (NeMo-Gym lets the test patch overwrite them).
@@ -60,7 +62,12 @@ needs and how to provide it.
 ## Config
 - `sandbox` ("sandbox"): the sandbox instance (`{type: sandbox_servers, name: sandbox}` or its name); `sandbox_url`
   instead names one outside the fleet.
-- `backend` ("bwrap"): `bwrap` (the sandbox service) or `docker` (official images; see above).
+- `backend` ("bwrap"): where grading runs: `bwrap` (the sandbox service) or `docker` (a fresh container per
+  grading: no network, one CPU, `grading_memory_mb` without swap, a pids limit, no capabilities; killed and removed
+  at `grading_timeout_s`). A Docker or Podman engine must answer at start-up, holding `base_image`.
+- `base_image` ("localhost/gymfleet-base:bookworm", which `scripts/install_container_engine.sh` builds): any image
+  with python3 and git; `docker_host` (null: `DOCKER_HOST`, else Docker's socket, else Podman's
+  `/run/podman/podman.sock`); `docker_concurrency` (4): gradings in containers at once.
 - `command_timeout_s` (30): CPU seconds per tool command (the sandbox allows twice that in wall-clock time);
   `max_command_timeout_s` (120) caps what the model may ask for.
 - `max_output_chars` (10000): a tool's output beyond this keeps its head and tail with a note of what was cut.
@@ -79,6 +86,7 @@ Paths are relative to the repository (absolute ones must lie inside it).
 
 ## Version history
 - v1: initial.
+- v2: `backend: docker` grades in containers (same rewards and reasons as bwrap).
 """
 
 from __future__ import annotations

@@ -5,12 +5,15 @@ through one code path whichever backend runs it (`grading.py`'s script, runner, 
 
 - The per-task image: `base_image` (python3 and git in it) with the task's repository snapshot at
   `/workspace/repo` (the same archive the bubblewrap backend unpacks), committed once as
-  `localhost/gymfleet-swebench:<hash of base image and snapshot>` and reused while the engine keeps it.
+  `localhost/gymfleet-swebench:<hash of base image and snapshot>`, reused by every grading of the task in this
+  server process and removed when it shuts down.
 - Each grading: a fresh container from that image, no network, `nano_cpus` of one CPU, memory without swap
   (`memory_mb`), a pids limit, every capability dropped, no new privileges. The grading files go in with
   `put_archive` before it starts; stdin is a file the container's first command opens and deletes, then execs the
   script, so the runner's nonce travels as it does in the sandbox. Past `timeout_s` the container is killed
-  (`timeout`); a kernel OOM kill is `oom`. The container is removed in every case (`podman ps -a` stays empty).
+  (`timeout`); a kernel OOM kill is `oom`, and so is any SIGKILL of the script (Podman on cgroup v1 does not
+  report OOMKilled, and nothing but the memory limit sends one). The container is removed in every case
+  (`podman ps -a` stays empty).
 - The engine: `docker_host`, else `DOCKER_HOST`, else Docker's socket, else rootful Podman's
   (`/run/podman/podman.sock`, which `scripts/install_container_engine.sh` starts). Engine failures raise
   `SandboxError`: the rollout is a failure row, never a 0.
@@ -141,8 +144,19 @@ class ContainerRunner:
                                    "base_image.") from None
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        """Remove the task images this runner built (a snapshot's archive differs between processes, so another
+        process would not reuse them) and disconnect."""
+        import docker
+
+        if self._client is None:
+            return
+        for tag in self._images.values():
+            try:
+                self._client.images.remove(tag, force=True)
+            except docker.errors.DockerException as exc:
+                log.warning("could not remove the task image %s: %s", tag, exc)
+        self._images.clear()
+        self._client.close()
 
     def has_image(self, image: str) -> bool:
         """Whether the engine holds `image` (no pull)."""
@@ -237,9 +251,10 @@ class ContainerRunner:
         finally:
             if container is not None:
                 _remove(container)
-        if oom:
+        if oom or code == 128 + 9:  # Podman on cgroup v1 does not set OOMKilled: SIGKILL is the memory limit's
             return RunResult(status="oom", stdout="", stderr="", return_code=code, duration_s=duration,
-                             message=f"out of memory ({memory_mb} MB)")
+                             message=f"out of memory ({memory_mb} MB)" if oom else
+                             f"killed by SIGKILL: over its memory limit ({memory_mb} MB), most likely")
         return RunResult(status="ok" if code == 0 else "failed", stdout=stdout[:limit].decode(errors="replace"),
                          stderr=stderr[-limit:].decode(errors="replace"), return_code=code, duration_s=duration,
                          truncated=len(stdout) > limit or len(stderr) > limit, stdout_truncated=len(stdout) > limit,

@@ -1,9 +1,10 @@
 """swebench's pieces and routes: patch paths and test-file rules, the report reader, snapshots (history truncated),
 NeMo-Gym's rows (accepted by ng_prepare_data; seeding names the missing image), a sandbox that is down, idle
-expiry, and the Docker backend's start-up error."""
+expiry, and the Docker backend's start-up error (the backend itself: tests/test_containers.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -22,7 +23,7 @@ from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.errors import ConfigError
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from resources_servers.swebench import grading, repos
-from resources_servers.swebench.app import SWEBenchServer, _check_docker, truncate
+from resources_servers.swebench.app import SWEBenchServer, truncate
 from resources_servers.swebench.tests.conftest import ROWS, assert_sessions_closed
 
 NEMO_GYM_ROWS = [json.loads(line) for line in (nemo_gym_examples("swebench") / "example.jsonl").read_text()
@@ -229,5 +230,7 @@ def test_bash_reports_timeouts_and_truncates_output(sandbox):
 
 def test_docker_backend_without_an_engine_fails_at_start_up_saying_so(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{free_port()}")  # nothing listens there
-    with pytest.raises(ConfigError, match="no Docker engine is running|no `docker` command"):
-        _check_docker()
+    server = SWEBenchServer({"name": "swebench", "domain": "coding", "sandbox_url": "http://127.0.0.1:1",
+                             "backend": "docker"})
+    with pytest.raises(ConfigError, match="does not answer"):
+        asyncio.run(server.startup())
