@@ -26,7 +26,14 @@ from resources_servers.swebench.app import SWEBenchServer
 from resources_servers.swebench.containers import LABEL, TASK_IMAGE, ContainerRunner, connect
 from resources_servers.swebench.tests import conftest as swebench_conftest
 from resources_servers.swebench.tests.conftest import ROWS, assert_sessions_closed, fleet, script
-from resources_servers.swebench.tests.test_swebench_rollouts import CHEATS, FIX, REASONS, SLUG, gold_calls, run
+from resources_servers.swebench.tests.test_swebench_rollouts import (
+    CHEATS,
+    FIX,
+    SLUG,
+    assert_the_cheat_scores_0,
+    gold_calls,
+    run,
+)
 
 BASE_IMAGE = os.environ.get("GYMFLEET_TEST_BASE_IMAGE", "localhost/gymfleet-base:bookworm")
 DOCKER = {"backend": "docker", "base_image": BASE_IMAGE}
@@ -71,12 +78,7 @@ def test_gold_patch_scores_1_in_a_container(sandbox, row):
 
 @pytest.mark.parametrize("cheat", list(CHEATS))
 def test_no_fix_or_a_cheat_scores_0_in_a_container(sandbox, cheat):
-    url, _ = sandbox
-    with docker_fleet(url, script(SLUG, CHEATS[cheat])) as (run_url, _):
-        result = run(run_url, SLUG)
-    assert result["reward"] == 0.0 and result["resolved"] is False
-    assert result["reason"] == REASONS[cheat], (result["reason"], result.get("grading_detail"))
-    assert "_ng_failure_class" not in result
+    assert_the_cheat_scores_0(sandbox[0], cheat, DOCKER)
 
 
 HANG = ("str_replace", {"path": "textkit/slug.py", "old_str": "import unicodedata",

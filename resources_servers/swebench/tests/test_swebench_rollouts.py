@@ -123,14 +123,19 @@ REASONS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("cheat", list(CHEATS))
-def test_no_fix_or_a_cheat_scores_0(sandbox, cheat):
-    url, sandbox_server = sandbox
-    with fleet(url, script(SLUG, CHEATS[cheat])) as (run_url, _):
+def assert_the_cheat_scores_0(sandbox_url: str, cheat: str, env_fields: dict | None = None) -> None:
+    """A rollout making `cheat`'s tool calls scores 0.0 with its reason (tests/test_containers.py too)."""
+    with fleet(sandbox_url, script(SLUG, CHEATS[cheat]), env_fields=env_fields) as (run_url, _):
         result = run(run_url, SLUG)
     assert result["reward"] == 0.0 and result["resolved"] is False
     assert result["reason"] == REASONS[cheat], (result["reason"], result.get("grading_detail"))
     assert "_ng_failure_class" not in result
+
+
+@pytest.mark.parametrize("cheat", list(CHEATS))
+def test_no_fix_or_a_cheat_scores_0(sandbox, cheat):
+    url, sandbox_server = sandbox
+    assert_the_cheat_scores_0(url, cheat)
     assert_sessions_closed(sandbox_server)
 
 
