@@ -5,7 +5,7 @@ service's command (and health check) is run here for real, as the project instal
 docker-compose cannot load fails here with its message; a command the project does not accept fails when it runs:
 the fleet's command through `ng_run +dry_run=true` for the default recipe, and the sandbox and a small fleet started
 for real from the rendered commands, each reaching healthy by its own health check, with code_gen grading a program
-in the sandbox service (the fleet has no sandbox of its own).
+in the sandbox service (the fleet has no sandbox of its own). The same in containers: tests/test_compose_up.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.errors import ServerRefError
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -261,7 +261,11 @@ def test_the_image_holds_what_the_services_run(tmp_path):
     assert sources and all((ROOT / source).exists() for source in sources), sources
     copied = {Path(source).parts[0] for source in sources}
     assert {"gymfleet", "sandbox", "configs", "docker", "resources_servers"} <= copied
-    assert "bubblewrap" in dockerfile and "pip install --no-cache-dir -e ." in dockerfile
+    assert "bubblewrap" in dockerfile and "pip install --no-cache-dir --no-deps -e ." in dockerfile
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim\nFROM \$\{BASE_IMAGE\}$", dockerfile, re.MULTILINE)
     services = compose_config(tmp_path)["services"]
     for name in ("fleet", "sandbox"):
-        assert services[name]["build"] == {"context": str(ROOT), "dockerfile": "docker/Dockerfile"}, name
+        assert services[name]["build"] == {"context": str(ROOT), "dockerfile": "docker/Dockerfile", "network": "host",
+                                           "args": {"BASE_IMAGE": "python:3.11-slim", "EXTRA_CA_CERTS": ""}}, name
+    local = compose_config(tmp_path, {"GYMFLEET_BASE_IMAGE": "localhost/gymfleet-base:bookworm"})["services"]
+    assert local["sandbox"]["build"]["args"]["BASE_IMAGE"] == "localhost/gymfleet-base:bookworm"

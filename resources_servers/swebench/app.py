@@ -339,7 +339,7 @@ class SWEBenchServer(ResourcesServer):
         for key in list(self.workspaces):
             await self._close(self.workspaces.pop(key))
         if self.containers is not None:
-            self.containers.close()
+            await asyncio.to_thread(self.containers.close)
         await super().shutdown()
 
     # ------------------------------------------------------------------------------------------------ sessions
