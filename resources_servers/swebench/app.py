@@ -87,6 +87,8 @@ Paths are relative to the repository (absolute ones must lie inside it).
 ## Version history
 - v1: initial.
 - v2: `backend: docker` grades in containers (same rewards and reasons as bwrap).
+- v3: grader-owned canary tests (one must fail, one must pass) run in every grading; a run where either comes out
+  wrong scores `tests_tampered` (0), whatever the patch touched.
 """
 
 from __future__ import annotations

@@ -88,6 +88,9 @@ None.
 ## Version history
 - v1: NeMo-Gym's modes and rewards (FULL 1.0 / PARTIAL 0.2 / 0; repro-gen exit codes 2 then 0) over the gymfleet
   sandbox, with our own edit rules, test harness and typed failures for rows without a repository.
+- v2: eval mode runs each test in its own sandbox case and reads its result from the process's exit status (no
+  result token in the tested process), with grader-owned canary tests; a forged or hung harness scores
+  `tests_tampered` (0).
 """
 
 from __future__ import annotations
