@@ -50,9 +50,10 @@ verifier's 4xx (the row lacks what it needs) is passed on as our 422.
 ## Tools
 `POST /stateful_python_code_exec` with `{"code": "..."}` runs the code in the rollout's session (keyed by the
 signed session cookie; the session is opened at `/seed_session`, or at the first call of a rollout that was not
-seeded; a session seeded before this server crashed and was restarted answers HTTP 410 `session_lost`:
-`gymfleet.serving.sessions`). The answer is HTTP 200 `text/plain`: what the code printed to stdout then stderr, without the
-final newline; a final expression's value is shown as in a notebook. An exception shows its traceback (model code's
+seeded; a session seeded before this server crashed and was restarted, or closed as idle or least recently used
+(below), answers HTTP 410 `session_lost`: `gymfleet.serving.sessions`, `gymfleet.serving.session_store`). The
+answer is HTTP 200 `text/plain`: what the code printed to stdout then stderr, without the final newline; a final
+expression's value is shown as in a notebook. An exception shows its traceback (model code's
 frames only); past the time limit the output ends with a `TimeoutError` note (variables set before the call are
 kept); running out of memory ends with a `MemoryError` note. If the code ended the session (`os._exit`, a crash,
 the session's CPU budget), the next call starts a fresh one and its output begins with a note that earlier state
@@ -87,7 +88,6 @@ import contextvars
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,9 +98,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import PlainTextResponse
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.serving.bodies import read_json
 from gymfleet.errors import ConfigError, JudgeError, SandboxError, ServerRefError, TransportError
+from gymfleet.grading.sandbox_client import RunResult, SandboxClient, SandboxSession, SessionGoneError
 from gymfleet.http import RetryPolicy
+from gymfleet.serving.bodies import read_json
 from gymfleet.serving.resources import (
     ResourcesServer,
     ResourcesServerConfig,
@@ -108,8 +109,8 @@ from gymfleet.serving.resources import (
     VerifyRequest,
     VerifyResponse,
 )
-from gymfleet.grading.sandbox_client import RunResult, SandboxClient, SandboxSession, SessionGoneError
 from gymfleet.serving.server import JSONResponse, ServerRef, add_route
+from gymfleet.serving.session_store import SessionStore
 from gymfleet.serving.sessions import session_id
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,6 @@ class Rollout:
     """One rollout's sandbox session (opened in the background), its lock and its tool-call tallies."""
 
     opening: asyncio.Task[SandboxSession]
-    used: float
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     calls: int = 0
     exec_s: float = 0.0
@@ -200,10 +200,9 @@ class NsToolsServer(ResourcesServer):
     def __init__(self, *args: Any, clock: Callable[[], float] = time.monotonic, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.sandbox = SandboxClient(self.config.sandbox, url=self.config.sandbox_url, config=self.client)
-        self.clock = clock
-        self.rollouts: OrderedDict[str, Rollout] = OrderedDict()
-        self._closing: set[asyncio.Task] = set()
-        self._sweeper: asyncio.Task | None = None
+        self.rollouts: SessionStore[Rollout] = SessionStore(
+            self.config.session_idle_s, self.config.max_sessions, name=self.config.name or "ns_tools", clock=clock,
+            close=self._close)
 
     async def startup(self) -> None:
         await super().startup()
@@ -217,14 +216,10 @@ class NsToolsServer(ResourcesServer):
                     hint = ("ns_tools.yaml lists sandbox/configs/sandbox.yaml and "
                             "resources_servers/math_with_judge/configs/math_with_judge.yaml; keep them listed.")
                     raise ConfigError(f"ns_tools needs instance {name!r}: {exc}", hint=hint) from exc
-        self._sweeper = asyncio.create_task(self._sweep_forever())
+        self.rollouts.start_sweeping()
 
     async def shutdown(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-        rollouts = list(self.rollouts.values())
-        self.rollouts.clear()
-        await asyncio.gather(*(self._close(rollout) for rollout in rollouts), *self._closing)
+        await self.rollouts.close_all()
         await super().shutdown()
 
     def routes(self, app: FastAPI) -> None:
@@ -235,17 +230,14 @@ class NsToolsServer(ResourcesServer):
     # ---- sessions -------------------------------------------------------------------------------------------
 
     async def seed_session(self, body: SeedSessionRequest) -> dict:
-        key = session_id()
-        old = self.rollouts.pop(key, None)
-        if old is not None:  # seeded again: start from a clean state
-            self._close_later(old)
-        self._open(key)
+        self._open(session_id())
         return {}
 
     def _open(self, key: str) -> Rollout:
-        rollout = Rollout(opening=self._start_opening(), used=self.clock())
-        self.rollouts[key] = rollout
-        self.expire()
+        rollout = Rollout(opening=self._start_opening())
+        old = self.rollouts.put(key, rollout)
+        if old is not None:  # seeded again: start from a clean state
+            self.rollouts.close_later(old)
         return rollout
 
     def _start_opening(self) -> asyncio.Task[SandboxSession]:
@@ -253,28 +245,6 @@ class NsToolsServer(ResourcesServer):
                                                         memory_mb=self.config.memory_mb))
         task.add_done_callback(_log_open_failure)
         return task
-
-    def expire(self) -> None:
-        """Close the sessions idle longer than `session_idle_s`, and the least recently used past `max_sessions`."""
-        cutoff = self.clock() - self.config.session_idle_s
-        while self.rollouts:
-            key, rollout = next(iter(self.rollouts.items()))
-            if rollout.used >= cutoff and len(self.rollouts) <= self.config.max_sessions:
-                break
-            del self.rollouts[key]
-            log.info("closing the idle or least recently used session of rollout %s", key)
-            self._close_later(rollout)
-
-    async def _sweep_forever(self) -> None:
-        period = min(self.config.session_idle_s / 4, 30.0)
-        while True:
-            await asyncio.sleep(period)
-            self.expire()
-
-    def _close_later(self, rollout: Rollout) -> None:
-        task = asyncio.create_task(self._close(rollout))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
 
     async def _close(self, rollout: Rollout) -> None:
         """Delete the rollout's sandbox session once any call in flight on it is done. A failure to delete is
@@ -298,16 +268,20 @@ class NsToolsServer(ResourcesServer):
                                 for e in exc.errors()[:3])
             return JSONResponse({"error": f"invalid arguments for tool {TOOL_NAME!r}: {problem}"})
         key = session_id()
-        rollout = self.rollouts.get(key)
+        rollout = self.rollouts.peek(key)
         if rollout is None:
-            rollout = self._open(key)
+            if self.rollouts.lost(key):
+                return self.rollouts.lost_answer(f"POST /{TOOL_NAME}")
+            rollout = self._open(key)  # a rollout that was not seeded
         else:
-            self._touch(key, rollout)
-            self.expire()
+            self.rollouts.touch(key)
+            self.rollouts.expire()
         async with rollout.lock:
             if not rollout.closed:
                 return await self._call(key, rollout, arguments.code)
-        rollout = self._open(key)  # evicted while this call waited for the lock: run in a fresh session
+        if self.rollouts.lost(key):  # evicted while this call waited for the lock
+            return self.rollouts.lost_answer(f"POST /{TOOL_NAME}")
+        rollout = self._open(key)  # closed by /verify while this call waited: run in a fresh session
         async with rollout.lock:
             return await self._call(key, rollout, arguments.code)
 
@@ -321,13 +295,9 @@ class NsToolsServer(ResourcesServer):
             return JSONResponse({"error": f"the Python tool is unavailable: {exc}", "error_type": "sandbox_failed"},
                                 status_code=503)
         finally:
-            if self.rollouts.get(key) is rollout:
-                self._touch(key, rollout)
+            if self.rollouts.peek(key) is rollout:
+                self.rollouts.touch(key)
         return PlainTextResponse(output)
-
-    def _touch(self, key: str, rollout: Rollout) -> None:
-        rollout.used = self.clock()
-        self.rollouts.move_to_end(key)
 
     async def _execute(self, rollout: Rollout, code: str) -> str:
         note = ""
@@ -362,12 +332,12 @@ class NsToolsServer(ResourcesServer):
             _ROW.reset(token)
 
     async def verify(self, body: NsToolsRequest) -> NsToolsResponse:
-        rollout = self.rollouts.pop(session_id(), None)
+        rollout = self.rollouts.pop(session_id())
         if rollout is not None:
             if rollout.opening.done():
                 await self._close(rollout)
             else:  # still queued in the sandbox (waiting for memory): the grade need not wait for it to close
-                self._close_later(rollout)
+                self.rollouts.close_later(rollout)
             if rollout.sandbox_failure is not None:
                 raise SandboxError(f"a tool call of this rollout failed in the sandbox: {rollout.sandbox_failure}")
         name = body.verifier_type or self.config.default_verifier

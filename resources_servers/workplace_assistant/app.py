@@ -31,8 +31,8 @@ of the compared tables that differ; empty when the reward is 1.0).
   `project_tasks.csv`, `customer_relationship_manager_data.csv`, `analytics_data.csv`, `raw/email_addresses.csv`),
   absolute or relative to the repository root. Null: our own synthetic workplace in `data/workplace/`, made by
   `generate.py` (seeded). NeMo-Gym's datasets refer to ids in WorkBench's tables: point `data_dir` at those.
-- `session_idle_s` (3600): a session untouched this long is dropped (its next tool call is a 400 asking for
-  `/seed_session`). Sessions are also dropped at `/verify`.
+- `session_idle_s` (3600): a session untouched this long is dropped (its next tool call is HTTP 410
+  `session_lost`: `gymfleet.serving.session_store`). Sessions are also dropped at `/verify`.
 - `max_sessions` (20000): sessions kept at once; past it the least recently used are dropped.
 
 ## Tools
@@ -40,7 +40,8 @@ of the compared tables that differ; empty when the reward is 1.0).
 arguments are dropped (the tool's default applies). An exception a tool does not catch answers
 `{"output": "Error executing tool '<tool>': <text>"}`; an unknown tool `Error executing tool 'foo': 'foo'`. Without
 a seeded session the answer is HTTP 400 `{"detail": "Session not initialized. Please call seed_session first."}`;
-with a session seeded before this server crashed and was restarted it is HTTP 410 `session_lost`
+with a session seeded before this server crashed and was restarted, or dropped as idle or least recently used, it
+is HTTP 410 `session_lost`
 (`gymfleet.serving.sessions`; `/verify`, which replays the calls, is still served);
 a body that is not a JSON object is a 422. The 27 tools (`tools.py`, one class per toolkit):
 `company_directory_find_email_address`; `email_` get_email_information_by_id, search_emails, send_email,
@@ -71,8 +72,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +91,7 @@ from gymfleet.serving.resources import (
     VerifyResponse,
 )
 from gymfleet.serving.server import JSONResponse, add_route
+from gymfleet.serving.session_store import SessionStore
 from gymfleet.serving.sessions import session_id
 from resources_servers.workplace_assistant import tools
 from resources_servers.workplace_assistant.tables import Workplace, differing_tables, load_workplace
@@ -128,44 +128,6 @@ class WorkplaceAssistantResponse(VerifyResponse):
     tables_differing: list[str]
 
 
-class Sessions:
-    """Session id -> that rollout's `Workplace`, dropped when idle too long or when there are too many."""
-
-    def __init__(self, idle_s: float, limit: int, clock=time.monotonic):
-        self.idle_s = idle_s
-        self.limit = limit
-        self.clock = clock
-        self._items: OrderedDict[str, tuple[Workplace, float]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, key: str, workplace: Workplace) -> None:
-        self._items.pop(key, None)
-        self._items[key] = (workplace, self.clock())
-        self._expire()
-
-    def get(self, key: str) -> Workplace | None:
-        self._expire()
-        entry = self._items.get(key)
-        if entry is None:
-            return None
-        self._items[key] = (entry[0], self.clock())
-        self._items.move_to_end(key)
-        return entry[0]
-
-    def pop(self, key: str) -> None:
-        self._items.pop(key, None)
-
-    def _expire(self) -> None:
-        cutoff = self.clock() - self.idle_s
-        while self._items:
-            key, (_, used) = next(iter(self._items.items()))
-            if used >= cutoff and len(self._items) <= self.limit:
-                break
-            del self._items[key]
-
-
 def replay(initial: Workplace, calls: list[tuple[Any, Any]]) -> Workplace:
     """A fresh copy of `initial` after running `(name, arguments JSON)` calls in order; a call that raises is
     skipped (NeMo-Gym's verification; `null` arguments are passed as `None`, unlike over HTTP)."""
@@ -200,7 +162,8 @@ class WorkplaceAssistantServer(ResourcesServer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.initial = load_workplace(str(self.data_dir()))
-        self.sessions = Sessions(self.config.session_idle_s, self.config.max_sessions)
+        self.sessions: SessionStore[Workplace] = SessionStore(self.config.session_idle_s, self.config.max_sessions,
+                                                              name=self.config.name or "workplace_assistant")
         Gauge("gymfleet_sessions_open", "Rollout sessions holding tables", registry=self.metrics.registry
               ).set_function(lambda: len(self.sessions))
 
@@ -229,8 +192,11 @@ class WorkplaceAssistantServer(ResourcesServer):
                 [{"type": "model_attributes_type", "loc": ("body",),
                   "msg": "the tool's arguments must be a JSON object, e.g. {\"email_id\": \"00000057\"}"}]
             )
-        workplace = self.sessions.get(session_id())
+        key = session_id()
+        workplace = self.sessions.get(key)
         if workplace is None:
+            if self.sessions.lost(key):
+                return self.sessions.lost_answer(f"POST /{name}")
             return JSONResponse({"detail": NOT_SEEDED}, status_code=400)
         arguments = {key: value for key, value in arguments.items() if value is not None}
         try:

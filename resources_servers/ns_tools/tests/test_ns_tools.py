@@ -231,6 +231,8 @@ def test_idle_sessions_and_the_least_recently_used_past_max_sessions_are_closed(
         third = stack.enter_context(rollout(url))
         wait_closed(sandbox_url, first_id)
         assert session_is_open(sandbox_url, second_id) and len(server.rollouts) == 2
+        lost = first.post("/stateful_python_code_exec", json={"code": "x"})
+        assert (lost.status_code, lost.json()["error_type"]) == (410, "session_lost"), "never run on a fresh session"
         now[0] = 200.0  # both idle past session_idle_s
         run(third, "y = 3")
         wait_closed(sandbox_url, second_id)

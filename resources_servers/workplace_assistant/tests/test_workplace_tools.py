@@ -8,11 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymfleet.testing import make_response
-from resources_servers.workplace_assistant.app import Sessions
+from gymfleet.testing import make_response, serve
 from resources_servers.workplace_assistant.generate import write_tables
 from resources_servers.workplace_assistant.tables import load_workplace
-from resources_servers.workplace_assistant.tests.conftest import NEMO_GYM_ROWS, make_server
+from resources_servers.workplace_assistant.tests.conftest import NEMO_GYM_ROWS, WORKBENCH_CSV, make_server
 
 
 @pytest.fixture
@@ -111,20 +110,16 @@ def test_tools_need_a_seeded_session_and_verify_drops_it(workbench):
         assert fresh.post("/email_delete_email", json={"email_id": "00000057"}).status_code == 400
 
 
-def test_sessions_expire_when_idle_and_stay_bounded():
-    now = [0.0]
-    sessions = Sessions(idle_s=10, limit=3, clock=lambda: now[0])
-    workplace = object()
-    for key in "abc":
-        sessions.put(key, workplace)
-    now[0] = 5
-    assert sessions.get("a") is workplace  # touched: a is fresh again
-    sessions.put("d", workplace)
-    assert len(sessions) == 3 and sessions.get("b") is None, "past the limit, the least recently used goes"
-    now[0] = 14
-    assert sessions.get("c") is None and sessions.get("a") is workplace, "c idle 14 s > 10 s; a used at 5"
-    now[0] = 30
-    assert sessions.get("a") is None and len(sessions) == 0
+def test_a_session_dropped_past_max_sessions_ends_as_session_lost():
+    server = make_server(data_dir=str(WORKBENCH_CSV), max_sessions=1)
+    with serve(server.create_app()) as url, httpx.Client(base_url=url) as first, httpx.Client(base_url=url) as second:
+        first.post("/seed_session", json=NEMO_GYM_ROWS[0])
+        second.post("/seed_session", json=NEMO_GYM_ROWS[0])  # past max_sessions: first's tables are dropped
+        answer = first.post("/email_delete_email", json={"email_id": "00000057"})
+        assert (answer.status_code, answer.json()["error_type"]) == (410, "session_lost")
+        assert out(second, "email_delete_email", email_id="00000057") == "Email deleted successfully."
+        first.post("/seed_session", json=NEMO_GYM_ROWS[0])
+        assert out(first, "email_delete_email", email_id="00000057") == "Email deleted successfully."
 
 
 def test_default_data_is_the_seeded_generator_output(tmp_path: Path):
