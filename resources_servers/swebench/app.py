@@ -22,7 +22,7 @@ NeMo-Gym's rows are accepted as they are. Ours add:
 ## Reward
 1.0 iff, in a fresh sandbox holding only the base snapshot, the model's patch and the test patch both apply and
 every FAIL_TO_PASS and every PASS_TO_PASS test passes; else 0.0, with `reason`:
-- `no_session` (no seeded session: never seeded, already verified, or dropped after idling), `session_ended` (the
+- `no_session` (no seeded session: never seeded, or already verified), `session_ended` (the
   sandbox session died of the model's commands, e.g. its CPU or memory limit), `empty_patch` (nothing changed);
 - `patch_too_large` (over `max_patch_bytes`), `patch_touches_tests`: the patch adds, edits, deletes or renames a
   test file (a path with a `test`/`tests`/`testing` folder, `test_*.py`, `*_test.py`, `conftest.py`, `pytest.ini`,
@@ -43,7 +43,9 @@ Failures, kept out of rewards (`_ng_failure_class: sandbox_failed`): the sandbox
 session could not be seeded because the repository cannot be prepared (missing `repo_source`, unknown commit) or
 the row needs a container image this host lacks - the message names the image and how to provide it. A tool call
 or `/verify` whose session was seeded before this server crashed and was restarted answers HTTP 410
-`session_lost` (`gymfleet.serving.sessions`), which the agent ends as a failure row (not a `no_session` 0.0).
+`session_lost` (`gymfleet.serving.sessions`), which the agent ends as a failure row (not a `no_session` 0.0); a
+`/verify` whose session was closed after `session_idle_s` idle is a `session_lost` failure row
+(`gymfleet.serving.session_store`).
 `ng_prepare_data` accepts such rows (they are valid SWE-bench rows) and logs, once per image, which image each
 needs and how to provide it.
 
@@ -114,6 +116,7 @@ from gymfleet.serving.resources import (
     VerifyResponse,
 )
 from gymfleet.serving.server import ServerRef
+from gymfleet.serving.session_store import SessionStore
 from gymfleet.serving.sessions import session_id
 from resources_servers.swebench import grading, repos
 from resources_servers.swebench.containers import ContainerRunner
@@ -238,7 +241,6 @@ class Workspace:
     """Why the session could not be seeded: an infrastructure or data problem, reported at `/verify`."""
     ended: str | None = None
     """Why the session ended under the model's commands."""
-    last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -320,8 +322,9 @@ class SWEBenchServer(ResourcesServer):
             self.containers = self.grader = ContainerRunner(self.config.base_image, host=self.config.docker_host,
                                                             concurrency=self.config.docker_concurrency)
         self.snapshots = repos.SNAPSHOTS
-        self.workspaces: dict[str, Workspace] = {}
-        self._expiry: asyncio.Task | None = None
+        self.workspaces: SessionStore[Workspace] = SessionStore(
+            self.config.session_idle_s, name=self.config.name or "swebench", close=self._close,
+            busy=lambda workspace: workspace.lock.locked())
 
     async def startup(self) -> None:
         await super().startup()
@@ -333,13 +336,10 @@ class SWEBenchServer(ResourcesServer):
             except ConfigError as exc:
                 hint = "Add sandbox/configs/sandbox.yaml to config_paths, or set sandbox_url."
                 raise ConfigError(f"swebench needs a sandbox instance: {exc}", hint=hint) from exc
-        self._expiry = asyncio.create_task(self._expire_forever())
+        self.workspaces.start_sweeping()
 
     async def shutdown(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
-        for key in list(self.workspaces):
-            await self._close(self.workspaces.pop(key))
+        await self.workspaces.close_all()
         if self.containers is not None:
             await asyncio.to_thread(self.containers.close)
         await super().shutdown()
@@ -348,7 +348,7 @@ class SWEBenchServer(ResourcesServer):
 
     async def seed_session(self, body: SWEBenchSeedRequest) -> dict[str, Any]:
         key = session_id()
-        old = self.workspaces.pop(key, None)
+        old = self.workspaces.pop(key)
         if old is not None:
             await self._close(old)
         try:
@@ -356,7 +356,7 @@ class SWEBenchServer(ResourcesServer):
         except (RepoSourceError, SandboxError) as exc:
             log.warning("swebench %s: could not seed a session: %s", body.instance_id, exc)
             workspace = Workspace(None, body.base_commit or "", error=str(exc))
-        self.workspaces[key] = workspace
+        self.workspaces.put(key, workspace)
         return {"error": workspace.error} if workspace.error else {}
 
     async def _open(self, task: SWEBenchTask) -> Workspace:
@@ -389,15 +389,6 @@ class SWEBenchServer(ResourcesServer):
             except SandboxError as exc:  # the sandbox service expires it on its own
                 log.warning("could not close sandbox session %s: %s", sandbox.id, exc)
 
-    async def _expire_forever(self) -> None:
-        idle_s = self.config.session_idle_s
-        while True:
-            await asyncio.sleep(min(max(idle_s / 4, 0.05), 30.0))
-            cutoff = time.monotonic() - idle_s
-            for key in [k for k, w in self.workspaces.items() if w.last_used < cutoff and not w.lock.locked()]:
-                log.info("swebench session %s idle for more than %gs: closing", key, idle_s)
-                await self._close(self.workspaces.pop(key))
-
     # ------------------------------------------------------------------------------------------------ tools
 
     async def bash(self, body: BashArgs) -> dict[str, Any]:
@@ -422,13 +413,13 @@ class SWEBenchServer(ResourcesServer):
         return await self._exec(command, self.config.command_timeout_s, stdin=json.dumps(arguments))
 
     async def _exec(self, command: str, timeout_s: float, *, stdin: str | None = None, raw: bool = False):
-        workspace = self.workspaces.get(session_id())
+        key = session_id()
+        workspace = self.workspaces.get(key)
         if workspace is None:
             return {"error": "no repository session: /seed_session was not called, or the session was closed"}
         if workspace.sandbox is None:
             return {"error": f"the repository session is not available: {workspace.error or workspace.ended}"}
         async with workspace.lock:
-            workspace.last_used = time.monotonic()
             try:
                 result = await workspace.sandbox.exec(command, "bash", stdin=stdin, timeout_s=timeout_s)
             except SessionGoneError as exc:
@@ -439,7 +430,7 @@ class SWEBenchServer(ResourcesServer):
                 workspace.error = f"the sandbox failed during a tool call: {exc}"
                 return {"error": "the sandbox failed; this rollout will not be scored"}
             finally:
-                workspace.last_used = time.monotonic()
+                self.workspaces.touch(key)
         limit = self.config.max_output_chars
         if result.message and "session has ended" in result.message:
             workspace.ended, workspace.sandbox = result.message, None
@@ -456,7 +447,11 @@ class SWEBenchServer(ResourcesServer):
     # ------------------------------------------------------------------------------------------------ verify
 
     async def verify(self, body: SWEBenchRequest) -> SWEBenchResponse:
-        workspace = self.workspaces.pop(session_id(), None)
+        key = session_id()
+        if self.workspaces.lost(key):  # closed as idle: the diff went with it, so this is no grade of the model's
+            self.workspaces.pop(key)
+            return SWEBenchResponse.echo(body, reward=0.0, **self.workspaces.lost_fields())
+        workspace = self.workspaces.pop(key)
         if workspace is None:
             return SWEBenchResponse.echo(body, reward=0.0, reason="no_session", model_patch=None)
         try:

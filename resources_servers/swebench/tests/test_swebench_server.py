@@ -208,6 +208,8 @@ def test_idle_sessions_are_closed_and_tools_need_a_session(sandbox):
         assert_sessions_closed(sandbox_server)  # the background sleep died with its session
         assert "seed_session" in client.post("/bash", json={"command": "ls"}).json()["error"]
         result = client.post("/verify", json={**ROWS[0], "response": make_response("")}).json()
+        assert (result["_ng_failure_class"], result["reward"]) == ("session_lost", 0.0), "no grade of a closed session"
+        result = client.post("/verify", json={**ROWS[0], "response": make_response("")}).json()
     assert (result["reward"], result["reason"]) == (0.0, "no_session")
 
 
