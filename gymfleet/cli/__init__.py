@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING, TypeVar
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
 
 if TYPE_CHECKING:  # not imported at run time: `ng_run` starts its zygote before importing the config stack
+    from pydantic import BaseModel
+
     from gymfleet.fleet.config_instances import GlobalConfig
 
 T = TypeVar("T")
+M = TypeVar("M", bound="BaseModel")
 
 
 def setup_logging() -> None:
@@ -32,11 +35,16 @@ def wants_help(argv: list[str]) -> bool:
     return any(arg in ("-h", "--help", "+help=true") for arg in argv)
 
 
-def run_cli(body: Callable[[list[str]], T], argv: list[str] | None = None) -> T:
-    """Run a command body, turning gymfleet errors into a message and exit code 2."""
+def run_cli(body: Callable[[list[str]], T], argv: list[str] | None = None, *, doc: str | None = None) -> T | int:
+    """Run a command body, turning gymfleet errors into a message and exit code 2; with `doc`, `-h`/`--help`/
+    `+help=true` prints it and returns 0 instead."""
     setup_logging()
+    argv = sys.argv[1:] if argv is None else argv
+    if doc is not None and wants_help(argv):
+        print(doc)
+        return 0
     try:
-        return body(sys.argv[1:] if argv is None else argv)
+        return body(argv)
     except GymfleetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -61,3 +69,24 @@ def reject_unknown_keys(config: GlobalConfig, command: str, known: Iterable[str]
         hint=f"{command} reads: {', '.join(known) or '(no keys of its own)'}; global keys and server instances "
         f"from the config are accepted too. See `{command} --help`.",
     )
+
+
+def command_config(argv: list[str], command: str, known: Iterable[str]) -> GlobalConfig:
+    """`argv` parsed as the fleet's config (ports left unassigned), refusing `+key=value`s not in `known`.
+
+    Raises:
+        ConfigError: a config file or argument is wrong, or a key nothing reads (`reject_unknown_keys`).
+    """
+    from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+
+    config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
+    reject_unknown_keys(config, command, known)
+    return config
+
+
+def command_fields(argv: list[str], command: str, model: type[M]) -> tuple[GlobalConfig, M]:
+    """`command_config` for a command whose keys are `model`'s fields, and those fields validated into `model`."""
+    from gymfleet.fleet.config_checks import validate_fields
+
+    config = command_config(argv, command, model.model_fields)
+    return config, validate_fields(model, config.data, "")

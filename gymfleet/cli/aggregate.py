@@ -1,8 +1,8 @@
 """`ng_aggregate_rollouts +input_jsonl_fpath=<rollouts.jsonl> [+output_json_fpath=<metrics.json>]`: aggregate metrics.
 
 Computes, with no fleet running, what `ng_collect_rollouts` writes to `<out>_aggregate_metrics.json`: per agent
-(`agent_ref.name`), `gymfleet.serving.aggregate`'s `agent_metrics` (`mean/max/min/median/std` of every numeric result field
-and of `response.usage` tokens), `key_metrics` (the means) and `group_level_metrics` (the same per
+(`agent_ref.name`), `gymfleet.serving.aggregate`'s `agent_metrics` (`mean/max/min/median/std` of every numeric
+result field and of `response.usage` tokens), `key_metrics` (the means) and `group_level_metrics` (the same per
 `_ng_task_index`). It is the computation every agent's `/aggregate_metrics` runs, so the numbers equal the
 collector's. Use it after `+disable_aggregation=true`, or over several shards of one collection:
 `"+input_jsonl_fpaths=[shard0.jsonl,shard1.jsonl]"`.
@@ -24,10 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import command_fields, run_cli
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.collect import for_aggregation
 from gymfleet.rollouts.rows import read_jsonl
 from gymfleet.serving.aggregate import aggregate_metrics
@@ -75,12 +73,7 @@ def aggregate_by_agent(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _run(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    global_config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(global_config, "ng_aggregate_rollouts", AggregateRolloutsConfig.model_fields)
-    config = validate_fields(AggregateRolloutsConfig, global_config.data, "")
+    global_config, config = command_fields(argv, "ng_aggregate_rollouts", AggregateRolloutsConfig)
     output = config.output()
     if output.exists() and not config.overwrite:
         raise ConfigError(f"{output} exists", path="output_json_fpath",
@@ -105,7 +98,7 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv))
+    sys.exit(run_cli(_run, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,8 @@ import asyncio
 import sys
 
 from gymfleet import http
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import command_fields, run_cli
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.collect import CollectionSummary, collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, load_rows
 from gymfleet.rollouts.collect_outputs import OutputError
@@ -57,6 +55,9 @@ async def _collect(config: RolloutCollectionConfig, host: str, port: int) -> Col
         return await collect(config, client, rows=rows, head=head_address({"host": host, "port": port}))
     finally:
         await http.close()
+
+
+INTERRUPTED = "Interrupted: finished rollouts are saved; rerun with +resume_from_cache=true to finish."
 
 
 def report(summary: CollectionSummary, max_rewards: int = 50) -> str:
@@ -84,21 +85,20 @@ def report(summary: CollectionSummary, max_rewards: int = 50) -> str:
 
 
 def _run(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    global_config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(global_config, "ng_collect_rollouts", RolloutCollectionConfig.model_fields)
-    config = validate_fields(RolloutCollectionConfig, global_config.data, "")
+    global_config, config = command_fields(argv, "ng_collect_rollouts", RolloutCollectionConfig)
     try:
         summary = asyncio.run(_collect(config, global_config.head_host, global_config.head_port))
     except OutputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return OUTPUT_ERROR_EXIT_CODE
     except KeyboardInterrupt:
-        print("Interrupted: finished rollouts are saved; rerun with +resume_from_cache=true to finish.",
-              file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
+    return finish(summary)
+
+
+def finish(summary: CollectionSummary) -> int:
+    """Print the end-of-run report (and why the run stopped early, if it did); return the exit code."""
     print(report(summary), flush=True)
     if summary.stopped:
         print(f"error: {summary.stop_message()}", file=sys.stderr)
@@ -106,7 +106,7 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv))
+    sys.exit(run_cli(_run, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

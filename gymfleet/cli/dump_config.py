@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 import sys
 
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.cli import command_config, run_cli
 
 UNASSIGNED_PORT = "<port assigned at start>"
 _NONE_PORT = re.compile(r"(?<=[\w\]]):None(?=[/?#\s]|$)")
@@ -20,11 +19,7 @@ _NULL_PORT_LINE = re.compile(r"^(\s*(?:- )?port: null)$", re.MULTILINE)
 
 
 def _dump(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(config, "ng_dump_config", ())
+    config = command_config(argv, "ng_dump_config", ())
     print(render(config.to_yaml(hide_secrets=True)), end="")
     return 0
 
@@ -36,7 +31,7 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_dump, argv))
+    sys.exit(run_cli(_dump, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

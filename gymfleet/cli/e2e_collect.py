@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from gymfleet import http
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
-from gymfleet.cli.collect import report
+from gymfleet.cli import reject_unknown_keys, run_cli
+from gymfleet.cli.collect import INTERRUPTED, finish
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.supervisor import Fleet
@@ -42,9 +42,6 @@ async def _collect(config: RolloutCollectionConfig, rows: list[dict], host: str,
 
 
 def _run(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
     probe = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
     reject_unknown_keys(probe, "ng_e2e_collect_rollouts", RolloutCollectionConfig.model_fields)
     output = Path(str(probe.data.get("output_jsonl_fpath", "rollouts.jsonl")))
@@ -64,20 +61,16 @@ def _run(argv: list[str]) -> int:
         fleet.start()
         summary = asyncio.run(_collect(collection, rows, config.head_host, config.head_port))
     except KeyboardInterrupt:
-        print("Interrupted: finished rollouts are saved; rerun with +resume_from_cache=true to finish.",
-              file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     finally:
         fleet.shutdown()
         print("Fleet stopped.", flush=True)
-    print(report(summary), flush=True)
-    if summary.stopped:
-        print(f"error: {summary.stop_message()}", file=sys.stderr)
-    return summary.exit_code
+    return finish(summary)
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv))
+    sys.exit(run_cli(_run, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

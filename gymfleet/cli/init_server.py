@@ -25,9 +25,8 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import command_config, run_cli
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.serving.resources import DOMAINS
 
 EXAMPLES = (
@@ -117,11 +116,7 @@ def scaffold(folder: Path, name: str, domain: str = "other") -> list[Path]:
 
 
 def _run(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(config, "ng_init_resources_server", ("domain",))
+    config = command_config(argv, "ng_init_resources_server", ("domain",))
     folder, name = target_folder(config.data.get("entrypoint"))
     written = scaffold(folder, name, str(config.data.get("domain", "other")))
     for path in written:
@@ -140,7 +135,7 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv))
+    sys.exit(run_cli(_run, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

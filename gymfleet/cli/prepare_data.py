@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import sys
 
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import reject_unknown_keys, run_cli
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.prepare_data import TrainDataProcessorConfig, parse_prepare_config, prepare
 
 
 def _run(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
     global_config = parse_prepare_config(argv)
     reject_unknown_keys(global_config, "ng_prepare_data", TrainDataProcessorConfig.model_fields)
     config = validate_fields(TrainDataProcessorConfig, global_config.data, "")
@@ -33,7 +30,7 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv))
+    sys.exit(run_cli(_run, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from gymfleet import http
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import reject_unknown_keys, run_cli
 from gymfleet.cli.collect import report
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.config_instances import repository_root
@@ -41,9 +41,6 @@ async def _collect(config: RolloutCollectionConfig, host: str, port: int):
 
 
 def _quickstart(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
     root = repository_root()
     probe = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv, initial_global_config_dict=DEFAULTS,
                                                              skip_load_from_dotenv=True), assign_ports=False)
@@ -82,7 +79,7 @@ def _quickstart(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_quickstart, argv))
+    sys.exit(run_cli(_quickstart, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

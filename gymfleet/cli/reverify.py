@@ -23,10 +23,8 @@ import sys
 from pathlib import Path
 
 from gymfleet import http
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import command_fields, run_cli
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.rollouts.reverify import (
     FleetBackend,
@@ -64,12 +62,7 @@ async def _reverify(config: ReverifyConfig, global_config: GlobalConfig) -> Reve
 
 
 def _run(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    global_config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(global_config, "ng_reverify", ReverifyConfig.model_fields)
-    config = validate_fields(ReverifyConfig, global_config.data, "")
+    global_config, config = command_fields(argv, "ng_reverify", ReverifyConfig)
     try:
         summary = asyncio.run(_reverify(config, global_config))
     except KeyboardInterrupt:
@@ -80,7 +73,7 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv))
+    sys.exit(run_cli(_run, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

@@ -41,10 +41,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import command_fields, run_cli
 from gymfleet.errors import DataError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.collect_outputs import rollout_key
 from gymfleet.rollouts.rows import read_jsonl
 from gymfleet.serving.aggregate import describe
@@ -298,12 +296,7 @@ def run_profile(config: RewardProfileConfig) -> tuple[Profile, Path]:
 
 
 def _run(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    global_config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(global_config, "ng_reward_profile", RewardProfileConfig.model_fields)
-    config = validate_fields(RewardProfileConfig, global_config.data, "")
+    global_config, config = command_fields(argv, "ng_reward_profile", RewardProfileConfig)
     result, output = run_profile(config)
     print(table(result, config.max_table_rows))
     print(f"Wrote {len(result.tasks)} task rows: {output}", flush=True)
@@ -311,7 +304,7 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv))
+    sys.exit(run_cli(_run, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,8 @@ import sys
 import urllib.error
 import urllib.request
 
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import command_config, run_cli
 from gymfleet.errors import ConfigError, TransportError
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 
 WAITING = "waiting for upstream"
 """The supervisor's status for a model server whose upstream does not answer yet (`gymfleet.fleet.readiness`)."""
@@ -34,11 +33,7 @@ def _get(url: str, timeout_s: float = 5.0):
 
 
 def _status(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(config, "ng_status", ("json",))
+    config = command_config(argv, "ng_status", ("json",))
     as_json = config.data.get("json", False)
     if not isinstance(as_json, bool):
         raise ConfigError(f"json: expected true or false, got {as_json!r}.", path="json", hint="Use +json=true.")
@@ -123,7 +118,7 @@ def _print_table(instances: list[dict], head: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_status, argv))
+    sys.exit(run_cli(_status, argv, doc=__doc__))
 
 
 if __name__ == "__main__":

@@ -22,9 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gymfleet.cli import reject_unknown_keys, run_cli, wants_help
+from gymfleet.cli import command_config, run_cli
 from gymfleet.errors import ConfigError, did_you_mean
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.config_instances import repository_root
 
 
@@ -104,11 +103,7 @@ def _run_pytest(command: list[str], root: Path) -> int:
 
 
 def _test(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(config, "ng_test", ("pytest_args",))
+    config = command_config(argv, "ng_test", ("pytest_args",))
     root = repository_root()
     extra = _extra_args(config.data.get("pytest_args"))
     folder = nemo_gym_folder_of(config.data.get("entrypoint"), root)
@@ -144,11 +139,7 @@ def _run_folder_tests(folder: Path, extra: list[str]) -> int:
 
 
 def _test_all(argv: list[str]) -> int:
-    if wants_help(argv):
-        print(__doc__)
-        return 0
-    config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
-    reject_unknown_keys(config, "ng_test_all", ("pytest_args", "skip"))
+    config = command_config(argv, "ng_test_all", ("pytest_args", "skip"))
     root = repository_root()
     envs = select_all(root, config.data.get("skip"))
     print(f"Testing {len(envs)} environments: {', '.join(envs)}", flush=True)
@@ -156,11 +147,11 @@ def _test_all(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_test, argv))
+    sys.exit(run_cli(_test, argv, doc=__doc__))
 
 
 def main_all(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_test_all, argv))
+    sys.exit(run_cli(_test_all, argv, doc=__doc__))
 
 
 if __name__ == "__main__":
