@@ -1,8 +1,8 @@
 """What `/metrics` costs per request: a trivial route with gymfleet's metrics on and off, side by side, in one run.
 
-Both servers are the same `gymfleet.serving.server.Server` app with one plain route (`POST /ping`, answering `{"ok": true}`);
-the "off" app has `MetricsMiddleware` taken out of its middleware, so the gap between the columns is the per-request
-cost of recording the route, status, latency and in-flight gauge. Three measurements:
+Both servers are the same `gymfleet.serving.server.Server` app with one plain route (`POST /ping`, answering
+`{"ok": true}`); the "off" app has `MetricsMiddleware` taken out of its middleware, so the gap between the columns is
+the per-request cost of recording the route, status, latency and in-flight gauge. Three measurements:
 
 1. In process, no network: the ASGI app called directly, µs of CPU per request (the cleanest number).
 2. Over HTTP: each server alone in its own process (one uvicorn worker, as `ng_run` starts it), driven by this
@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gymfleet import http, metrics  # noqa: E402
+from bench._common import closed_loop  # noqa: E402
+from gymfleet import metrics  # noqa: E402
 from gymfleet.metrics import MetricsMiddleware  # noqa: E402
 from gymfleet.serving.server import JSONResponse, Server, add_route  # noqa: E402
 from gymfleet.testing import free_port, spawn_server  # noqa: E402
@@ -95,35 +96,6 @@ def _client_us_per_call(n: int) -> float:
     return (time.process_time() - start) / n * 1e6
 
 
-async def _load(url: str, concurrency: int, seconds: float) -> dict:
-    latencies: list[float] = []
-    errors = 0
-    stop_at = time.perf_counter() + seconds
-
-    async def worker():
-        nonlocal errors
-        while time.perf_counter() < stop_at:
-            start = time.perf_counter()
-            try:
-                response = await http.request("POST", url + "/ping", json={}, timeout_s=60, retry=http.NO_RETRY)
-                errors += response.status != 200
-            except http.TransportError:
-                errors += 1
-            latencies.append(time.perf_counter() - start)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - began
-    await http.close()
-    latencies.sort()
-    return {
-        "rps": len(latencies) / elapsed,
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-        "errors": errors,
-    }
-
-
 def _median_round(rounds: list[dict]) -> dict:
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
@@ -150,13 +122,14 @@ def main() -> None:
             port = free_port()
             servers[kind] = spawn_server([sys.executable, __file__, "--serve", kind, "--port", str(port)], port)
         for _, url in servers.values():
-            asyncio.run(_load(url, 16, 1.0))  # warm-up
+            asyncio.run(closed_loop(url + "/ping", {}, 16, 1.0, timeout_s=60))  # warm-up
         results: dict[tuple[str, int], list[dict]] = {}
         for concurrency in args.concurrency:
             for round_ in range(args.rounds):
                 for kind in (("on", "off") if round_ % 2 == 0 else ("off", "on")):
                     results.setdefault((kind, concurrency), []).append(
-                        asyncio.run(_load(servers[kind][1], concurrency, args.seconds))
+                        asyncio.run(closed_loop(servers[kind][1] + "/ping", {}, concurrency, args.seconds,
+                                                timeout_s=60))
                     )
     finally:
         for process, _ in servers.values():

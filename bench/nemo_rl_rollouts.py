@@ -28,7 +28,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -38,6 +37,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import Sampler  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper  # noqa: E402
@@ -84,28 +84,19 @@ def nemo_rl_rows(count: int, generations: int) -> list[dict]:
     return rows
 
 
-class PeakRSS:
+class PeakRSS(Sampler):
     """Samples, in a background thread, the RSS of this process and of all its descendants (the fleet), and per
     server instance (`pids`: a server's pid -> its instance name, from the head server's `/server_instances`; a
     server's worker processes count as its own) the peak RSS (summed over its processes), the peak open file
     descriptors of one of its processes, and its CPU time."""
 
     def __init__(self, pids: dict[int, str] | None = None, interval_s: float = 0.2):
-        self.interval_s, self.client, self.fleet = interval_s, 0, 0
+        super().__init__(interval_s)
+        self.client, self.fleet, self._me = 0, 0, psutil.Process()
         self.pids = dict(pids or {})
         self.per_server: Counter = Counter()
         self.fds: Counter = Counter()
         self.cpu_s: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
     def _instance(self, process: psutil.Process) -> str | None:
         for candidate in [process, *process.parents()]:
@@ -113,27 +104,24 @@ class PeakRSS:
                 return self.pids[candidate.pid]
         return None
 
-    def _run(self):
-        me = psutil.Process()
-        while not self._stop.is_set():
-            self.client = max(self.client, me.memory_info().rss)
-            total, rss_now, cpu_now = 0, Counter(), Counter()
-            for child in me.children(recursive=True):
-                try:
-                    rss, fds, cpu = child.memory_info().rss, child.num_fds(), child.cpu_times()
-                    name = self._instance(child)
-                except psutil.Error:
-                    continue
-                total += rss
-                if name is not None:
-                    rss_now[name] += rss
-                    cpu_now[name] += cpu.user + cpu.system
-                    self.fds[name] = max(self.fds[name], fds)
-            for name, rss in rss_now.items():
-                self.per_server[name] = max(self.per_server[name], rss)
-                self.cpu_s[name] = max(self.cpu_s.get(name, 0.0), cpu_now[name])
-            self.fleet = max(self.fleet, total)
-            self._stop.wait(self.interval_s)
+    def sample(self) -> None:
+        self.client = max(self.client, self._me.memory_info().rss)
+        total, rss_now, cpu_now = 0, Counter(), Counter()
+        for child in self._me.children(recursive=True):
+            try:
+                rss, fds, cpu = child.memory_info().rss, child.num_fds(), child.cpu_times()
+                name = self._instance(child)
+            except psutil.Error:
+                continue
+            total += rss
+            if name is not None:
+                rss_now[name] += rss
+                cpu_now[name] += cpu.user + cpu.system
+                self.fds[name] = max(self.fds[name], fds)
+        for name, rss in rss_now.items():
+            self.per_server[name] = max(self.per_server[name], rss)
+            self.cpu_s[name] = max(self.cpu_s.get(name, 0.0), cpu_now[name])
+        self.fleet = max(self.fleet, total)
 
 
 def instance_pids(head: BaseServerConfig) -> dict[int, str]:

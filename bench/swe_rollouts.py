@@ -24,7 +24,6 @@ import os
 import re
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -33,9 +32,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import RSSSampler, timed_collect  # noqa: E402
 from gymfleet import http  # noqa: E402
-from gymfleet.http import ServerClient  # noqa: E402
-from gymfleet.rollouts.collect import collect  # noqa: E402
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig  # noqa: E402
 from gymfleet.testing import running_fleet  # noqa: E402
 
@@ -88,53 +86,6 @@ def fleet_extra(rules: list[dict]) -> dict:
     }
 
 
-class TimedClient(ServerClient):
-    """Records how long each `/run` took."""
-
-    def __init__(self, config: dict):
-        super().__init__(config)
-        self.latencies: list[float] = []
-
-    async def post(self, server: str, path: str, **kwargs):
-        started = time.perf_counter()
-        try:
-            return await super().post(server, path, **kwargs)
-        finally:
-            if path == "/run":
-                self.latencies.append(time.perf_counter() - started)
-
-
-class RSSSampler:
-    """Samples a process's RSS with its children every `interval_s`; keeps the peak."""
-
-    def __init__(self, pid: int, interval_s: float = 0.1):
-        self.process, self.interval_s, self.peak = psutil.Process(pid), interval_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def rss(self) -> int:
-        total = 0
-        for process in [self.process, *self.process.children(recursive=True)]:
-            try:
-                total += process.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.rss())
-            self._stop.wait(self.interval_s)
-
-
 async def instance_info(head_port: int) -> dict[str, dict]:
     try:
         response = await http.request("GET", f"http://127.0.0.1:{head_port}/server_instances")
@@ -162,18 +113,6 @@ def sandbox_processes(pid: int) -> int:
         except psutil.Error:
             pass
     return count
-
-
-async def collect_once(config: RolloutCollectionConfig, head_port: int, pid: int):
-    try:
-        client = TimedClient((await ServerClient.from_head("127.0.0.1", head_port)).config)
-        with RSSSampler(pid) as sampler:
-            started = time.perf_counter()
-            summary = await collect(config, client, progress=False)
-            wall_s = time.perf_counter() - started
-        return summary, client, wall_s, sampler
-    finally:
-        await http.close()
 
 
 def pct(values: list[float], q: float) -> float:
@@ -209,7 +148,7 @@ def main() -> None:
                                              output_jsonl_fpath=f"{scratch}/out{index}.jsonl",
                                              num_samples_in_parallel=None)
             before = RSSSampler(pid).rss()
-            summary, client, wall_s, sampler = asyncio.run(collect_once(config, head_port, pid))
+            summary, client, wall_s, sampler = asyncio.run(timed_collect(config, head_port, pid))
             time.sleep(args.settle_s)
             after = RSSSampler(pid).rss()
             results = [json.loads(line) for line in Path(config.output_jsonl_fpath).read_text().splitlines()]

@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -26,7 +24,7 @@ from fastapi import FastAPI, Request
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gymfleet import http  # noqa: E402
+from bench._common import closed_loop  # noqa: E402
 from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
 
 ROW = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
@@ -60,38 +58,6 @@ def serve(kind: str, port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False, backlog=8192)
 
 
-async def _load(url: str, concurrency: int, seconds: float, body: dict) -> dict:
-    latencies: list[float] = []
-    errors = 0
-    stop_at = time.perf_counter() + seconds
-
-    async def worker():
-        nonlocal errors
-        while time.perf_counter() < stop_at:
-            start = time.perf_counter()
-            try:
-                response = await http.request("POST", url + "/verify", json=body, timeout_s=120,
-                                              retry=http.NO_RETRY)
-                if response.status != 200:
-                    errors += 1
-            except Exception:  # noqa: BLE001 - a benchmark counts every failure
-                errors += 1
-            latencies.append(time.perf_counter() - start)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - began
-    await http.close()
-    latencies.sort()
-    return {
-        "rps": len(latencies) / elapsed,
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-        "errors": errors,
-        "n": len(latencies),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 256, 4096])
@@ -115,9 +81,9 @@ def main() -> None:
         process, url = spawn_server([sys.executable, __file__, "--serve", kind, "--port", str(port)], port)
         proc = psutil.Process(process.pid)
         try:
-            asyncio.run(_load(url, 16, 1.0, body))  # warm-up
+            asyncio.run(closed_loop(url + "/verify", body, 16, 1.0, timeout_s=120))  # warm-up
             for concurrency in args.concurrency:
-                result = asyncio.run(_load(url, concurrency, args.seconds, body))
+                result = asyncio.run(closed_loop(url + "/verify", body, concurrency, args.seconds, timeout_s=120))
                 result["rss_mb"] = proc.memory_info().rss / 2**20
                 results[kind, concurrency] = result
         finally:

@@ -29,7 +29,6 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,9 +38,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import timed_collect  # noqa: E402
 from gymfleet import http  # noqa: E402
-from gymfleet.http import ServerClient  # noqa: E402
-from gymfleet.rollouts.collect import collect  # noqa: E402
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig  # noqa: E402
 from gymfleet.testing import running_fleet  # noqa: E402
 
@@ -100,48 +98,6 @@ def write_rows(path: Path, rows: list[dict], count: int) -> None:
             handle.write(json.dumps({**rows[index % len(rows)], "id": index}) + "\n")
 
 
-class TimedClient(ServerClient):
-    """A `ServerClient` that records how long each `/run` took (dispatch to answer)."""
-
-    def __init__(self, config: dict):
-        super().__init__(config)
-        self.latencies: list[float] = []
-
-    async def post(self, server: str, path: str, **kwargs):
-        started = time.perf_counter()
-        try:
-            return await super().post(server, path, **kwargs)
-        finally:
-            if path == "/run":
-                self.latencies.append(time.perf_counter() - started)
-
-
-class RSSSampler:
-    """Samples one process's RSS (with its children) every `interval_s` in a background thread; keeps the peak."""
-
-    def __init__(self, pid: int, interval_s: float = 0.1):
-        self.process, self.interval_s, self.peak = psutil.Process(pid), interval_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def rss(self) -> int:
-        processes = [self.process, *self.process.children(recursive=True)]
-        return sum(process.memory_info().rss for process in processes)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.rss())
-            self._stop.wait(self.interval_s)
-
-
 async def server_pid(head_port: int, name: str) -> int:
     """The pid the head server's `/server_instances` reports for instance `name`."""
     try:
@@ -159,19 +115,6 @@ def short_rollouts(path: Path) -> int:
         items = json.loads(line)["response"]["output"]
         short += sum(item["type"] == "function_call" for item in items) != CALLS_PER_ROLLOUT
     return short
-
-
-async def run(config: RolloutCollectionConfig, head_port: int, sampler_pid: int):
-    """Collect under RSS sampling; returns (summary, client, wall seconds, sampler)."""
-    try:
-        client = TimedClient((await ServerClient.from_head("127.0.0.1", head_port)).config)
-        with RSSSampler(sampler_pid) as sampler:
-            started = time.perf_counter()
-            summary = await collect(config, client, progress=False)
-            wall_s = time.perf_counter() - started
-        return summary, client, wall_s, sampler
-    finally:
-        await http.close()
 
 
 def main() -> None:
@@ -201,7 +144,7 @@ def main() -> None:
                                              output_jsonl_fpath=f"{scratch}/out{run_index}.jsonl",
                                              agent_name=AGENT, num_samples_in_parallel=None)
             before = psutil.Process(pid).memory_info().rss
-            summary, client, wall_s, sampler = asyncio.run(run(config, head_port, pid))
+            summary, client, wall_s, sampler = asyncio.run(timed_collect(config, head_port, pid))
             time.sleep(args.settle_s)
             after = sampler.rss()
             short = short_rollouts(Path(config.output_jsonl_fpath))

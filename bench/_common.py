@@ -1,0 +1,126 @@
+"""What several bench scripts share: background samplers, a `/run`-timing client, a closed-loop load driver.
+
+Imported after the script has put the repository root on `sys.path` (each script does so first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from typing import Any
+
+import psutil
+
+from gymfleet import http
+from gymfleet.http import ServerClient
+from gymfleet.rollouts.collect import CollectionSummary, collect
+from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig
+
+
+class Sampler:
+    """Calls `sample()` in a background thread every `interval_s` while in its `with` block."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+
+class RSSSampler(Sampler):
+    """The peak RSS of one process with its children (processes that exit between two looks are skipped)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1):
+        super().__init__(interval_s)
+        self.process, self.peak = psutil.Process(pid), 0
+
+    def rss(self) -> int:
+        total = 0
+        for process in [self.process, *self.process.children(recursive=True)]:
+            try:
+                total += process.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.rss())
+
+
+class TimedClient(ServerClient):
+    """A `ServerClient` that records how long each `/run` took (dispatch to answer)."""
+
+    def __init__(self, config: dict):
+        super().__init__(config)
+        self.latencies: list[float] = []
+
+    async def post(self, server: str, path: str, **kwargs):
+        started = time.perf_counter()
+        try:
+            return await super().post(server, path, **kwargs)
+        finally:
+            if path == "/run":
+                self.latencies.append(time.perf_counter() - started)
+
+
+async def timed_collect(config: RolloutCollectionConfig, head_port: int, pid: int
+                        ) -> tuple[CollectionSummary, TimedClient, float, RSSSampler]:
+    """`collect` through the fleet at `head_port` while sampling `pid`'s RSS: (summary, client, wall s, sampler)."""
+    try:
+        client = TimedClient((await ServerClient.from_head("127.0.0.1", head_port)).config)
+        with RSSSampler(pid) as sampler:
+            started = time.perf_counter()
+            summary = await collect(config, client, progress=False)
+            wall_s = time.perf_counter() - started
+        return summary, client, wall_s, sampler
+    finally:
+        await http.close()
+
+
+async def closed_loop(url: str, body: Any, concurrency: int, seconds: float, timeout_s: float) -> dict[str, float]:
+    """POST `body` to `url` from `concurrency` workers, each sending its next request when the last is answered,
+    for `seconds`: requests per second, p50/p99 latency (ms), errors (non-200 answers and failed calls), count."""
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+
+    async def worker():
+        nonlocal errors
+        while time.perf_counter() < stop_at:
+            start = time.perf_counter()
+            try:
+                response = await http.request("POST", url, json=body, timeout_s=timeout_s, retry=http.NO_RETRY)
+                errors += response.status != 200
+            except Exception:  # noqa: BLE001 - a benchmark counts every failure
+                errors += 1
+            latencies.append(time.perf_counter() - start)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - began
+    await http.close()
+    latencies.sort()
+    return {
+        "rps": len(latencies) / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        "errors": errors,
+        "n": len(latencies),
+    }
