@@ -62,6 +62,14 @@ class SimpleAgentConfig(AgentServerConfig):
     """Deadline for `/verify`; the resources server's own `verify_timeout_s` should be shorter."""
 
 
+def conversation(params: dict[str, Any]) -> tuple[list[dict[str, Any]], set[str]]:
+    """A request's `input` as a list of items (a string is one user message), and the names of the tools it offers."""
+    original = params["input"]
+    if isinstance(original, str):
+        original = [{"role": "user", "content": original}]
+    return original, {tool.get("name") for tool in params.get("tools") or []}
+
+
 class SimpleAgent(AgentServer):
     """The default agent."""
 
@@ -91,10 +99,7 @@ class SimpleAgent(AgentServer):
         return {**cookies, **seeded.cookies}
 
     async def respond(self, params: dict[str, Any], cookies: dict[str, str]):
-        original = params["input"]
-        if isinstance(original, str):
-            original = [{"role": "user", "content": original}]
-        offered = {tool.get("name") for tool in params.get("tools") or []}
+        original, offered = conversation(params)
         produced: list[dict[str, Any]] = []
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         step = 0

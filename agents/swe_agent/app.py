@@ -28,9 +28,10 @@ import json
 import time
 from typing import Any
 
-from agents.simple_agent.app import MODEL_RETRY, SimpleAgent, SimpleAgentConfig
-from gymfleet.serving.agent import RunRequest
+from agents.simple_agent.app import MODEL_RETRY, SimpleAgent, SimpleAgentConfig, conversation
 from gymfleet.errors import TransportError
+from gymfleet.grading.text import clip_middle
+from gymfleet.serving.agent import RunRequest
 
 CONTEXT_MARKERS = ("maximum context length", "context length", "context window", "too many tokens",
                    "prompt is too long")
@@ -56,13 +57,6 @@ def is_context_overflow(error: TransportError) -> bool:
         return False
     body = (error.response_content or b"").decode("utf-8", "replace").lower()
     return any(marker in body or marker in str(error).lower() for marker in CONTEXT_MARKERS)
-
-
-def cut(text: str, max_chars: int) -> str:
-    if len(text) <= max_chars:
-        return text
-    keep = max_chars // 2
-    return f"{text[:keep]}\n[... {len(text) - 2 * keep} characters cut ...]\n{text[-keep:]}"
 
 
 class SWEAgent(SimpleAgent):
@@ -96,10 +90,7 @@ class SWEAgent(SimpleAgent):
 
     async def _episode(self, params: dict[str, Any], cookies: dict[str, str]):
         """(response, cookies, stop reason, model calls made, seconds per tool call)."""
-        original = params["input"]
-        if isinstance(original, str):
-            original = [{"role": "user", "content": original}]
-        offered = {tool.get("name") for tool in params.get("tools") or []}
+        original, offered = conversation(params)
         produced: list[dict[str, Any]] = []
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         last: dict[str, Any] = _empty_response()
@@ -136,7 +127,7 @@ class SWEAgent(SimpleAgent):
                 output, cookies = await self._call_tool(call, offered, cookies)
                 timings.append(round(time.perf_counter() - started, 4))
                 produced.append({"type": "function_call_output", "call_id": call["call_id"],
-                                 "output": cut(output, self.config.max_tool_output_chars)})
+                                 "output": clip_middle(output, self.config.max_tool_output_chars)})
             if self.config.max_steps is not None and steps >= self.config.max_steps:
                 stop = "max_steps"
                 break

@@ -12,6 +12,7 @@ counts words and sentences the same way. All of them are deterministic and need 
   tokenizer on each).
 - `detect_language`: langdetect with a fixed seed, so one text always gets one answer.
 - `sequence_similarity`: difflib's `SequenceMatcher` ratio of two strings (how alike two command lines are).
+- `clip_middle`: a long output cut to its head and tail with a note (what a tool shows the model).
 
 NLTK (3.10.4) and langdetect are imported on first use (`load_models` does it eagerly, for a server's start-up).
 Every function except `sequence_similarity` (see its cost note) is linear in the input. The NLTK ones are the
@@ -30,6 +31,7 @@ from typing import Any
 import regex
 
 __all__ = [
+    "clip_middle",
     "detect_language",
     "iter_nltk_words",
     "iter_punkt_sentences",
@@ -41,6 +43,22 @@ __all__ = [
     "treebank_words",
     "word_count",
 ]
+
+
+def clip_middle(text: str, max_chars: int) -> str:
+    r"""Return `text`, or, when longer than `max_chars`, its head and tail with a note of how much was cut between.
+
+    Examples:
+        >>> clip_middle("a" * 6 + "b" * 6, 4)
+        'aa\n[... 8 characters cut ...]\nbb'
+        >>> clip_middle("short", 10)
+        'short'
+    """
+    if len(text) <= max_chars:
+        return text
+    keep = max_chars // 2
+    return f"{text[:keep]}\n[... {len(text) - 2 * keep} characters cut ...]\n{text[-keep:]}"
+
 
 # `regex`, not `re`: its \w also covers combining marks, so "नमस्ते" is one word (`re` would count four). This is
 # the word definition of NLTK's RegexpTokenizer, which IFEval's word count is.

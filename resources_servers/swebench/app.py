@@ -108,6 +108,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from gymfleet.errors import ConfigError, SandboxError
 from gymfleet.grading.canary import make_canaries
 from gymfleet.grading.sandbox_client import SandboxClient, SandboxSession, SessionGoneError
+from gymfleet.grading.text import clip_middle
 from gymfleet.serving.resources import (
     ResourcesServer,
     ResourcesServerConfig,
@@ -297,14 +298,6 @@ DIFF_COMMAND = (
 )
 
 
-def truncate(text: str, max_chars: int) -> str:
-    """`text`, or its head and tail with a note of how much was cut from the middle."""
-    if len(text) <= max_chars:
-        return text
-    keep = max_chars // 2
-    return f"{text[:keep]}\n[... {len(text) - 2 * keep} characters cut ...]\n{text[-keep:]}"
-
-
 class SWEBenchServer(ResourcesServer):
     """Repositories in sandbox sessions, edited through tools, graded in a fresh sandbox."""
 
@@ -435,14 +428,14 @@ class SWEBenchServer(ResourcesServer):
         if result.message and "session has ended" in result.message:
             workspace.ended, workspace.sandbox = result.message, None
         if raw:
-            answer: dict[str, Any] = {"exit_code": result.return_code, "stdout": truncate(result.stdout, limit),
-                                      "stderr": truncate(result.stderr, limit)}
+            answer: dict[str, Any] = {"exit_code": result.return_code, "stdout": clip_middle(result.stdout, limit),
+                                      "stderr": clip_middle(result.stderr, limit)}
             if result.status not in ("ok", "failed"):
                 answer |= {"status": result.status, "message": result.message}
             return answer
         if not result.ok:
-            return {"error": truncate((result.stderr or result.message or result.status).strip(), limit)}
-        return {"output": truncate(result.stdout, limit)}
+            return {"error": clip_middle((result.stderr or result.message or result.status).strip(), limit)}
+        return {"output": clip_middle(result.stdout, limit)}
 
     # ------------------------------------------------------------------------------------------------ verify
 

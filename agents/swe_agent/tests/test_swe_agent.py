@@ -6,9 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from agents.swe_agent.app import cut, is_context_overflow
+from agents.swe_agent.app import is_context_overflow
 from gymfleet import http
 from gymfleet.errors import TransportError
+from gymfleet.grading.text import clip_middle
 from gymfleet.testing import free_port, serve
 from resources_servers.swebench.tests.conftest import BY_NAME, assert_sessions_closed, fleet, script
 from sandbox.app import SandboxServer
@@ -36,8 +37,8 @@ def test_context_overflow_is_a_4xx_about_the_context(status, body, overflow):
 
 
 def test_cut_keeps_both_ends():
-    assert cut("a" * 50 + "b" * 50, 20) == "a" * 10 + "\n[... 80 characters cut ...]\n" + "b" * 10
-    assert cut("abc", 20) == "abc"
+    assert clip_middle("a" * 50 + "b" * 50, 20) == "a" * 10 + "\n[... 80 characters cut ...]\n" + "b" * 10
+    assert clip_middle("abc", 20) == "abc"
 
 
 def test_a_conversation_budget_stops_before_the_model_call(sandbox):

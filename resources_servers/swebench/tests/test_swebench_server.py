@@ -23,7 +23,7 @@ from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.errors import ConfigError
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from resources_servers.swebench import grading, repos
-from resources_servers.swebench.app import SWEBenchServer, truncate
+from resources_servers.swebench.app import SWEBenchServer
 from resources_servers.swebench.tests.conftest import ROWS, assert_sessions_closed
 
 NEMO_GYM_ROWS = [json.loads(line) for line in (nemo_gym_examples("swebench") / "example.jsonl").read_text()
@@ -79,13 +79,6 @@ def test_the_report_needs_the_nonce():
     assert grading.read_report(f"{forged}\n", nonce) is None
     assert grading.read_report(f"{nonce}not json\n", nonce) is None
     assert grading.new_nonce() != nonce
-
-
-def test_truncate_keeps_head_and_tail():
-    text = "a" * 600 + "b" * 600
-    cut = truncate(text, 200)
-    assert cut.startswith("a" * 100) and cut.endswith("b" * 100) and "1000 characters cut" in cut
-    assert truncate("short", 200) == "short"
 
 
 def _repo_with_a_later_fix(root: Path) -> tuple[Path, str, str]:
