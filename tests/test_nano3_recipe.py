@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.testing import running_fleet
+from gymfleet.testing import running_fleet, scripted_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs/nano3_rlvr.yaml"
@@ -54,14 +54,7 @@ SCRIPT = [
                      "arguments": {"email_id": "00000138", "body": "Thanks, I will read it tonight."}}]},
     {"match": "Reply to Priya's latest email", "turn": 1, "text": "I replied to Priya."},
 ]
-SCRIPTED_POLICY = {
-    "scripted_llm": {"responses_api_models": {"scripted_model": {
-        "entrypoint": "app.py", "model": "scripted", "rules": SCRIPT, "default": {"text": "I am not sure."}}}},
-    "policy_base_url": "http://${scripted_llm.responses_api_models.scripted_model.host}:"
-                       "${scripted_llm.responses_api_models.scripted_model.port}/v1",
-    "policy_api_key": "not-needed",
-    "policy_model_name": "scripted",
-}
+SCRIPTED_POLICY = scripted_policy(SCRIPT)
 
 
 def _first_row(env: str) -> dict:

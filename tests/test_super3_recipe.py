@@ -26,7 +26,7 @@ import yaml
 from gymfleet.cli.run import main as run_main
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.testing import running_fleet, serve
+from gymfleet.testing import running_fleet, scripted_policy, serve
 from resources_servers.math_formal_lean.tests.stand_in_checker import checker_app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,14 +85,7 @@ SCRIPT = [
 ]
 SCORED_RIGHT = {"math_with_judge_simple_agent", "code_gen_simple_agent", "mcqa_simple_agent",
                 "math_formal_lean_refinement_agent"}
-SCRIPTED_POLICY = {
-    "scripted_llm": {"responses_api_models": {"scripted_model": {
-        "entrypoint": "app.py", "model": "scripted", "rules": SCRIPT, "default": {"text": "I am not sure."}}}},
-    "policy_base_url": "http://${scripted_llm.responses_api_models.scripted_model.host}:"
-                       "${scripted_llm.responses_api_models.scripted_model.port}/v1",
-    "policy_api_key": "not-needed",
-    "policy_model_name": "scripted",
-}
+SCRIPTED_POLICY = scripted_policy(SCRIPT)
 
 
 def _recipe_paths() -> list[str]:

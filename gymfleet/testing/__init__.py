@@ -143,6 +143,24 @@ def spawn_server(argv: list[str], port: int, *, timeout_s: float = 60, **popen: 
             time.sleep(0.1)
 
 
+def scripted_policy(rules: list[dict[str, Any]] | None = None, default_text: str | None = "I am not sure.",
+                    instance: str = "scripted_llm") -> dict[str, Any]:
+    """Config keys that make a fleet's policy model (`policy_base_url`, ...) the scripted model `instance`,
+    answering by `rules` (and `default_text` when none matches): merge them into `running_fleet`'s `extra`."""
+    model: dict[str, Any] = {"entrypoint": "app.py", "model": "scripted"}
+    if rules is not None:
+        model["rules"] = rules
+    if default_text is not None:
+        model["default"] = {"text": default_text}
+    path = f"{instance}.responses_api_models.scripted_model"
+    return {
+        instance: {"responses_api_models": {"scripted_model": model}},
+        "policy_base_url": f"http://${{{path}.host}}:${{{path}.port}}/v1",
+        "policy_api_key": "not-needed",
+        "policy_model_name": "scripted",
+    }
+
+
 @contextmanager
 def running_fleet(config_paths: list[str], extra: dict[str, Any] | None = None) -> Iterator[Any]:
     """Start a real fleet (`ng_run`'s supervisor, real subprocesses) from config files; yields the `Fleet`.
