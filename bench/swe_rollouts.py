@@ -35,12 +35,11 @@ sys.path.insert(0, str(ROOT))
 from bench._common import RSSSampler, timed_collect  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig  # noqa: E402
-from gymfleet.testing import running_fleet  # noqa: E402
+from gymfleet.testing import running_fleet, scripted_policy  # noqa: E402
 
 AGENT = "swebench_swe_agent"
 EXAMPLE = ROOT / "resources_servers/swebench/data/example.jsonl"
 CONFIG_PATHS = ["configs/swe_rl.yaml"]
-SCRIPTED = "scripted_llm.responses_api_models.scripted_model"
 TOOL_CALLS = 20
 SANDBOX_UID = 65534
 
@@ -79,11 +78,7 @@ def script(rows: list[dict]) -> list[dict]:
 
 
 def fleet_extra(rules: list[dict]) -> dict:
-    return {
-        "scripted_llm": {"responses_api_models": {"scripted_model": {"entrypoint": "app.py", "rules": rules}}},
-        "policy_base_url": f"http://${{{SCRIPTED}.host}}:${{{SCRIPTED}.port}}/v1",
-        "policy_api_key": "dummy_key", "policy_model_name": "scripted",
-    }
+    return scripted_policy(rules, default_text=None)
 
 
 async def instance_info(head_port: int) -> dict[str, dict]:

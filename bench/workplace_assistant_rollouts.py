@@ -41,14 +41,13 @@ sys.path.insert(0, str(ROOT))
 from bench._common import timed_collect  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig  # noqa: E402
-from gymfleet.testing import running_fleet  # noqa: E402
+from gymfleet.testing import running_fleet, scripted_policy  # noqa: E402
 
 ENV = "workplace_assistant"
 AGENT = "workplace_assistant_simple_agent"
 EXAMPLE = ROOT / "resources_servers/workplace_assistant/data/example.jsonl"
 CONFIG_PATHS = ["responses_api_models/vllm_model/configs/vllm_model.yaml",
                 "resources_servers/workplace_assistant/configs/workplace_assistant.yaml"]
-SCRIPTED = "scripted_llm.responses_api_models.scripted_model"
 CALLS_PER_ROLLOUT = 6
 READS = [  # read-only calls on the synthetic tables: replaying them changes nothing, so the reward stays 1.0
     ("company_directory_find_email_address", {"name": "priya"}),
@@ -83,12 +82,8 @@ def script(rows: list[dict]) -> list[dict]:
 
 def fleet_extra(rules: list[dict]) -> dict:
     """Merged over the config files: the scripted upstream, and max_steps above the 7 model calls a rollout takes."""
-    return {
-        "scripted_llm": {"responses_api_models": {"scripted_model": {"entrypoint": "app.py", "rules": rules}}},
-        "policy_base_url": f"http://${{{SCRIPTED}.host}}:${{{SCRIPTED}.port}}/v1",
-        "policy_api_key": "dummy_key", "policy_model_name": "scripted",
-        AGENT: {"responses_api_agents": {"simple_agent": {"max_steps": CALLS_PER_ROLLOUT + 4}}},
-    }
+    return {**scripted_policy(rules, default_text=None),
+            AGENT: {"responses_api_agents": {"simple_agent": {"max_steps": CALLS_PER_ROLLOUT + 4}}}}
 
 
 def write_rows(path: Path, rows: list[dict], count: int) -> None:
