@@ -6,6 +6,7 @@
   can tell whether a POST was sent twice.
 - `StalledServer`: accepts connections and reads whatever comes, and never answers (a hung judge or sandbox).
 - `Outputs`: the rollouts and failure rows a collection wrote, and the checks every fault must pass.
+- `wait_for`: poll until a restart (or any other slow event) happened, bounded by `WAIT_S`.
 
 Everything here is plain sockets and threads: the faults must not depend on the code under test.
 """
@@ -17,7 +18,9 @@ import json
 import re
 import socket
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,3 +248,16 @@ class Outputs:
         """Every expected rollout has exactly one result, and every failure row is superseded."""
         assert sorted(key(row) for row in self.results) == sorted(expected), "each rollout exactly once"
         assert not self.open_failures(), f"failure rows not superseded: {self.open_failures()[:2]}"
+
+
+WAIT_S = 120
+"""How long a test waits for something that takes seconds (a bound against hanging, not a timing assertion)."""
+
+
+def wait_for(condition: Callable[[], Any], what: str) -> Any:
+    """Poll `condition` until it returns something truthy (returned); fail naming `what` if it never does."""
+    deadline = time.monotonic() + WAIT_S
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.1)
+    return value

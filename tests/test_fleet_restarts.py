@@ -11,10 +11,8 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -27,22 +25,12 @@ from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.fleet.run_helper import RunHelper
 from gymfleet.fleet.supervisor import Fleet, PortInUseError
 from gymfleet.testing import free_port, running_fleet
+from tests.fault_tools import WAIT_S, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = "configs/quickstart.yaml"
 ROW = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
 AGENT_REF = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
-WAIT_S = 120
-"""How long a test waits for something that takes seconds (a bound against hanging, not a timing assertion)."""
-
-
-def wait_for(condition: Callable[[], Any], what: str) -> Any:
-    """Poll `condition` until it returns something truthy (returned); fail naming `what` if it never does."""
-    deadline = time.monotonic() + WAIT_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
-    return value
 
 
 def instances(head_port: int) -> dict[str, dict]:

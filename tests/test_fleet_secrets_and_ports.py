@@ -25,8 +25,7 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_con
 from gymfleet.fleet.launch import SECRETS_ENV, merge_secrets, split_secrets, take_secrets
 from gymfleet.fleet.readiness import _is_own_server
 from gymfleet.fleet.supervisor import Fleet, PortInUseError, remove_stale_workdirs
-from gymfleet.testing import free_port, running_fleet, serve
-from responses_api_models.scripted_model.app import ScriptedModel
+from gymfleet.testing import free_port, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = "configs/quickstart.yaml"
@@ -58,21 +57,6 @@ def private_tmp(tmp_path, monkeypatch):
 def fleet1():
     with running_fleet([QUICKSTART]) as running:
         yield running
-
-
-@pytest.fixture
-def recorder():
-    """A real scripted model that records the `Authorization` header of every request it gets."""
-    seen: list[str] = []
-    app = ScriptedModel({"name": "recorder", "default": {"text": "hello"}}).create_app()
-
-    async def recording(scope, receive, send):
-        if scope["type"] == "http":
-            seen.append(dict(scope["headers"]).get(b"authorization", b"").decode())
-        await app(scope, receive, send)
-
-    with serve(recording) as url:
-        yield url, seen
 
 
 # ------------------------------------------------------------------------------------------ secrets

@@ -9,8 +9,7 @@ import json
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_con
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.fleet.zygote import ForkedProcess, Zygote
 from gymfleet.fleet.zygote_main import _claimed, _claims_pipe
-from gymfleet.testing import free_port, serve
-from responses_api_models.scripted_model.app import ScriptedModel
+from gymfleet.testing import free_port
+from tests.fault_tools import WAIT_S, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = "configs/quickstart.yaml"
@@ -35,8 +34,6 @@ VLLM_MODEL = "responses_api_models/vllm_model/configs/vllm_model.yaml"
 ROW = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
 AGENT_REF = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
 SECRET = "sk-zygote-secret-123"
-WAIT_S = 120
-"""Bound on waits for things that take seconds: it catches a hang, it times nothing."""
 
 
 def _config(config_paths: list[str], extra: dict[str, Any] | None):
@@ -57,14 +54,6 @@ def fleet_with(extra: dict[str, Any] | None = None, config_paths: list[str] | No
         yield fleet, output
     finally:
         fleet.shutdown()
-
-
-def wait_for(condition: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
-    return value
 
 
 def zygotes() -> list[psutil.Process]:
@@ -175,21 +164,6 @@ def test_with_no_zygote_restarts_left_servers_start_as_fresh_interpreters(monkey
         assert "gymfleet.fleet.launch" in psutil.Process(new.pid).cmdline()
         assert rollout_reward(fleet) == 1.0
         assert output.getvalue().count("fresh interpreters from now on") == 1
-
-
-@pytest.fixture
-def recorder():
-    """A real scripted model that records the `Authorization` header of every request it gets."""
-    seen: list[str] = []
-    app = ScriptedModel({"name": "recorder", "default": {"text": "hello"}}).create_app()
-
-    async def recording(scope, receive, send):
-        if scope["type"] == "http":
-            seen.append(dict(scope["headers"]).get(b"authorization", b"").decode())
-        await app(scope, receive, send)
-
-    with serve(recording) as url:
-        yield url, seen
 
 
 def test_secrets_reach_the_forked_server_and_never_its_argv_or_environment(recorder):
