@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from gymfleet.cli.prepare_data import main as prepare_main
-from gymfleet.http import NO_RETRY
 from gymfleet.grading.sandbox_client import RunResult, SandboxClient
+from gymfleet.http import NO_RETRY
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from resources_servers.math_with_judge.app import MathWithJudgeServer
 from resources_servers.ns_tools.app import RESTARTED, NsToolsServer, format_output
