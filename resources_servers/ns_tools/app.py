@@ -79,6 +79,8 @@ Sessions are closed at `/verify`, after `session_idle_s` idle, past `max_session
 
 ## Version history
 - v1: initial: one sandbox session per rollout, per-call CPU limit, output cut, reward delegated over HTTP.
+- v2: a tool call on a session closed as idle or least recently used is HTTP 410 `session_lost` (the rollout ends
+  as a failure row), not run in a fresh session the model was not told about.
 """
 
 from __future__ import annotations

@@ -91,6 +91,8 @@ Paths are relative to the repository (absolute ones must lie inside it).
 - v2: `backend: docker` grades in containers (same rewards and reasons as bwrap).
 - v3: grader-owned canary tests (one must fail, one must pass) run in every grading; a run where either comes out
   wrong scores `tests_tampered` (0), whatever the patch touched.
+- v4: a `/verify` whose session was closed after `session_idle_s` idle is a `session_lost` failure row, not a
+  `no_session` 0.0 (`gymfleet.serving.session_store`).
 """
 
 from __future__ import annotations

@@ -66,6 +66,8 @@ clamping; see the spec's §5).
 
 ## Version history
 - v1: initial.
+- v2: a tool call on a session dropped as idle or least recently used is HTTP 410 `session_lost` (the rollout ends
+  as a failure row), not the 400 "Session not initialized"; rewards otherwise unchanged.
 """
 
 from __future__ import annotations
