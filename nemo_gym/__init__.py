@@ -1,6 +1,11 @@
-"""NeMo-Gym's import names over gymfleet, for callers that import Gym as a library (NeMo-RL).
+"""NeMo-Gym's import names over gymfleet, for callers that import Gym as a library (NeMo-RL) and environment folders.
 
 This package holds no code of its own: each module re-exports gymfleet's implementation under the name NeMo-Gym
 gives it (`nemo_gym.cli.RunHelper`, `nemo_gym.rollout_collection.RolloutCollectionHelper`,
-`nemo_gym.server_utils.HEAD_SERVER_KEY_NAME` / `BaseServerConfig`, ...), and nothing else.
+`nemo_gym.server_utils.HEAD_SERVER_KEY_NAME` / `BaseServerConfig`, `nemo_gym.PARENT_DIR` / `CACHE_DIR`, ...), and
+nothing else.
 """
+
+from gymfleet.serving.nemo_gym_types import CACHE_DIR, PARENT_DIR
+
+__all__ = ["CACHE_DIR", "PARENT_DIR"]

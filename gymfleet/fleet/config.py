@@ -21,7 +21,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -87,6 +87,12 @@ class GlobalConfigDictParserConfig:
     offline: bool = False
     cli_args: list[str] | None = None
     """Override tokens to parse; None means `sys.argv[1:]`."""
+
+    NO_MODEL_GLOBAL_CONFIG_DICT: ClassVar[DictConfig] = DictConfig({
+        "policy_base_url": "", "policy_api_key": "", "policy_model_name": "",
+        "policy_model": {"responses_api_models": {"dummy_model": {"entrypoint": "app.py"}}},
+    })
+    """NeMo-Gym's base for configs parsed without a policy model (folders' test fixtures merge it under theirs)."""
 
 
 # ---------------------------------------------------------------------------------------------- parsing

@@ -129,3 +129,28 @@ def get_global_config_dict(
             return DictConfig(served)
     config = _started or parse_global_config(global_config_dict_parser_config, assign_ports=False)
     return DictConfig(config.data)
+
+
+def maybe_get_global_config_dict() -> DictConfig | None:
+    """The global config this process already has (a `RunHelper.start()`, or the fleet serving this NeMo-Gym
+    folder), or None in a bare process; never parses the command line (NeMo-Gym's `maybe_get_global_config_dict`)."""
+    if _started is not None:
+        return DictConfig(_started.data)
+    from gymfleet.serving.nemo_gym_server import served_global_config
+
+    served = served_global_config()
+    return None if served is None else DictConfig(served)
+
+
+class GlobalConfigDictParser:
+    """NeMo-Gym's `GlobalConfigDictParser`: `parse(GlobalConfigDictParserConfig(...))` builds the global config from
+    its sources (config files, `env.yaml`, the initial dict, CLI overrides) with gymfleet's parser, ports left
+    unassigned (nothing is started), and returns it as a DictConfig."""
+
+    def parse(self, parse_config: GlobalConfigDictParserConfig | None = None) -> DictConfig:
+        """The global config `parse_config` describes (default: CLI overrides and env.yaml).
+
+        Raises:
+            ConfigError: a problem in the config, named by its dotted path and file.
+        """
+        return DictConfig(parse_global_config(parse_config, assign_ports=False).data)

@@ -24,6 +24,7 @@ Where NeMo-Gym main differs from 0.7.0 here: nothing a folder of the 0.7.0 corpu
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -345,3 +346,9 @@ ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
 ATTEMPT_INDEX_KEY_NAME = "_ng_attempt_index"
 AGENT_REF_KEY_NAME = "agent_ref"
 CACHE_DIR_KEY_NAME = "cache_dir"
+
+PARENT_DIR = Path(__file__).resolve().parents[2]
+"""NeMo-Gym's `nemo_gym.PARENT_DIR`: the directory holding the `nemo_gym` package (gymfleet's checkout, as NeMo-Gym's
+editable install), against which folders resolve relative data paths."""
+CACHE_DIR = PARENT_DIR / "cache"
+"""NeMo-Gym's `nemo_gym.CACHE_DIR`: `<PARENT_DIR>/cache`."""
