@@ -60,15 +60,18 @@ class GymfleetSandboxProvider:
         server: Instance name of the sandbox service in the fleet config (ignored when `url` is given).
         url: Base URL of a sandbox service.
         memory_mib: Memory of each sandbox when its spec's resources name none.
+        max_timeout_s: The longest limit a command gets (the sandbox service's `max_timeout_s`, 120 s by default):
+            a longer `timeout_s` (NeMo-Gym's default is 180 s) is lowered to it, with a debug log line.
         config: The fleet config to resolve `server` in (default: the config of the fleet serving this folder).
     """
 
     name = "gymfleet"
 
     def __init__(self, server: str = "sandbox", url: str | None = None, memory_mib: int = 1024,
-                 config: Mapping[str, Any] | None = None):
+                 max_timeout_s: float = 120.0, config: Mapping[str, Any] | None = None):
         self.client = SandboxClient(server, url=url, config=dict(config or served_config() or {}))
         self.memory_mib = memory_mib
+        self.max_timeout_s = max_timeout_s
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         if spec.image is not None:
@@ -76,7 +79,7 @@ class GymfleetSandboxProvider:
                 f"sandbox provider 'gymfleet' runs no container images, and this spec asks for {spec.image!r}: "
                 f"configure a provider that runs images (register_provider) for this environment")
         memory = spec.resources.memory_mib or self.memory_mib
-        session = await self.client.session(timeout_s=float(DEFAULT_EXEC_TIMEOUT_S), memory_mb=memory)
+        session = await self.client.session(timeout_s=self.max_timeout_s, memory_mb=memory)
         state = {"session": session, "env": dict(spec.env), "closed": False}
         return SandboxHandle(sandbox_id=session.id, provider_name=self.name, raw=state)
 
@@ -93,6 +96,10 @@ class GymfleetSandboxProvider:
         script.append(command)
         session: SandboxSession = state["session"]
         limit = float(timeout_s) if timeout_s else float(DEFAULT_EXEC_TIMEOUT_S)
+        if limit > self.max_timeout_s:
+            log.debug("sandbox %s: timeout_s=%s lowered to max_timeout_s=%s", handle.sandbox_id, limit,
+                      self.max_timeout_s)
+            limit = self.max_timeout_s
         return exec_result(await session.exec("\n".join(script), "bash", timeout_s=limit))
 
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
