@@ -29,6 +29,8 @@ after `start()` to list the entries it spawned) returns the resolved config of t
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -142,10 +144,17 @@ def maybe_get_global_config_dict() -> DictConfig | None:
     return None if served is None else DictConfig(served)
 
 
+EXTRA_ROOTS_ENV = "NEMO_GYM_EXTRA_ROOTS"
+"""NeMo-Gym's variable naming the tree(s) (`os.pathsep`-separated) whose `resources_servers/...` relative config paths
+resolve against; `GlobalConfigDictParser` resolves against the first, after the working directory."""
+
+
 class GlobalConfigDictParser:
     """NeMo-Gym's `GlobalConfigDictParser`: `parse(GlobalConfigDictParserConfig(...))` builds the global config from
-    its sources (config files, `env.yaml`, the initial dict, CLI overrides) with gymfleet's parser, ports left
-    unassigned (nothing is started), and returns it as a DictConfig."""
+    its sources (config files, `env.yaml`, the initial dict, CLI overrides) with gymfleet's parser, hosts and free
+    ports filled in as NeMo-Gym's parse does (nothing is started), and returns it as a DictConfig. Relative config paths resolve against the
+    working directory, then the first root of `$NEMO_GYM_EXTRA_ROOTS` (a NeMo-Gym tree, which `ng_test` sets to the
+    staged folder's tree) or, without it, gymfleet's checkout."""
 
     def parse(self, parse_config: GlobalConfigDictParserConfig | None = None) -> DictConfig:
         """The global config `parse_config` describes (default: CLI overrides and env.yaml).
@@ -153,4 +162,6 @@ class GlobalConfigDictParser:
         Raises:
             ConfigError: a problem in the config, named by its dotted path and file.
         """
-        return DictConfig(parse_global_config(parse_config, assign_ports=False).data)
+        extra = [root for root in os.environ.get(EXTRA_ROOTS_ENV, "").split(os.pathsep) if root]
+        root = Path(extra[0]) if extra else None
+        return DictConfig(parse_global_config(parse_config, root=root).data)

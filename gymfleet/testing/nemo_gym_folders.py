@@ -2,7 +2,8 @@
 
 A folder's tests import it as NeMo-Gym lays it out (`from resources_servers.<name>.app import ...`), and gymfleet has
 a `resources_servers` package of its own. So the folder is staged: copied (caches left out) into
-`<root>/resources_servers/<name>/` of a scratch tree with the `__init__.py` files that make it a package there, and
+`<root>/resources_servers/<name>/` of a scratch tree with the `__init__.py` files that make it a package there (and
+the tree's `benchmarks/` linked beside it, which folders' fixtures read configs from), and
 pytest runs in the folder (as NeMo-Gym runs them) in a fresh interpreter whose path starts with the folder and the
 tree (then gymfleet's checkout, whose `nemo_gym` package the folder imports). The run uses the folder's own
 settings, not gymfleet's (no `filterwarnings = error`): NeMo-Gym's `asyncio_mode = auto` for its `async def` tests,
@@ -38,6 +39,10 @@ def stage_folder(folder: Path, root: Path) -> Path:
     shutil.copytree(folder, target, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.pyc"))
     for package in (root / "resources_servers", target):
         (package / "__init__.py").touch()
+    source = folder.resolve()
+    benchmarks = source.parents[1] / "benchmarks"
+    if source.parent.name == "resources_servers" and benchmarks.is_dir() and not (root / "benchmarks").exists():
+        (root / "benchmarks").symlink_to(benchmarks, target_is_directory=True)  # the tree's benchmark configs
     (root / "pytest.ini").write_text(FOLDER_PYTEST_INI)
     return target
 
@@ -54,6 +59,7 @@ def folder_test_command(root: Path, name: str, extra: list[str] = ()) -> tuple[l
     folder = root / "resources_servers" / name
     path = [str(folder), str(root), str(repository_root()), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(path).rstrip(os.pathsep)
+    env["NEMO_GYM_EXTRA_ROOTS"] = str(root)  # the folder's configs resolve in its tree, not gymfleet's checkout
     command = [sys.executable, "-m", "pytest", "-c", str(root / "pytest.ini"), "--rootdir", str(root),
                "-p", "no:cacheprovider", "tests", *extra]
     return command, env
