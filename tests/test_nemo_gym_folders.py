@@ -305,9 +305,16 @@ def _when(condition: Any, attempts: int = 600) -> bool:
     return False
 
 
-@pytest.mark.parametrize("name", ["example_session_state_mgmt", "equivalence_rule"])
-def test_ng_test_runs_a_folders_own_tests_on_the_surface(tree, name):
-    folder = tree / "resources_servers" / name
+OWN_TESTS = ["example_session_state_mgmt", "equivalence_rule",
+             "example_single_tool_call",  # nemo_gym.testing.session_conformance
+             "equivalence_llm_judge",  # GlobalConfigDictParser over its tree's benchmarks/ config
+             "deepswe"]  # nemo_gym.sandbox types, provider config and cpu_cap_env
+"""Folders whose own shipped tests run here, one of each kind of surface they need (a few seconds each)."""
+
+
+@pytest.mark.parametrize("name", OWN_TESTS)
+def test_ng_test_runs_a_folders_own_tests_on_the_surface(name):
+    folder = nemo_gym_folder(name)  # in the wheel's tree, as a NeMo-Gym checkout has it
     done = subprocess.run([sys.executable, "-m", "gymfleet.cli.test", f"+entrypoint={folder}",
                            "+pytest_args=[-q,-p,no:warnings]"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
