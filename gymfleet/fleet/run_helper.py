@@ -152,9 +152,9 @@ resolve against; `GlobalConfigDictParser` resolves against the first, after the 
 class GlobalConfigDictParser:
     """NeMo-Gym's `GlobalConfigDictParser`: `parse(GlobalConfigDictParserConfig(...))` builds the global config from
     its sources (config files, `env.yaml`, the initial dict, CLI overrides) with gymfleet's parser, hosts and free
-    ports filled in as NeMo-Gym's parse does (nothing is started), and returns it as a DictConfig. Relative config paths resolve against the
-    working directory, then the first root of `$NEMO_GYM_EXTRA_ROOTS` (a NeMo-Gym tree, which `ng_test` sets to the
-    staged folder's tree) or, without it, gymfleet's checkout."""
+    ports filled in as NeMo-Gym's parse does (nothing is started), and returns it as a DictConfig. Relative config
+    paths resolve against the working directory, then the first root of `$NEMO_GYM_EXTRA_ROOTS` (a NeMo-Gym tree,
+    which `ng_test` sets to the staged folder's tree) or, without it, gymfleet's checkout."""
 
     def parse(self, parse_config: GlobalConfigDictParserConfig | None = None) -> DictConfig:
         """The global config `parse_config` describes (default: CLI overrides and env.yaml).
