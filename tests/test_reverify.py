@@ -24,7 +24,7 @@ from gymfleet.fleet.config_instances import repository_root
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.reverify import FleetBackend, ReverifyConfig, reverify
 from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
-from gymfleet.testing import free_port, make_response, running_fleet, serve
+from gymfleet.testing import fleet_headers, free_port, make_response, running_fleet, serve
 from tests.test_provenance import build, example_rows
 
 ROOT = repository_root()
@@ -105,7 +105,8 @@ def _mixed_rollouts(rollouts: Path, folder: Path) -> Path:
     math = build("math_with_judge")
     answers = ["\\boxed{400}", "\\boxed{1/6}", "no idea", "\\boxed{12}", "\\boxed{7}"]
     extra = []
-    with serve(math.create_app()) as url, httpx.Client(base_url=url, timeout=60) as client:
+    with serve(math.create_app()) as url, httpx.Client(base_url=url, timeout=60,
+                                                       headers=fleet_headers(fleet)) as client:
         for index, (row, text) in enumerate(zip(example_rows("math_with_judge"), answers, strict=False)):
             body = {**row, "response": make_response(text), "agent_ref": {"name": "math_with_judge_simple_agent"},
                     "_ng_task_index": index, "_ng_rollout_index": 0}
@@ -145,7 +146,8 @@ def test_in_process_a_config_change_rescores_exactly_that_environment(rollouts, 
     stored = lines(mixed)
     # Each change is a real difference from what the lenient server answers, explained by the config hash.
     server = build("mcqa", grading_mode="lenient_answer_colon")
-    with serve(server.create_app()) as url, httpx.Client(base_url=url, timeout=30) as client:
+    with serve(server.create_app()) as url, httpx.Client(base_url=url, timeout=30,
+                                                         headers=fleet_headers(fleet)) as client:
         for change in changes:
             row = stored[change["line"] - 1]
             assert change["environment"] == "mcqa" and change["why"] == ["config_hash"]

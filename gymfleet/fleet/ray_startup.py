@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
+from gymfleet.fleet.credential import answers_as
 from gymfleet.fleet.launch import bind_socket, split_secrets
 from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources, is_loopback
 from gymfleet.fleet.ray_replica import ReplicaProcess, set_address
@@ -193,7 +194,8 @@ class RayStartup:
         else:
             bind_host = host or "127.0.0.1"
         self._head_socket = bind_socket(bind_host, int(head["port"]), "head_server.port", assigned_if_unset=False)
-        app = create_head_app(self.config, self.process_table, self.replica_table)
+        self.credential.publish()
+        app = create_head_app(self.config, self.process_table, self.replica_table, token=self.credential.head_token)
         server_config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._head = uvicorn.Server(server_config)
         self._head_thread = threading.Thread(target=self._head.run, kwargs={"sockets": [self._head_socket]},
@@ -225,7 +227,7 @@ class RayStartup:
         pending = list(self._all())
         while pending:
             for replica in list(pending):
-                if _answers_as(replica.url, self.token, replica.instance.name):
+                if answers_as(replica.url, self.token, replica.instance.name):
                     replica.state = "running"
                     pending.remove(replica)
                     continue
@@ -280,18 +282,6 @@ def _rewrite(node: Any, moved: dict[str, str]) -> Any:
     return walk(node)
 
 
-def _answers_as(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
-    """Whether `GET url/` answers 200 as instance `name` of the fleet holding `token`."""
-    from gymfleet.serving.server import FLEET_HEADER, INSTANCE_HEADER
-
-    try:
-        with urllib.request.urlopen(url + "/", timeout=timeout_s) as response:
-            identity = (response.headers.get(FLEET_HEADER), response.headers.get(INSTANCE_HEADER))
-            return response.status == 200 and identity == (token, name)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 def _answers(url: str, timeout_s: float = 2.0) -> bool:
     """Whether `url` gives any HTTP answer."""
     try:
@@ -314,4 +304,3 @@ def _endpoint_urls(config: GlobalConfig) -> list[str]:
                         url = url.rstrip("/")
                         urls.append(url + "/models" if url.endswith("/v1") else url)
     return list(dict.fromkeys(urls))
-

@@ -122,9 +122,7 @@ class ServerStart:
         the zygote, or (`server_start: spawn`, or no zygote left) a fresh interpreter."""
         zygote = self._zygote
         if zygote is not None and instance.folder is None:  # a folder of another tree: a fresh interpreter
-            from gymfleet.serving.server import FLEET_TOKEN_ENV
-
-            env = {**os.environ, FLEET_TOKEN_ENV: self.token}
+            env = {**os.environ, **self.credential.child_env()}
             try:
                 return zygote.spawn(instance.name, json.loads(self._secrets_env), env)
             except ZygoteError as exc:
@@ -146,10 +144,8 @@ class ServerStart:
             "--workdir",
             str(self.workdir),
         ]
-        from gymfleet.serving.server import FLEET_TOKEN_ENV
-
         # Secrets and the fleet token go in the child's environment: not on disk, not in `ps` (owner-only).
-        env = {**os.environ, SECRETS_ENV: self._secrets_env, FLEET_TOKEN_ENV: self.token}
+        env = {**os.environ, SECRETS_ENV: self._secrets_env, **self.credential.child_env()}
         return subprocess.Popen(
             command,
             env=env,

@@ -21,9 +21,11 @@ line, no traceback.
 `GET /docs` is its Swagger UI (which loads its script and style sheet from a CDN). `GET /metrics` is described in
 `gymfleet.metrics`.
 
-`GET /` answers `{"status": "ok"}`; in a fleet (`GYMFLEET_FLEET_TOKEN` set by the supervisor) it also carries the
-fleet's token and the instance name in `X-Gymfleet-Fleet` / `X-Gymfleet-Instance` headers, so the supervisor's
-readiness probe counts only its own server, never another process that holds the same port.
+Every other route requires the fleet's token (`gymfleet.auth`, checked by `gymfleet.serving.guard`) when the server
+runs in a fleet (`GYMFLEET_FLEET_TOKEN` set by the supervisor); a bare app (a test's `serve(app)`) checks none.
+`GET /` answers `{"status": "ok"}` to anyone; to a request carrying the fleet's token it also names the fleet and
+the instance in `X-Gymfleet-Fleet` / `X-Gymfleet-Instance` headers, so the supervisor's readiness probe counts only
+its own server, never another process that holds the same port.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gymfleet import http
+from gymfleet import auth, http
+from gymfleet.auth import FLEET_TOKEN_ENV
 from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, TransportError, too_many_errors
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
+from gymfleet.serving.guard import FleetAuthMiddleware
 from gymfleet.serving.sessions import SessionCookieMiddleware, cookie_name
 
 NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
@@ -60,8 +64,6 @@ NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 `session_lost`: `gymfleet.serving.sessions`) and overload. They become a 502."""
 log = logging.getLogger(__name__)
 
-FLEET_TOKEN_ENV = "GYMFLEET_FLEET_TOKEN"
-"""Environment variable holding the token of the fleet that started this server (absent outside a fleet)."""
 FLEET_HEADER = "X-Gymfleet-Fleet"
 INSTANCE_HEADER = "X-Gymfleet-Instance"
 
@@ -163,10 +165,20 @@ class Server:
     def cookie_name(self) -> str:
         return cookie_name(type(self).__name__, self.config.name or type(self).__name__)
 
-    def fleet_identity(self) -> dict[str, str]:
-        """Headers of `GET /` that tell the supervisor this is its server: fleet token and instance name."""
+    def fleet_identity(self, request: Request) -> dict[str, str]:
+        """Headers of `GET /` that tell the supervisor this is its server (fleet token and instance name): only to a
+        request that carries the fleet's token, so the token is never told to anyone who does not hold it."""
         token = os.environ.get(FLEET_TOKEN_ENV)
-        return {FLEET_HEADER: token, INSTANCE_HEADER: self.config.name} if token else {}
+        if not token or not auth.matches(auth.presented(request.headers.raw), token):
+            return {}
+        return {FLEET_HEADER: token, INSTANCE_HEADER: self.config.name}
+
+    def head_address(self) -> tuple[str, int] | None:
+        """Where this server's fleet's head server listens (from the global config), if known."""
+        head = self.global_config.get("head_server")
+        if isinstance(head, dict) and head.get("port") is not None:
+            return str(head.get("host") or "127.0.0.1"), int(head["port"])
+        return None
 
     def routes(self, app: FastAPI) -> None:
         """Register this server's routes on `app`."""
@@ -215,11 +227,9 @@ class Server:
         app.state.server = self
         app.openapi = lambda: openapi_schema(app)
 
-        identity = self.fleet_identity()
-
         @app.get("/", include_in_schema=False)
-        async def liveness() -> Response:
-            return JSONResponse({"status": "ok"}, headers=identity)
+        async def liveness(request: Request) -> Response:
+            return JSONResponse({"status": "ok"}, headers=self.fleet_identity(request))
 
         app.add_route("/metrics", self.metrics.endpoint, include_in_schema=False)
         self.routes(app)
@@ -230,6 +240,9 @@ class Server:
         app.add_exception_handler(ClientDisconnect, self._on_client_disconnect)
         app.add_exception_handler(Exception, self._on_error)
         app.add_middleware(SessionCookieMiddleware, name=self.cookie_name, refuse=self.lost_session_refusal)
+        token = auth.server_token()
+        if token:
+            app.add_middleware(FleetAuthMiddleware, token=token, head=self.head_address())
         app.add_middleware(MetricsMiddleware, metrics=self.metrics, on_idle=release_memory_when_idle)
         app.add_middleware(BodyDeadlineMiddleware, timeout_s=self.config.request_body_timeout_s)
         return app
