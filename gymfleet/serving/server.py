@@ -53,10 +53,10 @@ from starlette.routing import Route
 
 from gymfleet import auth, http
 from gymfleet.auth import FLEET_TOKEN_ENV
-from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, TransportError, too_many_errors
+from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, SessionLostError, TransportError, too_many_errors
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
 from gymfleet.serving.guard import FleetAuthMiddleware
-from gymfleet.serving.sessions import SessionCookieMiddleware, cookie_name
+from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
 
 NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 """Inner 4xx answers that are the fleet's problem, not the caller's: credentials the fleet holds (a wrong
@@ -197,7 +197,8 @@ class Server:
     def preload(cls) -> None:
         """Load, once per fleet, what every process of this server shares and only reads (tokenizer models, language
         profiles): `ng_run`'s zygote calls it before forking the servers, so they start with it loaded and share its
-        pages (`gymfleet.fleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing."""
+        pages (`gymfleet.fleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing.
+        """
 
     async def startup(self) -> None:
         """Called once when the app starts serving."""
@@ -236,6 +237,7 @@ class Server:
         app.add_exception_handler(RequestValidationError, self._on_validation_error)
         app.add_exception_handler(TransportError, self._on_transport_error)
         app.add_exception_handler(BadRequestError, self._on_bad_request)
+        app.add_exception_handler(SessionLostError, self._on_session_lost)
         app.add_exception_handler(RequestBodyTimeout, self._on_body_timeout)
         app.add_exception_handler(ClientDisconnect, self._on_client_disconnect)
         app.add_exception_handler(Exception, self._on_error)
@@ -269,6 +271,12 @@ class Server:
     async def _on_bad_request(self, request: Request, exc: BadRequestError) -> Response:
         log.warning("%s %s: bad request: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": str(exc), "error_type": "bad_request"}, status_code=400)
+
+    async def _on_session_lost(self, request: Request, exc: SessionLostError) -> Response:
+        log.warning("%s %s: %s: %s", request.method, request.url.path, SESSION_LOST, exc)
+        self.metrics.failures.labels(SESSION_LOST, LOCAL_HOP).inc()
+        return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": SESSION_LOST},
+                            status_code=SESSION_LOST_STATUS)
 
     async def _on_transport_error(self, request: Request, exc: TransportError) -> Response:
         if exc.status is not None and 400 <= exc.status < 500 and exc.status not in NOT_THE_CALLERS_FAULT:
