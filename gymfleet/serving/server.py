@@ -55,7 +55,7 @@ from gymfleet import auth, http
 from gymfleet.auth import FLEET_TOKEN_ENV
 from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, SessionLostError, TransportError, too_many_errors
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
-from gymfleet.serving.guard import FleetAuthMiddleware
+from gymfleet.serving.guard import FleetAuthMiddleware, RequestBodyTooLarge, RequestGuardMiddleware
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
 
 NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
@@ -119,6 +119,8 @@ class ServerConfig(BaseModel):
     license: str | None = None
     datasets: list[dict[str, Any]] | None = None
     """Datasets declared on this instance (read by `ng_prepare_data`)."""
+    max_request_body_mb: float = Field(default=64.0, gt=0)
+    """Largest request body this server reads, in MiB; a larger one is answered 413 before it is held in memory."""
     request_body_timeout_s: float = Field(default=30.0, gt=0)
     """Deadline for receiving a whole request body; past it the request is answered 408 and the connection closed,
     so half-sent requests cannot pile up."""
@@ -239,12 +241,15 @@ class Server:
         app.add_exception_handler(BadRequestError, self._on_bad_request)
         app.add_exception_handler(SessionLostError, self._on_session_lost)
         app.add_exception_handler(RequestBodyTimeout, self._on_body_timeout)
+        app.add_exception_handler(RequestBodyTooLarge, self._on_body_too_large)
         app.add_exception_handler(ClientDisconnect, self._on_client_disconnect)
         app.add_exception_handler(Exception, self._on_error)
         app.add_middleware(SessionCookieMiddleware, name=self.cookie_name, refuse=self.lost_session_refusal)
         token = auth.server_token()
         if token:
             app.add_middleware(FleetAuthMiddleware, token=token, head=self.head_address())
+        app.add_middleware(RequestGuardMiddleware, loopback_only=auth.is_loopback(self.config.host),
+                           max_body_bytes=int(self.config.max_request_body_mb * 2**20))
         app.add_middleware(MetricsMiddleware, metrics=self.metrics, on_idle=release_memory_when_idle)
         app.add_middleware(BodyDeadlineMiddleware, timeout_s=self.config.request_body_timeout_s)
         return app
@@ -263,6 +268,11 @@ class Server:
             status_code=408,
             headers={"Connection": "close"},
         )
+
+    async def _on_body_too_large(self, request: Request, exc: RequestBodyTooLarge) -> Response:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "request_too_large"},
+                            status_code=413, headers={"Connection": "close"})
 
     async def _on_client_disconnect(self, request: Request, exc: ClientDisconnect) -> Response:
         log.info("%s %s: the client disconnected before sending the whole request", request.method, request.url.path)
