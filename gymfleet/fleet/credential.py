@@ -3,11 +3,14 @@
 On by default. `disable_fleet_auth: true` at the top of the config turns the check off, for NeMo-Gym's own clients
 (which cannot send a token), and only for a fleet reachable from this machine alone: a fleet with any listener on
 a non-loopback address (the head server, any server, Ray placement) refuses to start with it.
+
+`private_folder` and `owner_only` keep the fleet's log folder and files readable by this user alone.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -88,3 +91,15 @@ def answers_as(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
             return response.status == 200 and identity == (token, name)
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def private_folder(path: Path) -> None:
+    """Create `path` (and its parents) if needed, readable by this user only: server logs may quote what servers
+    were sent and answered."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def owner_only(path: str, flags: int) -> int:
+    """`open()`'s opener for a file only this user may read (a log file)."""
+    return os.open(path, flags, 0o600)

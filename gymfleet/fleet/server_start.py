@@ -24,6 +24,7 @@ import time
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
+from gymfleet.fleet.credential import owner_only, private_folder
 from gymfleet.fleet.launch import SECRETS_ENV, instance_python
 from gymfleet.fleet.readiness import _Child
 from gymfleet.fleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
@@ -55,8 +56,8 @@ class ServerStart:
 
     def _zygote_output(self, line: str) -> None:
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.log_dir / "zygote.log", "a") as sink:
+            private_folder(self.log_dir)
+            with open(self.log_dir / "zygote.log", "a", opener=owner_only) as sink:
                 sink.write(line + "\n")
         else:
             self._say(f"(zygote) {line}")
@@ -166,8 +167,8 @@ class ServerStart:
     def _pump(self, child: _Child, process: subprocess.Popen) -> None:
         sink = None
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            sink = open(self.log_dir / f"{child.instance.name}.log", "a")  # noqa: SIM115
+            private_folder(self.log_dir)
+            sink = open(self.log_dir / f"{child.instance.name}.log", "a", opener=owner_only)  # noqa: SIM115
         try:
             for line in process.stdout:
                 child.tail.append(line.rstrip("\n"))

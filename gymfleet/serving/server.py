@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import gc
 import logging
 import os
@@ -46,7 +47,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, TypeAdapter
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Route
@@ -54,6 +55,7 @@ from starlette.routing import Route
 from gymfleet import auth, http
 from gymfleet.auth import FLEET_TOKEN_ENV
 from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, SessionLostError, TransportError, too_many_errors
+from gymfleet.masking import is_secret_key, redact
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
 from gymfleet.serving.guard import FleetAuthMiddleware, RequestBodyTooLarge, RequestGuardMiddleware
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
@@ -162,6 +164,30 @@ class Server:
         self.global_config = global_config or {}
         self.client = http.ServerClient(self.global_config)
         self.metrics = ServerMetrics()
+
+    @functools.cached_property
+    def secret_values(self) -> tuple[str, ...]:
+        """The secrets in this server's own config (values under secret-looking keys, header maps included): an
+        upstream that echoes one in its error text has it replaced by `****` before the text is logged or answered."""
+        found: list[str] = []
+
+        def walk(node: Any, secret: bool) -> None:
+            if isinstance(node, BaseModel):
+                node = dict(node)
+            if isinstance(node, SecretStr):
+                node = node.get_secret_value()
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    walk(value, secret or is_secret_key(key))
+            elif isinstance(node, list | tuple):
+                for item in node:
+                    walk(item, secret)
+            elif secret and isinstance(node, str) and node:
+                found.append(node)
+                found.extend(part for part in node.split() if len(part) >= 8)  # `Bearer <key>`: the key alone too
+
+        walk(self.config, False)
+        return tuple(sorted(set(found), key=len, reverse=True))
 
     @property
     def cookie_name(self) -> str:
@@ -292,15 +318,17 @@ class Server:
         if exc.status is not None and 400 <= exc.status < 500 and exc.status not in NOT_THE_CALLERS_FAULT:
             # The inner server rejected what we forwarded from the caller (e.g. a row missing the fields the
             # environment needs): the caller's fault, so pass the 4xx on instead of blaming the fleet with a 5xx.
-            log.warning("%s %s: inner server rejected the request: %s", request.method, request.url.path, exc)
-            return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "inner_request_rejected",
+            message = redact(str(exc), self.secret_values)
+            log.warning("%s %s: inner server rejected the request: %s", request.method, request.url.path, message)
+            return JSONResponse({"detail": f"{self.config.name}: {message}", "error_type": "inner_request_rejected",
                                  "upstream_status": exc.status}, status_code=exc.status)
-        log.error("%s %s: inner call failed: %s", request.method, request.url.path, exc)
+        message = redact(str(exc), self.secret_values)
+        log.error("%s %s: inner call failed: %s", request.method, request.url.path, message)
         failure_class = "auth_failed" if exc.status in (401, 403) else exc.failure_class
         self.metrics.failures.labels(failure_class, target_of(exc.url)).inc()
         return JSONResponse(
             {
-                "detail": f"{self.config.name}: inner call failed: {exc}",
+                "detail": f"{self.config.name}: inner call failed: {message}",
                 "error_type": failure_class,
                 "upstream_status": exc.status,
             },
@@ -310,8 +338,9 @@ class Server:
     async def _on_error(self, request: Request, exc: Exception) -> Response:
         log.exception("%s %s: unhandled %s", request.method, request.url.path, type(exc).__name__)
         self.metrics.failures.labels("server_error", LOCAL_HOP).inc()
+        message = redact(str(exc), self.secret_values)
         return JSONResponse(
-            {"detail": f"{self.config.name}: {type(exc).__name__}: {exc}", "error_type": "server_error"},
+            {"detail": f"{self.config.name}: {type(exc).__name__}: {message}", "error_type": "server_error"},
             status_code=500,
         )
 
