@@ -43,8 +43,8 @@ from fastapi import FastAPI, Request
 from pydantic import Field
 from starlette.responses import Response
 
-from gymfleet.serving.bodies import read_json, validate
 from gymfleet.errors import ConfigError
+from gymfleet.serving.bodies import read_json, validate
 from gymfleet.serving.server import JSONResponse, Server, ServerConfig, add_route, dump
 from sandbox import isolation
 from sandbox.admission import Admission, Overloaded, machine_memory_budget_mb
@@ -79,6 +79,9 @@ class SandboxConfig(ServerConfig):
     container's cgroup limit if less)."""
     queue_length: int = 4096
     """Requests that may wait for a slot or memory; beyond that the answer is 429 with Retry-After."""
+    admission_timeout_s: float | None = Field(600.0, gt=0)
+    """Longest a request waits in the queue; past it the answer is 429 with Retry-After (null: no bound), so a
+    queued run never starts long after its caller gave up."""
     startup_timeout_s: float = 30.0
     wall_time_factor: float = 2.0
     """Wall-clock limit = `timeout_s` x this (the CPU time limit is `timeout_s`): a program slowed down by other runs
@@ -111,7 +114,8 @@ class SandboxServer(Server):
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)
         slots = self.config.max_concurrent_runs or (os.cpu_count() or 1) * self.config.runs_per_core
-        self.admission = Admission(slots, self.config.queue_length, self._memory_budget_mb())
+        self.admission = Admission(slots, self.config.queue_length, self._memory_budget_mb(),
+                                   self.config.admission_timeout_s)
         self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
         self.runner: Runner | None = None
         self.sessions: Sessions | None = None

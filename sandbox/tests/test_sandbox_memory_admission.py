@@ -158,3 +158,23 @@ async def test_a_waiter_that_goes_away_leaves_the_line():
     release()  # a second call gives nothing back twice
     (await behind)()
     assert (admission.running, admission.admitted_mb, admission.waiting_for_memory) == (0, 0, 0)
+
+
+async def test_a_request_not_admitted_within_admission_timeout_s_is_a_429_and_never_runs():
+    """A queued run past its admission deadline is refused (429, Retry-After) and its program never starts."""
+    server = SandboxServer({"name": "sandbox", "memory_budget_mb": BUDGET_MB, "default_memory_mb": 64,
+                            "max_concurrent_runs": 1, "admission_timeout_s": 0.5})
+    marker = "print('the late run ran')"
+    with serve(server.create_app()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            holder = asyncio.create_task(run_span(client, 64, 3))
+            await wait_for_metrics(client, lambda text: gauge(text, "gymfleet_sandbox_running") == 1, "a run")
+            late = await client.post("/run", json={"code": marker})
+            assert late.status_code == 429, late.text
+            assert late.json()["error_type"] == "overloaded" and "admission_timeout_s" in late.json()["detail"]
+            assert int(late.headers["Retry-After"]) >= 1
+            await holder
+            metrics = (await client.get("/metrics")).text
+    assert gauge(metrics, "gymfleet_sandbox_queue_depth") == 0
+    assert 'reason="admission_timeout"' in metrics
+    assert server.admission.running == 0 and server.admission.admitted_mb == 0
