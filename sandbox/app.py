@@ -35,9 +35,11 @@ when the server starts: if bubblewrap cannot run, start-up fails saying how to f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from pydantic import Field
@@ -186,11 +188,12 @@ class SandboxServer(Server):
 
     async def _run(self, request: Request) -> Response:
         body = validate(RunRequest, await read_json(request))
-        return JSONResponse(dump(await self.runner.run(body)))
+        return await _while_connected(request, self.runner.run(body), lambda result: JSONResponse(dump(result)))
 
     async def _run_batch(self, request: Request) -> Response:
         body = validate(BatchRequest, await read_json(request))
-        return JSONResponse(dump(BatchResult(results=await self.runner.run_batch(body))))
+        return await _while_connected(request, self.runner.run_batch(body),
+                                      lambda results: JSONResponse(dump(BatchResult(results=results))))
 
     async def _create_session(self, request: Request) -> Response:
         body = validate(SessionRequest, await read_json(request))
@@ -230,3 +233,30 @@ class SandboxServer(Server):
         log.error("%s %s: %s", request.method, request.url.path, exc)
         self.metrics.failures.labels("sandbox_start_failed").inc()
         return JSONResponse({"detail": str(exc), "error_type": "sandbox_unavailable"}, status_code=503)
+
+
+async def _while_connected(request: Request, work: Any, answer: Callable[[Any], Response]) -> Response:
+    """Run `work` (a run, waiting for admission first) unless its caller hangs up first: then it is cancelled, so a
+    run still queued never starts and a running one is killed (`sandbox.runner` tears its sandbox down)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        log.info("%s %s: the caller went away; its run was cancelled", request.method, request.url.path)
+        return Response(status_code=499)  # nobody reads it; 499 is what the request counts as in /metrics
+    return answer(task.result())
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client of `request` (whose body was read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
