@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import stat
+from pathlib import Path
 
 import httpx
 import pytest
@@ -166,3 +167,13 @@ def test_the_opt_out_on_loopback_serves_clients_that_send_no_token():
         assert httpx.get(fleet.config.instance("mcqa").url + "/metrics").status_code == 200
         head = f"http://127.0.0.1:{fleet.config.head_port}"
         assert httpx.get(head + "/server_instances").status_code == 200
+
+
+def test_each_server_gets_only_the_secrets_of_its_own_block():
+    """`policy_api_key` is the policy model server's: the environment and the agent never receive it."""
+    canary = "sk-canary-only-for-the-policy"
+    with running_fleet([QUICKSTART], {"policy_api_key": canary, "server_start": "spawn"}) as fleet:
+        for name, child in fleet.children.items():
+            environ = Path(f"/proc/{child.process.pid}/environ").read_bytes()
+            if name != "policy_model":
+                assert canary.encode() not in environ, f"{name} received the policy's key"

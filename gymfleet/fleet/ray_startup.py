@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.credential import answers_as
-from gymfleet.fleet.launch import bind_socket, split_secrets
+from gymfleet.fleet.launch import bind_socket, own_secrets, split_secrets
 from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources, is_loopback
 from gymfleet.fleet.ray_replica import ReplicaProcess, set_address
 from gymfleet.fleet.readiness import ServerCrashedError
@@ -220,7 +220,7 @@ class RayStartup:
         data = copy.deepcopy(self.config.data)
         set_address(data, replica.instance.name, replica.host, replica.port)
         masked, secrets = split_secrets(data)
-        return replica.actor.serve.remote(masked, secrets, self.token)
+        return replica.actor.serve.remote(masked, own_secrets(secrets, replica.instance.name), self.token)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

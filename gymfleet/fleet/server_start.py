@@ -25,7 +25,7 @@ import time
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.credential import owner_only, private_folder
-from gymfleet.fleet.launch import SECRETS_ENV, instance_python
+from gymfleet.fleet.launch import SECRETS_ENV, instance_python, own_secrets
 from gymfleet.fleet.readiness import _Child
 from gymfleet.fleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
 from gymfleet.fleet.zygote import ForkedProcess, Zygote, ZygoteError
@@ -125,7 +125,7 @@ class ServerStart:
         if zygote is not None and instance.folder is None:  # a folder of another tree: a fresh interpreter
             env = {**os.environ, **self.credential.child_env()}
             try:
-                return zygote.spawn(instance.name, json.loads(self._secrets_env), env)
+                return zygote.spawn(instance.name, own_secrets(json.loads(self._secrets_env), instance.name), env)
             except ZygoteError as exc:
                 self._zygote_lost(zygote, str(exc))
         return self._spawn_popen(instance)
@@ -146,7 +146,8 @@ class ServerStart:
             str(self.workdir),
         ]
         # Secrets and the fleet token go in the child's environment: not on disk, not in `ps` (owner-only).
-        env = {**os.environ, SECRETS_ENV: self._secrets_env, **self.credential.child_env()}
+        secrets = json.dumps(own_secrets(json.loads(self._secrets_env), instance.name))
+        env = {**os.environ, SECRETS_ENV: secrets, **self.credential.child_env()}
         return subprocess.Popen(
             command,
             env=env,
