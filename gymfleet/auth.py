@@ -94,7 +94,7 @@ def remember(host: str | None, port: int | str, token: str) -> list[Path]:
 
 def started_here() -> list[str]:
     """The tokens of the fleets this process started and has not stopped."""
-    return list(_fleets.values())
+    return list(dict.fromkeys(_fleets.values()))
 
 
 def forget(host: str | None, port: int | str, token: str, paths: list[Path]) -> None:

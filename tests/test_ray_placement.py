@@ -154,7 +154,7 @@ def published(fleet: RayFleet) -> dict:
 
 def served(url: str, route: str = "/verify") -> int:
     """Requests to `route` a replica answered 200 (its own `/metrics`)."""
-    text = httpx.get(url + "/metrics", timeout=10, headers=fleet_headers(fleet)).text
+    text = httpx.get(url + "/metrics", timeout=10, headers=fleet_headers()).text
     pattern = r'gymfleet_requests_total\{[^}]*route="' + route + r'"[^}]*status="200"[^}]*\} ([0-9.e+]+)'
     return int(sum(float(value) for value in re.findall(pattern, text)))
 

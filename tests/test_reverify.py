@@ -56,7 +56,8 @@ def lines(path: Path) -> list[dict]:
 
 
 def verify_posts(fleet) -> float:
-    with urllib.request.urlopen(fleet.config.instance("mcqa").url + "/metrics", timeout=10) as answer:
+    request = urllib.request.Request(fleet.config.instance("mcqa").url + "/metrics", headers=fleet_headers(fleet))
+    with urllib.request.urlopen(request, timeout=10) as answer:
         text = answer.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("gymfleet_requests_total{") and 'route="/verify"' in line
@@ -105,8 +106,7 @@ def _mixed_rollouts(rollouts: Path, folder: Path) -> Path:
     math = build("math_with_judge")
     answers = ["\\boxed{400}", "\\boxed{1/6}", "no idea", "\\boxed{12}", "\\boxed{7}"]
     extra = []
-    with serve(math.create_app()) as url, httpx.Client(base_url=url, timeout=60,
-                                                       headers=fleet_headers(fleet)) as client:
+    with serve(math.create_app()) as url, httpx.Client(base_url=url, timeout=60) as client:
         for index, (row, text) in enumerate(zip(example_rows("math_with_judge"), answers, strict=False)):
             body = {**row, "response": make_response(text), "agent_ref": {"name": "math_with_judge_simple_agent"},
                     "_ng_task_index": index, "_ng_rollout_index": 0}
@@ -146,8 +146,7 @@ def test_in_process_a_config_change_rescores_exactly_that_environment(rollouts, 
     stored = lines(mixed)
     # Each change is a real difference from what the lenient server answers, explained by the config hash.
     server = build("mcqa", grading_mode="lenient_answer_colon")
-    with serve(server.create_app()) as url, httpx.Client(base_url=url, timeout=30,
-                                                         headers=fleet_headers(fleet)) as client:
+    with serve(server.create_app()) as url, httpx.Client(base_url=url, timeout=30) as client:
         for change in changes:
             row = stored[change["line"] - 1]
             assert change["environment"] == "mcqa" and change["why"] == ["config_hash"]

@@ -212,7 +212,7 @@ def _agents_with_examples(published: dict) -> dict[str, tuple[dict, Path]]:
 
 def _rollout(agent: dict, row: dict) -> dict:
     answer = httpx.post(f"http://{agent['host']}:{agent['port']}/run", json=row, timeout=300,
-                        headers=fleet_headers(fleet))
+                        headers=fleet_headers())
     assert answer.status_code == 200, answer.text
     return answer.json()
 

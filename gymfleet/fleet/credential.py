@@ -34,7 +34,7 @@ class FleetCredential:
         self.token = auth.new_token()
         self.enforced = not _opted_out(config, placed_remotely)
         self._config = config
-        self._files: list[Path] = []
+        self._published: list[tuple[str, int, list[Path]]] = []
 
     def child_env(self) -> dict[str, str]:
         """What a server of this fleet gets in its environment (never its argv)."""
@@ -48,17 +48,20 @@ class FleetCredential:
         """The token the head server requires (None: opted out)."""
         return self.token if self.enforced else None
 
-    def publish(self) -> None:
-        """Make the token known to this process and write its owner-only token file(s), keyed by the head address."""
+    def publish(self, host: str | None = None) -> None:
+        """Make the token known to this process and write its owner-only token file(s), keyed by the head address
+        (`host`: another name the head is reached by, e.g. the node address Ray placement publishes)."""
         if self.enforced:
-            self._files = auth.remember(self._config.head_host, self._config.head_port, self.token)
-            log.info("fleet token written to %s", self._files[0])
+            host = self._config.head_host if host is None else host
+            files = auth.remember(host, self._config.head_port, self.token)
+            self._published.append((host, self._config.head_port, files))
+            log.info("fleet token written to %s", files[0])
 
     def withdraw(self) -> None:
         """Forget the token and remove the files `publish` wrote. Safe to call more than once."""
-        files, self._files = self._files, []
-        if files:
-            auth.forget(self._config.head_host, self._config.head_port, self.token, files)
+        published, self._published = self._published, []
+        for host, port, files in published:
+            auth.forget(host, port, self.token, files)
 
 
 def _opted_out(config: GlobalConfig, placed_remotely: bool) -> bool:

@@ -188,13 +188,15 @@ class RayStartup:
 
         head = self.config.data["head_server"]
         host = head["host"]
+        self.credential.publish()  # under the configured address, before a loopback one is replaced below
         node_ip = self._ray.util.get_node_ip_address()
         if host in LOOPBACK and not is_loopback(node_ip):
             bind_host, head["host"] = "0.0.0.0", node_ip
         else:
             bind_host = host or "127.0.0.1"
         self._head_socket = bind_socket(bind_host, int(head["port"]), "head_server.port", assigned_if_unset=False)
-        self.credential.publish()
+        if head["host"] != host:
+            self.credential.publish(head["host"])
         app = create_head_app(self.config, self.process_table, self.replica_table, token=self.credential.head_token)
         server_config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._head = uvicorn.Server(server_config)
