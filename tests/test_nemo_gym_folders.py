@@ -279,7 +279,7 @@ def _fleet_config(root: Path, path: Path) -> Path:
 def test_folders_start_under_ng_run_and_come_back_after_a_crash(tree, tmp_path):
     recorded, reward = recorded_rollouts(tree, "mcqa")[0]
     session_row = rows(tree, "example_session_state_mgmt", "example.jsonl")[0]
-    with running_fleet([str(_fleet_config(tree, tmp_path / "fleet.yaml"))]) as fleet:
+    with running_fleet([str(_fleet_config(tree, tree / "fleet.yaml"))], {"folder_requirements": "venv"}) as fleet:
         mcqa = fleet.config.instance("ng_mcqa").url
         counter = fleet.config.instance("ng_example_session_state_mgmt").url
         assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60).json()["reward"] == reward
