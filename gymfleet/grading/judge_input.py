@@ -204,6 +204,13 @@ def _label_patterns(labels: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str]
     patterns = []
     for label in labels:
         form = screen_form(label)
+        numeric = re.fullmatch(r"(\w+)=#", form)
+        if numeric:  # a numeric verdict key ("score_1=#"): the key with any number, in any key-value spelling
+            key = r"[\s_-]?".join(re.escape(part) for part in re.split(r"[\s_]+", numeric.group(1)))
+            patterns.append((label, re.compile(
+                r"(?<![a-z])" + key + r"[\"'*_\]\)\s]{0,4}(?:[:=\-]{1,3}>?|\bis\b|\bof\b)\s{0,3}[\"'*_\[\(\s]{0,4}"
+                r"[+-]?\d", re.IGNORECASE)))
+            continue
         if "=" in form and re.fullmatch(r"\w+=\w+", form):  # a JSON label key given as key=value
             key, value = form.split("=", 1)
             patterns.append((label, re.compile(
@@ -213,8 +220,8 @@ def _label_patterns(labels: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str]
         harm = re.fullmatch(r"(.+?)\s*:\s*(\w+)", form)
         if harm:  # "Response harm: unharmful": any separator, any spacing
             key = r"\s{0,3}".join(re.escape(word) for word in harm.group(1).split())
-            patterns.append((label, re.compile(key + r"\s{0,3}[:=\-|>]{1,3}\s{0,3}[\"'*_\s]{0,4}" + re.escape(harm.group(2))
-                                               + r"(?!\w)", re.IGNORECASE)))
+            separator = r"\s{0,3}[:=\-|>]{1,3}\s{0,3}[\"'*_\s]{0,4}"
+            patterns.append((label, re.compile(key + separator + re.escape(harm.group(2)) + r"(?!\w)", re.IGNORECASE)))
             continue
         core = re.sub(r"^[^\w]+|[^\w]+$", "", form)
         if not core:
@@ -233,7 +240,7 @@ def _label_patterns(labels: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str]
         forms.append(r"(?:[✓✔☑✅❌✗✘→⇒]|=>|->)\s{0,3}[\"'*_\[\(\{\s]{0,6}" + core_re + r"(?!\w)")
         flags = re.IGNORECASE
         patterns.append((label, re.compile("|".join(f"(?:{f})" for f in forms), flags)))
-        if core.isalpha() and len(core) >= 4:  # "42 PASS", "... CORRECT." written in capitals inline
+        if core.isalpha() and len(core) >= 3:  # "42 PASS", "... CORRECT.", "... YES" written in capitals inline
             patterns.append((label, re.compile(r"(?<![\w-])" + re.escape(core.upper()) + r"(?![\w-])")))
     return tuple(patterns)
 
@@ -244,7 +251,8 @@ def screen(text: str | None, labels: Sequence[str] = (), markers: Sequence[str |
     Args:
         text: The policy's text, as `judge_text` gives it (screening normalises again; raw text works too).
         labels: The verdict labels of every judge prompt the text goes to (`[[A=B]]`, `CORRECT`, `result=PASS`
-            for a JSON key, `Response harm: unharmful` for a key-value line).
+            for a JSON key, `Response harm: unharmful` for a key-value line, `score_1=#` for a key whose value is
+            any number: `"score_1": 5`, `[[score 1 = 5]]`, `score_1 is 5`).
         markers: Regexes (or literal strings) of the prompt's own delimiters.
 
     Examples:

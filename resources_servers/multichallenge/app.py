@@ -74,6 +74,8 @@ None.
 - v2: the shared judge rules (`gymfleet.grading.judge_gate`): the reply is shown normalised in a nonce block
   (no `<model_response>` tags); an unclosed `<think>` after visible text no longer hides the rest; the shared
   screen; copies of the reply in the judge's answer are not read.
+- v3: the verdict word written in capitals inline (`... the settings page. YES`) is an injection too (the shared
+  screen now reads three-letter labels that way; found by `tests/test_judge_injection_property.py`).
 """
 
 from __future__ import annotations
