@@ -100,10 +100,10 @@ def loopback_cluster(*nodes: dict[str, Any], connect: bool = True) -> Iterator[A
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={**nodes[0], **LOOPBACK_NODE})
+    cluster = Cluster(initialize_head=True, head_node_args={**nodes[0], "node_ip_address": "127.0.0.1"})
     try:
         for node in nodes[1:]:
-            cluster.add_node(**node, **LOOPBACK_NODE)
+            cluster.add_node(**{**node, "node_ip_address": "127.0.0.1"})
         if connect:
             connect_ray(ray, cluster.address)
         cluster.wait_for_nodes()
