@@ -29,8 +29,8 @@ from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.fleet.ray_cluster import attach_ray, ray_options
 from gymfleet.fleet.ray_replica import PORT_FREE_TIMEOUT_S
-from gymfleet.fleet.ray_startup import ACTOR_CALL_TIMEOUT_S, RayStartup, _answers_as, _Replica
-from gymfleet.fleet.readiness import ServerCrashedError
+from gymfleet.fleet.ray_startup import ACTOR_CALL_TIMEOUT_S, RayStartup, _Replica
+from gymfleet.fleet.readiness import ServerCrashedError, _is_own_server
 from gymfleet.fleet.supervisor import (
     RESTART_BACKOFF_CAP_S,
     RESTART_BACKOFF_S,
@@ -143,7 +143,7 @@ class RayFleet(RayStartup):
             if status["returncode"] is not None:
                 self._crashed(replica, f"its server exited with {_exit_text(status['returncode'])}", now)
             elif replica.state == "restarting":
-                if _answers_as(replica.url, self.token, replica.instance.name):
+                if _is_own_server(replica.url, self.token, replica.instance.name):
                     replica.state = "running"
                     self._say(f"replica {replica.label} is back on {replica.url} (restart {replica.restarts})")
                 elif now > replica.deadline:

@@ -48,7 +48,7 @@ from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.launch import bind_socket, split_secrets
 from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources, is_loopback
 from gymfleet.fleet.ray_replica import ReplicaProcess, set_address
-from gymfleet.fleet.readiness import ServerCrashedError
+from gymfleet.fleet.readiness import ServerCrashedError, _is_own_server
 
 if TYPE_CHECKING:
     pass
@@ -225,7 +225,7 @@ class RayStartup:
         pending = list(self._all())
         while pending:
             for replica in list(pending):
-                if _answers_as(replica.url, self.token, replica.instance.name):
+                if _is_own_server(replica.url, self.token, replica.instance.name):
                     replica.state = "running"
                     pending.remove(replica)
                     continue
@@ -278,18 +278,6 @@ def _rewrite(node: Any, moved: dict[str, str]) -> Any:
         return value
 
     return walk(node)
-
-
-def _answers_as(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
-    """Whether `GET url/` answers 200 as instance `name` of the fleet holding `token`."""
-    from gymfleet.serving.server import FLEET_HEADER, INSTANCE_HEADER
-
-    try:
-        with urllib.request.urlopen(url + "/", timeout=timeout_s) as response:
-            identity = (response.headers.get(FLEET_HEADER), response.headers.get(INSTANCE_HEADER))
-            return response.status == 200 and identity == (token, name)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def _answers(url: str, timeout_s: float = 2.0) -> bool:
