@@ -32,9 +32,13 @@ every FAIL_TO_PASS and every PASS_TO_PASS test passes; else 0.0, with `reason`:
   `tests_tampered` (the code under test replaced unittest's machinery), `fail_to_pass_failed`, `pass_to_pass_failed`.
 Anti-cheat: the grading tests exist only in the grading sandbox; only the diff leaves the agent's session, so files
 it wrote outside the repository, ignored files, a fake result file or a `conftest.py` reach nothing (the last is a
-test file: the patch is rejected). The runner's report travels on a saved stdout behind a random nonce given on
-stdin, with fds 1 and 2 closed to the tests (`grading.py`). Not covered: code that games the tests' assertions by
-behaving differently under test, as in SWE-bench itself.
+test file: the patch is rejected). The tests run in a child process that loads them all before running any, has no
+stdin, stdout or stderr, and sends each outcome on a pipe to a supervisor that never imports the repository; only the
+supervisor holds the random nonce behind which the report travels on stdout (`grading.py`). Any function, class or
+descriptor of unittest's modules replaced, added or removed (checked after loading and after every test), or a grader
+canary that comes out wrong in any of its runs (placed at random and run again at the end), is `tests_tampered`.
+Not covered: code that games the tests' assertions by behaving differently under test, as in SWE-bench itself, and
+a forgery that patches unittest only for the span of one assertion and restores it before the test ends.
 Response fields: `model_patch` (the diff graded, or null), `reason` (null at 1.0), `tests_status`
 (`{FAIL_TO_PASS: {success, failure}, PASS_TO_PASS: {...}}`, SWE-bench's report shape), `resolved`,
 `grading_detail` (what git or the tests said when it went wrong), `grading_duration_s` (the grading run, seconds).
@@ -93,6 +97,10 @@ Paths are relative to the repository (absolute ones must lie inside it).
   wrong scores `tests_tampered` (0), whatever the patch touched.
 - v4: a `/verify` whose session was closed after `session_idle_s` idle is a `session_lost` failure row, not a
   `no_session` 0.0 (`gymfleet.serving.session_store`).
+- v5: the runner is a supervisor (holds the nonce, never imports the repository) and a child (runs the tests, no
+  nonce in its memory); every test is loaded before the first runs, unittest's modules are watched as a whole after
+  every test, and the canaries run again at the end: forgeries through any unittest internal, or a report forged
+  with a nonce read from the runner's frames, score `tests_tampered` or fail (v4 scored some of them 1.0).
 """
 
 from __future__ import annotations
