@@ -63,8 +63,16 @@ def supervise(tests_json, repo):
                 tampered.update(str(v) for v in value[:100])
             elif kind in ("ok", "bad") and value in known:
                 (ok if kind == "ok" else bad).add(value)
-    child.kill()
-    child.wait()
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    else:
+        if child.returncode < 0:  # killed (the memory limit's SIGKILL): the run ends as its tests did, unreported
+            import signal
+            signal.signal(-child.returncode, signal.SIG_DFL)
+            os.kill(os.getpid(), -child.returncode)
     report = {"passed": sorted(ok - bad), "ever_passed": sorted(ok), "tampered": sorted(tampered)}
     os.write(1, ("\n" + nonce + json.dumps(report) + "\n").encode())
 

@@ -174,3 +174,11 @@ def test_every_forgery_scores_0(tmp_path, files):
     result = grade(tmp_path, files)
     assert result.reward == 0.0, result
     assert result.reason in ("tests_tampered", "fail_to_pass_failed", "no_test_report"), result
+
+
+def test_tests_killed_by_a_signal_end_the_run_as_they_did(tmp_path):
+    """A child killed (the memory limit's SIGKILL) leaves no report: the run ends killed, as the backends read an
+    OOM, not as a report with the canaries missing."""
+    files = {"calc/__init__.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "calc/core.py": RIGHT}
+    result = grade(tmp_path, files)
+    assert (result.reward, result.reason) == (0.0, "no_test_report"), result
