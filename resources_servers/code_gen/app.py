@@ -55,15 +55,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gymfleet.grading import answers
 from gymfleet.errors import ConfigError, SandboxError, ServerRefError
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.grading import answers
+from gymfleet.grading.canary import case_canaries
 from gymfleet.grading.sandbox_client import RunResult, SandboxClient
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response
 from resources_servers.code_gen.checker import (
@@ -73,6 +75,7 @@ from resources_servers.code_gen.checker import (
     grade,
     json_nests_deeper,
     leaks_think_tags,
+    passes,
     prelude_for,
 )
 
@@ -213,20 +216,30 @@ class CodeGenServer(ResourcesServer):
     async def _run_tests(self, code: str, tests: UnitTests) -> Grade:
         call_based = tests.fn_name is not None
         program = call_program(code, tests.fn_name) if call_based else code
-        cases = [{"stdin": text} for text in tests.inputs]
+        cases = list(zip(tests.inputs, tests.outputs, strict=True))
         longest = max(len(output.encode()) for output in tests.outputs)
         options = {"prelude": prelude_for(code), "stop_on_failure": True, "memory_mb": self.config.memory_mb,
                    "timeout_s": self.config.unit_test_timeout_secs,
                    "max_output_bytes": max(1 << 16, 2 * longest + 4096)}
         async with self._slots:
             # The first test alone first: most wrong programs fail it, and then the rest need not run at all.
-            results = await self._batch(program, cases[:1], options)
-            if len(cases) > 1 and grade(results, tests.outputs[:1], call_based, 1).reward == 1.0:
-                results += await self._batch(program, cases[1:], options)
-        return grade(results, tests.outputs, call_based, len(cases))
+            results = await self._run_cases(program, cases[:1], options)
+            if grade(results, tests.outputs[:1], call_based, 1).reward != 1.0:
+                return grade(results, tests.outputs, call_based, len(cases))
+            # The rest, with the grader's canaries among them (a program that passes needs them; see the docstring).
+            canaries = case_canaries(cases, len(cases) - 1, json.dumps if call_based else str)
+            rest = await self._run_cases(program, canaries.insert(cases[1:], make=lambda case: case), options)
+        real, _, _ = canaries.split(rest)
+        graded = grade(results + real, tests.outputs, call_based, len(cases))
+        forged = canaries.tampered(rest, lambda result, expected: passes(result, expected, call_based))
+        if graded.reward == 1.0 and forged:
+            return Grade(0.0, "tests_tampered", graded.results, None, {"reason": forged}, graded.time_s)
+        return graded
 
-    async def _batch(self, program: str, cases: list[dict[str, str]], options: dict[str, Any]) -> list[RunResult]:
-        results = await self.sandbox.run_batch(program, cases, "python", **options)
+    async def _run_cases(self, program: str, cases: list[tuple[str, str]], options: dict[str, Any]) -> list[RunResult]:
+        """Run `program` on `(input, expected)` cases: the one place cases become a sandbox request, and only
+        their inputs do (expected outputs never enter the sandbox; `grade()` compares outside it)."""
+        results = await self.sandbox.run_batch(program, [{"stdin": stdin} for stdin, _ in cases], "python", **options)
         if results and results[0].message and results[0].message.startswith("could not set up"):
             raise SandboxError(f"the sandbox could not set the tests up: {results[0].message}")
         return results

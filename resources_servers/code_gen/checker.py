@@ -225,6 +225,11 @@ def grade(results: list[RunResult], expected: list[str], call_based: bool, total
     return Grade(1.0, "passed", codes, None, {}, time_s)
 
 
+def passes(result: RunResult, expected: str, call_based: bool) -> bool:
+    """Whether one run's result passes its test, as `grade()` judges it."""
+    return _verdict(result, expected, call_based)[0] == "passed"
+
+
 def _verdict(result: RunResult, expected: str, call_based: bool) -> tuple[str, str | None]:
     """The test's verdict and, for a wrong answer, why."""
     if result.status == "timeout":
