@@ -75,6 +75,7 @@ from resources_servers.code_gen.checker import (
     grade,
     json_nests_deeper,
     leaks_think_tags,
+    outputs_agree,
     passes,
     prelude_for,
 )
@@ -227,7 +228,8 @@ class CodeGenServer(ResourcesServer):
             if grade(results, tests.outputs[:1], call_based, 1).reward != 1.0:
                 return grade(results, tests.outputs, call_based, len(cases))
             # The rest, with the grader's canaries among them (a program that passes needs them; see the docstring).
-            canaries = case_canaries(cases, len(cases) - 1, json.dumps if call_based else str)
+            canaries = case_canaries(cases, len(cases) - 1, lambda printed, expected: outputs_agree(
+                printed, expected, call_based), json.dumps if call_based else str)
             rest = await self._run_cases(program, canaries.insert(cases[1:], make=lambda case: case), options)
         real, _, _ = canaries.split(rest)
         graded = grade(results + real, tests.outputs, call_based, len(cases))
