@@ -24,15 +24,22 @@ NaN token, quiet or signaling, matches only as the same text). Call tests import
 `__main__`), call the function (or the `Solution` method) with the JSON arguments and compare its return value:
 equal JSON values (tuples as lists, `1` = `1.0`; a string never equals a number, `"6"` is not `6`), or numbers
 within 1e-5 relative; a value nesting deeper than 100 levels is a wrong answer; what the code prints is ignored.
-Whatever a program prints or returns grades to a reward, never an error. Expected outputs never enter the sandbox.
+Whatever a program prints or returns grades to a reward, never an error. Expected outputs never enter the sandbox
+(the cases reach it through `_run_cases`, inputs only). When the first test passes, the rest run with two
+grader-owned canaries at random places among them (`gymfleet.grading.canary.CaseCanaries`): a copy of a real test,
+which must pass, and a real test's input paired with another test's expected output, which must fail; a canary
+that comes out wrong (or a run that stops before the must-pass one) scores `tests_tampered` (0). They catch a
+program that answers by its place in the run (a memorised output list, a counter file) or forges the result
+channel; one that looks answers up by input in a leaked table would pass them, which is why nothing expected is in
+the sandbox.
 A `<think>`/`</think>` tag in the answer (or more than one of either in the reasoning summary) scores
 `reasoning_format_penalty` without running.
 Response fields: `verdict` (`passed`, `empty`, `no_code`, `think_tag_leak`, `wrong_answer`, `timeout`,
-`runtime_error`, `memory_limit`), `failed_test` (index) and `metadata` (what failed: expected vs got, stderr,
-status, and a wrong answer's `reason`), `tests_passed`, `tests_total`, plus NeMo-Gym's `extracted_model_output`,
-`extracted_model_code`, `result` (per test run: true, -2 wrong answer, -3 time limit, -4 runtime error),
-`unit_tests_time_taken`, `reasoning_format_violation_rate`, `difficulty`. A sandbox that fails (unreachable, 5xx)
-makes the row a `sandbox_failed` failure, never a 0.
+`runtime_error`, `memory_limit`, `tests_tampered`), `failed_test` (index) and `metadata` (what failed: expected vs
+got, stderr, status, and a wrong answer's or a tampered run's `reason`), `tests_passed`, `tests_total`, plus
+NeMo-Gym's `extracted_model_output`, `extracted_model_code`, `result` (per test run: true, -2 wrong answer, -3 time
+limit, -4 runtime error), `unit_tests_time_taken`, `reasoning_format_violation_rate`, `difficulty`. A sandbox that
+fails (unreachable, 5xx) makes the row a `sandbox_failed` failure, never a 0.
 
 ## Config
 - `sandbox`: the sandbox instance (`{type: sandbox_servers, name: sandbox}` or its name); `sandbox_url` instead
@@ -49,6 +56,11 @@ None.
 - v2: call-based results compare by JSON type (NeMo-Gym's `float(pred)` fallback accepted the string `"6"` for `6`;
   the tolerance now applies to numbers only); output no comparison can parse (`sNaN`, values nested thousands deep)
   is a wrong answer, and a row nested too deep a 422, where v1 answered HTTP 500.
+- v3: grader-owned canaries in every run whose first test passes (issue 25): a copy of a real test (must pass)
+  and a real test's input paired with another test's expected output (must fail; a random token when every
+  test expects the same), at random places among the rest; a canary that comes out wrong (or a run that stops
+  before the must-pass one) scores `tests_tampered` (0). Departure: NeMo-Gym runs no canaries; a passing
+  program costs two more sandbox runs.
 """
 
 from __future__ import annotations

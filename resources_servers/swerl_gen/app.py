@@ -44,12 +44,17 @@ when some but not all FAIL_TO_PASS tests pass and every PASS_TO_PASS test passes
 repro-gen: 1.0 when the script exits 2 on the repository as it is and 0 once the gold `patch` is applied, else 0.0
 (`not_reproduced`). The script is the last ```` ```python ```` block of the last `<solution>` pair, or of the
 whole text without one (`no_test`, `solution_too_long`). It runs as `reproduce_bug.py` at the repository's root,
-twice, each time in a fresh sandbox; the gold patch is applied (and deleted) before the script starts.
+each time in a fresh sandbox whose tree one step prepares (`repro.py`): the gold patch applied or not, every file
+it touches rewritten with random comment noise, the grader's files removed, all before the script starts. Once
+it has exited 2 on the unfixed tree and 0 on the fixed one, two canary runs must agree (an unfixed tree made by
+applying and reverting the gold patch: 2; a fresh fixed tree: 0), else `tests_tampered` (0): a script keyed on
+how its tree was made, or on luck, is caught. A script that compares the source with another copy of it (git
+history) can still read the fix itself.
 
-Response fields: `reason` (null at 1.0: the codes above, `tests_failed`), `detail` (what exactly was wrong),
-`resolution`, `fail_to_pass` / `pass_to_pass` (shares that passed), `test_results` (`{id: PASSED|FAILED|ERROR|
-SKIPPED}`), `model_patch`, `repro_test`, `return_codes_before_patch` / `return_codes_after_patch` (repro-gen;
-null for a run that timed out or was killed), `verification_result` (NeMo-Gym's `{status, resolution,
+Response fields: `reason` (null at 1.0: the codes above, `tests_failed`, `tests_tampered`), `detail` (what exactly was
+wrong), `resolution`, `fail_to_pass` / `pass_to_pass` (shares that passed), `test_results` (`{id: PASSED|FAILED|ERROR|
+SKIPPED}`), `model_patch`, `repro_test`, `return_codes_before_patch` / `return_codes_after_patch` (repro-gen; null for
+a run that timed out or was killed), `verification_result` (NeMo-Gym's `{status, resolution,
 return_codes_before_patch, return_codes_after_patch}`), `verification_time` (seconds in the sandbox).
 
 Failures, kept out of rewards (`_ng_failure_class: sandbox_failed`): the sandbox is unreachable or fails; the
@@ -91,6 +96,11 @@ None.
 - v2: eval mode runs each test in its own sandbox case and reads its result from the process's exit status (no
   result token in the tested process), with grader-owned canary tests; a forged or hung harness scores
   `tests_tampered` (0).
+- v3: repro-gen prepares every tree by one step (the gold patch applied or not, each file it touches rewritten
+  with random comment noise, the grader's folder removed), so a script cannot tell the runs apart by their
+  traces; once a script reproduces, two canary runs (an unfixed tree made by applying and reverting the gold
+  patch: exit 2; a fresh fixed tree: exit 0) must agree, else `tests_tampered` (0). Departure: NeMo-Gym runs
+  the script twice, once on the tree as it is.
 """
 
 from __future__ import annotations
