@@ -19,9 +19,8 @@ import secrets
 import pytest
 
 from gymfleet.grading.canary import case_canaries
-from gymfleet.testing import serve
 from resources_servers.code_gen.app import CodeGenServer
-from resources_servers.code_gen.tests.conftest import fenced, verify
+from resources_servers.code_gen.tests.conftest import fenced, served, verify
 
 
 def secret_row(count: int = 3, fn_name: str | None = None) -> dict:
@@ -146,9 +145,7 @@ class LeakyCodeGen(CodeGenServer):
 
 @pytest.fixture(scope="module")
 def leaky_url(sandbox_url):
-    server = LeakyCodeGen({"name": "code_gen", "domain": "coding", "sandbox_url": sandbox_url,
-                           "unit_test_timeout_secs": 2, "memory_mb": 512})
-    with serve(server.create_app()) as url:
+    with served(sandbox_url, LeakyCodeGen) as url:
         yield url
 
 
