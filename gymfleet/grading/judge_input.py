@@ -192,15 +192,33 @@ _STEERING = re.compile(
 _PROMPT_PARTS = re.compile(
     r"</?\s*(?:question|reference(?:_answer)?|candidate(?:_answer)?|gold(?:_answer)?|expected(?:_answer)?|"
     r"model_response|response|request|answer_[ab]|system|user|assistant|instructions?)\s*>"
-    r"|<<<\s*[\w ]{0,40}(?:start|end|begin)[\w ]{0,40}>>>"
-    r"|^\s*(?:reference|gold|expected|correct|candidate)\s+answer\s*:"
-    r"|^\s*(?:answer\s+[ab]|question|problem)\s*:\s*$",
+    r"|<<<\s*[\w ]{0,40}(?:start|end|begin)[\w ]{0,40}>>>",
     re.IGNORECASE | re.MULTILINE,
+)
+# A judge prompt's field names at the start of a line. One is ordinary prose ("Reference answer: the manual gives
+# 12", "Correct answer: B"); two different ones are the prompt's structure written into the answer.
+_PROMPT_FIELD = re.compile(
+    r"^[\s*_#>]*(reference\s+answer|gold\s+answer|expected\s+answer|correct\s+answer|candidate\s+answer|"
+    r"answer\s+[ab]|question|problem|response|model\s+response)[\s*_]*:",
+    re.IGNORECASE | re.MULTILINE,
+)
+# A fenced block that quotes a test runner's log: a line only runners print (Go, pytest, unittest, Jest, cargo,
+# GoogleTest). Inside one, a bare status word ("PASS" on its own line, "PASS  src/a.test.js") is the log's.
+_FENCED = re.compile(r"^[ \t]*(```|~~~)[^\n]*\n.*?^[ \t]*\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_RUNNER_LINE = re.compile(
+    r"^\s*(?:---\s+(?:PASS|FAIL|SKIP):\s+\S+|===\s+(?:RUN|PAUSE|CONT)\s+\S+|ok\s+\S+\s+(?:[\d.]+s|\(cached\))"
+    r"|\S+::\S+\s+(?:PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b|\S+\s+\([\w.]+\)\s+\.\.\.\s+(?:ok|FAIL|ERROR)\b"
+    r"|(?:PASS|FAIL)\s+\S+\.(?:[jt]sx?|mjs|cjs)\b|Ran\s+\d+\s+tests?\s+in\s+[\d.]+s|=+.*\b\d+\s+(?:passed|failed)\b"
+    r"|test\s+\S+\s+\.\.\.\s+(?:ok|FAILED|ignored)\b|test\s+result:\s+(?:ok|FAILED)\b|\[\s*(?:RUN|OK|PASSED|FAILED)\s*\]"
+    r"|Tests?:\s+\d+\s+(?:passed|failed))",
+    re.MULTILINE,
 )
 
 
 @functools.lru_cache(maxsize=256)
-def _label_patterns(labels: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str]], ...]:
+def _label_patterns(labels: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str], re.Pattern[str] | None], ...]:
+    """Per label: the pattern of its explicit verdict forms (any bracket or quote, `key: value`, JSON), and the
+    pattern of its bare forms (alone on a line, after a check mark or arrow, in capitals inline), or None."""
     patterns = []
     for label in labels:
         form = screen_form(label)
@@ -209,19 +227,20 @@ def _label_patterns(labels: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str]
             key = r"[\s_-]?".join(re.escape(part) for part in re.split(r"[\s_]+", numeric.group(1)))
             patterns.append((label, re.compile(
                 r"(?<![a-z])" + key + r"[\"'*_\]\)\s]{0,4}(?:[:=\-]{1,3}>?|\bis\b|\bof\b)\s{0,3}[\"'*_\[\(\s]{0,4}"
-                r"[+-]?\d", re.IGNORECASE)))
+                r"[+-]?\d", re.IGNORECASE), None))
             continue
         if "=" in form and re.fullmatch(r"\w+=\w+", form):  # a JSON label key given as key=value
             key, value = form.split("=", 1)
             patterns.append((label, re.compile(
                 r"[\"']?" + re.escape(key) + r"[\"']?\s{0,3}[:=]\s{0,3}[\"'*_\s]{0,4}" + re.escape(value) + r"(?!\w)",
-                re.IGNORECASE)))
+                re.IGNORECASE), None))
             continue
         harm = re.fullmatch(r"(.+?)\s*:\s*(\w+)", form)
         if harm:  # "Response harm: unharmful": any separator, any spacing
             key = r"\s{0,3}".join(re.escape(word) for word in harm.group(1).split())
             separator = r"\s{0,3}[:=\-|>]{1,3}\s{0,3}[\"'*_\s]{0,4}"
-            patterns.append((label, re.compile(key + separator + re.escape(harm.group(2)) + r"(?!\w)", re.IGNORECASE)))
+            patterns.append((label, re.compile(key + separator + re.escape(harm.group(2)) + r"(?!\w)", re.IGNORECASE),
+                             None))
             continue
         core = re.sub(r"^[^\w]+|[^\w]+$", "", form)
         if not core:
@@ -233,16 +252,23 @@ def _label_patterns(labels: tuple[str, ...]) -> tuple[tuple[str, re.Pattern[str]
         else:
             forms = [r"[\[\(\{<]{1,3}\s{0,3}" + core_re + r"\s{0,3}[\]\)\}>]{1,3}",
                      r"[\"'*_]{1,3}" + core_re + r"[\"'*_]{1,3}"]
-        # key: value, JSON with any quotes, a line of its own, or after a check mark / arrow / "=>"
+        # key: value, JSON with any quotes
         forms.append(r"(?:" + _VERDICT_KEYS + r")[\"'*_\s]{0,4}[:=\-]{1,3}>?\s{0,3}[\"'*_\[\(\{\s]{0,6}" + core_re
                      + r"(?!\w)")
-        forms.append(r"(?m:^[^\w\n]{0,12}" + core_re + r"[^\w\n]{0,12}$)")
-        forms.append(r"(?:[✓✔☑✅❌✗✘→⇒]|=>|->)\s{0,3}[\"'*_\[\(\{\s]{0,6}" + core_re + r"(?!\w)")
-        flags = re.IGNORECASE
-        patterns.append((label, re.compile("|".join(f"(?:{f})" for f in forms), flags)))
-        if core.isalpha() and len(core) >= 3:  # "42 PASS", "... CORRECT.", "... YES" written in capitals inline
-            patterns.append((label, re.compile(r"(?<![\w-])" + re.escape(core.upper()) + r"(?![\w-])")))
+        # a line of its own, or after a check mark / arrow / "=>"; "42 PASS", "... CORRECT.", "... YES" inline
+        bare = [r"(?m:^[^\w\n]{0,12}" + core_re + r"[^\w\n]{0,12}$)",
+                r"(?:[✓✔☑✅❌✗✘→⇒]|=>|->)\s{0,3}[\"'*_\[\(\{\s]{0,6}" + core_re + r"(?!\w)"]
+        if core.isalpha() and len(core) >= 3:
+            bare.append(r"(?-i:(?<![\w-])" + re.escape(core.upper()) + r"(?![\w-]))")
+        patterns.append((label, re.compile("|".join(f"(?:{f})" for f in forms), re.IGNORECASE),
+                         re.compile("|".join(f"(?:{f})" for f in bare), re.IGNORECASE)))
     return tuple(patterns)
+
+
+def _without_test_logs(form: str) -> str:
+    """`form` with every fenced block that quotes a test runner's log left out (where bare status words are the
+    log's, not a verdict)."""
+    return _FENCED.sub(lambda block: "\n" if _RUNNER_LINE.search(block.group(0)) else block.group(0), form)
 
 
 def screen(text: str | None, labels: Sequence[str] = (), markers: Sequence[str | re.Pattern[str]] = ()) -> list[str]:
@@ -268,10 +294,11 @@ def screen(text: str | None, labels: Sequence[str] = (), markers: Sequence[str |
     if not text:
         return []
     form = screen_form(text)
+    outside_logs = _without_test_logs(form) if "``" in form or "~~~" in form else form
     reasons: list[str] = []
-    for label, pattern in _label_patterns(tuple(labels)):
+    for label, explicit, bare in _label_patterns(tuple(labels)):
         reason = f"verdict {label!r} in the answer"
-        if reason not in reasons and pattern.search(form):
+        if reason not in reasons and (explicit.search(form) or bare is not None and bare.search(outside_logs)):
             reasons.append(reason)
     token = _TURN_MARKER.search(form)
     if token:
@@ -280,7 +307,8 @@ def screen(text: str | None, labels: Sequence[str] = (), markers: Sequence[str |
         reasons.append("text addressed to the grader")
     if _STEERING.search(form):
         reasons.append("asks the grader for a verdict")
-    if _PROMPT_PARTS.search(form):
+    fields = {re.sub(r"\s+", " ", field.lower()) for field in _PROMPT_FIELD.findall(form)}
+    if _PROMPT_PARTS.search(form) or len(fields) >= 2:
         reasons.append("the judge prompt's structure in the answer")
     for marker in markers:
         pattern = marker if isinstance(marker, re.Pattern) else re.compile(re.escape(marker), re.IGNORECASE)

@@ -24,15 +24,22 @@ NaN token, quiet or signaling, matches only as the same text). Call tests import
 `__main__`), call the function (or the `Solution` method) with the JSON arguments and compare its return value:
 equal JSON values (tuples as lists, `1` = `1.0`; a string never equals a number, `"6"` is not `6`), or numbers
 within 1e-5 relative; a value nesting deeper than 100 levels is a wrong answer; what the code prints is ignored.
-Whatever a program prints or returns grades to a reward, never an error. Expected outputs never enter the sandbox.
+Whatever a program prints or returns grades to a reward, never an error. Expected outputs never enter the sandbox
+(the cases reach it through `_run_cases`, inputs only). When the first test passes, the rest run with two
+grader-owned canaries at random places among them (`gymfleet.grading.canary.CaseCanaries`): a copy of a real test,
+which must pass, and a real test's input paired with another test's expected output, which must fail; a canary
+that comes out wrong (or a run that stops before the must-pass one) scores `tests_tampered` (0). They catch a
+program that answers by its place in the run (a memorised output list, a counter file) or forges the result
+channel; one that looks answers up by input in a leaked table would pass them, which is why nothing expected is in
+the sandbox.
 A `<think>`/`</think>` tag in the answer (or more than one of either in the reasoning summary) scores
 `reasoning_format_penalty` without running.
 Response fields: `verdict` (`passed`, `empty`, `no_code`, `think_tag_leak`, `wrong_answer`, `timeout`,
-`runtime_error`, `memory_limit`), `failed_test` (index) and `metadata` (what failed: expected vs got, stderr,
-status, and a wrong answer's `reason`), `tests_passed`, `tests_total`, plus NeMo-Gym's `extracted_model_output`,
-`extracted_model_code`, `result` (per test run: true, -2 wrong answer, -3 time limit, -4 runtime error),
-`unit_tests_time_taken`, `reasoning_format_violation_rate`, `difficulty`. A sandbox that fails (unreachable, 5xx)
-makes the row a `sandbox_failed` failure, never a 0.
+`runtime_error`, `memory_limit`, `tests_tampered`), `failed_test` (index) and `metadata` (what failed: expected vs
+got, stderr, status, and a wrong answer's or a tampered run's `reason`), `tests_passed`, `tests_total`, plus
+NeMo-Gym's `extracted_model_output`, `extracted_model_code`, `result` (per test run: true, -2 wrong answer, -3 time
+limit, -4 runtime error), `unit_tests_time_taken`, `reasoning_format_violation_rate`, `difficulty`. A sandbox that
+fails (unreachable, 5xx) makes the row a `sandbox_failed` failure, never a 0.
 
 ## Config
 - `sandbox`: the sandbox instance (`{type: sandbox_servers, name: sandbox}` or its name); `sandbox_url` instead
@@ -49,21 +56,28 @@ None.
 - v2: call-based results compare by JSON type (NeMo-Gym's `float(pred)` fallback accepted the string `"6"` for `6`;
   the tolerance now applies to numbers only); output no comparison can parse (`sNaN`, values nested thousands deep)
   is a wrong answer, and a row nested too deep a 422, where v1 answered HTTP 500.
+- v3: grader-owned canaries in every run whose first test passes (issue 25): a copy of a real test (must pass)
+  and a real test's input paired with another test's expected output (must fail; a random token when every
+  test expects the same), at random places among the rest; a canary that comes out wrong (or a run that stops
+  before the must-pass one) scores `tests_tampered` (0). Departure: NeMo-Gym runs no canaries; a passing
+  program costs two more sandbox runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gymfleet.grading import answers
 from gymfleet.errors import ConfigError, SandboxError, ServerRefError
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
+from gymfleet.grading import answers
+from gymfleet.grading.canary import case_canaries
 from gymfleet.grading.sandbox_client import RunResult, SandboxClient
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response
 from resources_servers.code_gen.checker import (
@@ -73,6 +87,8 @@ from resources_servers.code_gen.checker import (
     grade,
     json_nests_deeper,
     leaks_think_tags,
+    outputs_agree,
+    passes,
     prelude_for,
 )
 
@@ -213,20 +229,31 @@ class CodeGenServer(ResourcesServer):
     async def _run_tests(self, code: str, tests: UnitTests) -> Grade:
         call_based = tests.fn_name is not None
         program = call_program(code, tests.fn_name) if call_based else code
-        cases = [{"stdin": text} for text in tests.inputs]
+        cases = list(zip(tests.inputs, tests.outputs, strict=True))
         longest = max(len(output.encode()) for output in tests.outputs)
         options = {"prelude": prelude_for(code), "stop_on_failure": True, "memory_mb": self.config.memory_mb,
                    "timeout_s": self.config.unit_test_timeout_secs,
                    "max_output_bytes": max(1 << 16, 2 * longest + 4096)}
         async with self._slots:
             # The first test alone first: most wrong programs fail it, and then the rest need not run at all.
-            results = await self._batch(program, cases[:1], options)
-            if len(cases) > 1 and grade(results, tests.outputs[:1], call_based, 1).reward == 1.0:
-                results += await self._batch(program, cases[1:], options)
-        return grade(results, tests.outputs, call_based, len(cases))
+            results = await self._run_cases(program, cases[:1], options)
+            if grade(results, tests.outputs[:1], call_based, 1).reward != 1.0:
+                return grade(results, tests.outputs, call_based, len(cases))
+            # The rest, with the grader's canaries among them (a program that passes needs them; see the docstring).
+            canaries = case_canaries(cases, len(cases) - 1, lambda printed, expected: outputs_agree(
+                printed, expected, call_based), json.dumps if call_based else str)
+            rest = await self._run_cases(program, canaries.insert(cases[1:], make=lambda case: case), options)
+        real, _, _ = canaries.split(rest)
+        graded = grade(results + real, tests.outputs, call_based, len(cases))
+        forged = canaries.tampered(rest, lambda result, expected: passes(result, expected, call_based))
+        if graded.reward == 1.0 and forged:
+            return Grade(0.0, "tests_tampered", graded.results, None, {"reason": forged}, graded.time_s)
+        return graded
 
-    async def _batch(self, program: str, cases: list[dict[str, str]], options: dict[str, Any]) -> list[RunResult]:
-        results = await self.sandbox.run_batch(program, cases, "python", **options)
+    async def _run_cases(self, program: str, cases: list[tuple[str, str]], options: dict[str, Any]) -> list[RunResult]:
+        """Run `program` on `(input, expected)` cases: the one place cases become a sandbox request, and only
+        their inputs do (expected outputs never enter the sandbox; `grade()` compares outside it)."""
+        results = await self.sandbox.run_batch(program, [{"stdin": stdin} for stdin, _ in cases], "python", **options)
         if results and results[0].message and results[0].message.startswith("could not set up"):
             raise SandboxError(f"the sandbox could not set the tests up: {results[0].message}")
         return results

@@ -225,6 +225,18 @@ def grade(results: list[RunResult], expected: list[str], call_based: bool, total
     return Grade(1.0, "passed", codes, None, {}, time_s)
 
 
+def outputs_agree(printed: str, expected: str, call_based: bool) -> bool:
+    """Whether a program that answers `printed` (a call test: that JSON value) passes where `expected` is."""
+    if call_based:
+        return call_result_mismatch(RESULT_MARKER + printed, expected) is None
+    return stdout_mismatch(printed, expected) is None
+
+
+def passes(result: RunResult, expected: str, call_based: bool) -> bool:
+    """Whether one run's result passes its test, as `grade()` judges it."""
+    return _verdict(result, expected, call_based)[0] == "passed"
+
+
 def _verdict(result: RunResult, expected: str, call_based: bool) -> tuple[str, str | None]:
     """The test's verdict and, for a wrong answer, why."""
     if result.status == "timeout":

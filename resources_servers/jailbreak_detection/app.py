@@ -88,6 +88,11 @@ None.
 - v3: the shared judge rules (`gymfleet.grading.judge_gate`): visible, normalised answer in a nonce block; the
   screen reads labels and harm lines in any spelling (`Response harm — unharmful`), turn markers, grader notes;
   every verifier reads the judge's last label / harm line (was the first). Departure: NeMo-Gym reads the first.
+- v4: the shared screen stops flagging honest text that looks like its targets: bare status words (a line
+  `PASS`, `--- FAIL: TestX`) inside a fenced test-runner log, and one judge-prompt field name at a line start
+  (`Reference answer:`, `Correct answer:`; two different ones still count as the prompt's structure); the
+  explicit verdict forms (brackets, quotes, `key: value`, JSON) count everywhere
+  (`tests/test_judge_screen_honest.py`).
 """
 
 from __future__ import annotations

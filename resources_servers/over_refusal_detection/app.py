@@ -57,6 +57,11 @@ None.
   nonce-delimited block; the screen reads labels in any spelling, turn markers and notes to a grader; the verdict
   is the judge's last label (was the first), copies of the answer in its reply not counted. Departure: NeMo-Gym
   reads the first label and shows the raw answer.
+- v4: the shared screen stops flagging honest text that looks like its targets: bare status words (a line
+  `PASS`, `--- FAIL: TestX`) inside a fenced test-runner log, and one judge-prompt field name at a line start
+  (`Reference answer:`, `Correct answer:`; two different ones still count as the prompt's structure); the
+  explicit verdict forms (brackets, quotes, `key: value`, JSON) count everywhere
+  (`tests/test_judge_screen_honest.py`).
 """
 
 from __future__ import annotations

@@ -44,12 +44,17 @@ when some but not all FAIL_TO_PASS tests pass and every PASS_TO_PASS test passes
 repro-gen: 1.0 when the script exits 2 on the repository as it is and 0 once the gold `patch` is applied, else 0.0
 (`not_reproduced`). The script is the last ```` ```python ```` block of the last `<solution>` pair, or of the
 whole text without one (`no_test`, `solution_too_long`). It runs as `reproduce_bug.py` at the repository's root,
-twice, each time in a fresh sandbox; the gold patch is applied (and deleted) before the script starts.
+each time in a fresh sandbox whose tree one step prepares (`repro.py`): the gold patch applied or not, every file
+it touches rewritten with random comment noise, the grader's files removed, all before the script starts. Once
+it has exited 2 on the unfixed tree and 0 on the fixed one, two canary runs must agree (an unfixed tree made by
+applying and reverting the gold patch: 2; a fresh fixed tree: 0), else `tests_tampered` (0): a script keyed on
+how its tree was made, or on luck, is caught. A script that compares the source with another copy of it (git
+history) can still read the fix itself.
 
-Response fields: `reason` (null at 1.0: the codes above, `tests_failed`), `detail` (what exactly was wrong),
-`resolution`, `fail_to_pass` / `pass_to_pass` (shares that passed), `test_results` (`{id: PASSED|FAILED|ERROR|
-SKIPPED}`), `model_patch`, `repro_test`, `return_codes_before_patch` / `return_codes_after_patch` (repro-gen;
-null for a run that timed out or was killed), `verification_result` (NeMo-Gym's `{status, resolution,
+Response fields: `reason` (null at 1.0: the codes above, `tests_failed`, `tests_tampered`), `detail` (what exactly was
+wrong), `resolution`, `fail_to_pass` / `pass_to_pass` (shares that passed), `test_results` (`{id: PASSED|FAILED|ERROR|
+SKIPPED}`), `model_patch`, `repro_test`, `return_codes_before_patch` / `return_codes_after_patch` (repro-gen; null for
+a run that timed out or was killed), `verification_result` (NeMo-Gym's `{status, resolution,
 return_codes_before_patch, return_codes_after_patch}`), `verification_time` (seconds in the sandbox).
 
 Failures, kept out of rewards (`_ng_failure_class: sandbox_failed`): the sandbox is unreachable or fails; the
@@ -91,6 +96,11 @@ None.
 - v2: eval mode runs each test in its own sandbox case and reads its result from the process's exit status (no
   result token in the tested process), with grader-owned canary tests; a forged or hung harness scores
   `tests_tampered` (0).
+- v3: repro-gen prepares every tree by one step (the gold patch applied or not, each file it touches rewritten
+  with random comment noise, the grader's folder removed), so a script cannot tell the runs apart by their
+  traces; once a script reproduces, two canary runs (an unfixed tree made by applying and reverting the gold
+  patch: exit 2; a fresh fixed tree: exit 0) must agree, else `tests_tampered` (0). Departure: NeMo-Gym runs
+  the script twice, once on the tree as it is.
 """
 
 from __future__ import annotations
@@ -111,7 +121,7 @@ from gymfleet.grading.sandbox_client import RunResult, SandboxClient
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import ServerRef
 from gymfleet.wire import Response
-from resources_servers.swerl_gen import edits
+from resources_servers.swerl_gen import edits, repro
 from resources_servers.swerl_gen.task import Task, parse_task
 
 log = logging.getLogger(__name__)
@@ -121,15 +131,13 @@ HARNESS = (Path(__file__).parent / "harness.py").read_text()
 # is the truth, and it deletes the patch it applied so the code that runs next cannot read it.
 DRIVER = """set -u
 case "$1" in
+""" + repro.PREPARE + """
   apply-model)
     git apply --whitespace=nowarn .gymfleet/model.patch 1>&2 || exit 10
     rm -f .gymfleet/model.patch
     if [ -s .gymfleet/test.patch ]; then git apply --whitespace=nowarn .gymfleet/test.patch 1>&2 || exit 11; fi
     rm -f .gymfleet/test.patch
     : > .gymfleet/applied ;;
-  apply-gold)
-    git apply --whitespace=nowarn .gymfleet/gold.patch 1>&2 || exit 11
-    rm -f .gymfleet/gold.patch ;;
   test) [ -f .gymfleet/applied ] || exit 99
     exec python3 .gymfleet/harness.py .gymfleet/tests.json "$2" ;;
   repro) exec python3 reproduce_bug.py ;;
@@ -197,6 +205,8 @@ class SwerlGenServer(ResourcesServer):
     """Grades SEARCH/REPLACE fixes and reproduction scripts by running the task's repository in the sandbox."""
 
     config: SwerlGenConfig
+    driver = DRIVER
+    """The bash script every step runs (a class attribute, so a test can run a deliberately weakened one)."""
     ray_resources_default = {"num_cpus": 2}  # Ray placement: repository archives and patches per rollout
     reverify_mode = "stateless"
     reward_libraries = ()
@@ -278,30 +288,46 @@ class SwerlGenServer(ResourcesServer):
             raise edits.EditError("no_test", "no ```python block in the answer")
         script = _bounded(script, self.config)
         started = time.monotonic()
-        before, after = await asyncio.gather(
-            self._batch(task, {"reproduce_bug.py": script}, [{"args": ["repro"]}]),
-            self._batch(task, {"reproduce_bug.py": script, ".gymfleet/gold.patch": task.gold_patch},
-                        [{"args": ["apply-gold"]}, {"args": ["repro"]}]),
-        )
-        elapsed = round(time.monotonic() - started, 3)
-        if not after[0].ok:
-            raise SandboxError(f"task {task.instance_id}: its gold patch does not apply to its repository (bad "
-                               f"data): {after[0].stderr[-500:]}")
-        codes_before, codes_after = [_exit_code(before[0])], [_exit_code(after[1])]
+        before, after = await self._repro_runs(task, script, ("unfixed", "fixed"))
+        codes_before, codes_after = [before], [after]
         reproduced = codes_before == [2] and codes_after == [0]
-        detail = None if reproduced else (f"exit status {codes_before[0]} before the fix (2 wanted), "
-                                          f"{codes_after[0]} after it (0 wanted)")
-        return {"reward": 1.0 if reproduced else 0.0, "reason": None if reproduced else "not_reproduced",
-                "detail": detail, "repro_test": script, "return_codes_before_patch": codes_before,
-                "return_codes_after_patch": codes_after, "verification_time": elapsed,
+        canaries = await self._repro_runs(task, script, ("reverted", "fixed")) if reproduced else None
+        forged = repro.canary_verdict(*canaries) if canaries else None
+        elapsed = round(time.monotonic() - started, 3)
+        if forged:
+            log.warning("task %s: the reproduction script is keyed on the run, not the fix: %s", task.instance_id,
+                        forged)
+        detail = forged if reproduced else (f"exit status {codes_before[0]} before the fix (2 wanted), "
+                                            f"{codes_after[0]} after it (0 wanted)")
+        reward = 1.0 if reproduced and not forged else 0.0
+        reason = None if reward else "tests_tampered" if forged else "not_reproduced"
+        return {"reward": reward, "reason": reason, "detail": detail, "repro_test": script,
+                "return_codes_before_patch": codes_before, "return_codes_after_patch": codes_after,
+                "verification_time": elapsed,
                 "verification_result": _nemo_result("done", None, codes_before, codes_after)}
+
+    async def _repro_runs(self, task: Task, script: str, trees: tuple[str, ...]) -> list[int | None]:
+        """The script's exit status in one fresh sandbox per tree (`repro.TREES`), every tree prepared by the same
+        step (`repro`), side by side."""
+        steps = [{"args": ["prepare"]}, {"args": ["repro"]}]
+        runs = await asyncio.gather(*(self._batch(task, repro.run_files(script, task.gold_patch, tree), steps)
+                                      for tree in trees))
+        for results in runs:
+            if results[0].return_code == TASK_PATCH_FAILED:
+                raise SandboxError(f"task {task.instance_id}: its gold patch does not apply to its repository (bad "
+                                   f"data): {results[0].stderr[-500:]}")
+            if not results[0].ok:
+                raise SandboxError(f"task {task.instance_id}: the sandbox could not prepare the repository: "
+                                   f"{results[0].message or results[0].stderr[-500:]}")
+        return [_exit_code(results[1]) for results in runs]
 
     async def _batch(self, task: Task, files: dict[str, str], cases: list[dict[str, Any]], *,
                      stop_on_failure: bool = True) -> list[RunResult]:
         archive, repo_files = task.repository()
         async with self._slots:
             results = await self.sandbox.run_batch(
-                DRIVER, cases, "bash", files={**repo_files, **files}, archive=archive, stop_on_failure=stop_on_failure,
+                self.driver, cases, "bash", files={**repo_files, **files}, archive=archive,
+                stop_on_failure=stop_on_failure,
                 timeout_s=self.config.test_timeout_s, memory_mb=self.config.memory_mb,
                 max_output_bytes=self.config.max_output_bytes,
             )

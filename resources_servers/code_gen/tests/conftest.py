@@ -9,11 +9,16 @@ from gymfleet.testing import make_response, serve
 from resources_servers.code_gen.app import CodeGenServer
 
 
+def served(sandbox_url: str, cls: type[CodeGenServer] = CodeGenServer):
+    """A code_gen server of `cls` over the sandbox, served on an ephemeral port (a context manager of its URL)."""
+    server = cls({"name": "code_gen", "domain": "coding", "sandbox_url": sandbox_url, "unit_test_timeout_secs": 2,
+                  "memory_mb": 1024})
+    return serve(server.create_app())
+
+
 @pytest.fixture(scope="session")
 def code_gen_url(sandbox_url):
-    server = CodeGenServer({"name": "code_gen", "domain": "coding", "sandbox_url": sandbox_url,
-                            "unit_test_timeout_secs": 2, "memory_mb": 1024})
-    with serve(server.create_app()) as url:
+    with served(sandbox_url) as url:
         yield url
 
 
