@@ -10,7 +10,8 @@
 - **tests**: the folder's own tests where it lies, in a subprocess of its environment, with NeMo-Gym's pytest
   settings and its tree's imports (`run_tests_in_place`), passed/total from pytest's summary;
 - **rewards**: every row of `data/example_rollouts*.jsonl` with a recorded `reward` and `response`, replayed as
-  NeMo-Gym's agent made it: `POST /seed_session` with the row, the response's tool calls in order (`POST /<tool>`
+  NeMo-Gym's agent made it (`replay_request`: the task row from `data/` plus the recorded response): `POST
+  /seed_session` with it, the response's tool calls in order (`POST /<tool>`
   with their arguments, one cookie jar per row), then `POST /verify`; agreeing means the same reward within 1e-6.
 
 What the folder needs that this machine lacks is said in one line (`why`): `needs(folder)` names containers, Lean and
@@ -235,6 +236,18 @@ def task_rows(folder: Path) -> dict[str, dict]:
     return found
 
 
+def replay_request(row: dict, task: dict) -> dict:
+    """The `/verify` body NeMo-Gym's agent sent for a recorded rollout `row`: its task row, the recorded `response`
+    and the row's `_ng_*` keys. A recorded row is the verify *answer* (the task echoed plus what verify computed:
+    `extracted_answer`, ...), so sending it whole would hand verify its own outputs as inputs (a folder that builds
+    `Answer(**body.model_dump(), extracted_answer=...)` then fails with "multiple values"). Without its task row
+    (not in `data/`), the row less `reward` is the best there is."""
+    if not task:
+        return {key: value for key, value in row.items() if key != "reward"}
+    keys = {key: value for key, value in row.items() if key.startswith("_ng_")}
+    return {**task, "response": row["response"], **keys}
+
+
 def _replay(folder: Path, url: str, result: FolderResult) -> None:
     import httpx
 
@@ -246,7 +259,7 @@ def _replay(folder: Path, url: str, result: FolderResult) -> None:
     for row in rows:
         task = tasks.get(_prompt_key(row), {})
         orphans += not task
-        request = {**task, **{key: value for key, value in row.items() if key != "reward"}}
+        request = replay_request(row, task)
         try:
             with httpx.Client(base_url=url, timeout=120) as client:
                 client.post("/seed_session", json=request)
