@@ -187,12 +187,23 @@ def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env
         fields = published[servers[0]]["resources_servers"][folder.name]
         _replay(folder, f"http://{fields['host']}:{fields['port']}", result)
     finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """End ng_run's process group: SIGTERM, then SIGKILL after 30 s; a group already gone (ng_run exited on a
+    start failure and took its servers with it) is nothing to do, not an error."""
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
         try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    process.wait()
 
 
 def recorded_rows(folder: Path) -> list[dict]:
