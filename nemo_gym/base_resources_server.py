@@ -2,6 +2,7 @@
 re-exported from gymfleet (`gymfleet.serving.nemo_gym_server`, `gymfleet.serving.nemo_gym_types`; no code of its
 own)."""
 
+from gymfleet.serving.nemo_gym_agent_tools import NEMO_GYM_MCP_METADATA_KEY
 from gymfleet.serving.nemo_gym_server import BaseResourcesServer, SimpleResourcesServer
 from gymfleet.serving.nemo_gym_types import (
     AggregateMetrics,
@@ -25,7 +26,7 @@ from gymfleet.serving.nemo_gym_types import (
 __all__ = [
     "AggregateMetrics", "AggregateMetricsRequest", "BaseMultiRewardVerifyResponse", "BaseResourcesServer",
     "BaseResourcesServerConfig", "BaseRunRequest", "BaseSeedSessionRequest", "BaseSeedSessionResponse",
-    "BaseVerifyRequest", "BaseVerifyResponse", "NeMoGymResponse", "NeMoGymResponseCreateParamsNonStreaming",
-    "ResourcesCloseSessionRequest", "ResourcesCloseSessionResponse", "ResourcesSeedSessionRequest",
-    "ResourcesSeedSessionResponse", "ReverifyMode", "SimpleResourcesServer",
+    "BaseVerifyRequest", "BaseVerifyResponse", "NEMO_GYM_MCP_METADATA_KEY", "NeMoGymResponse",
+    "NeMoGymResponseCreateParamsNonStreaming", "ResourcesCloseSessionRequest", "ResourcesCloseSessionResponse",
+    "ResourcesSeedSessionRequest", "ResourcesSeedSessionResponse", "ReverifyMode", "SimpleResourcesServer",
 ]

@@ -4,6 +4,7 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig
 from gymfleet.fleet.config_instances import HEAD_SERVER_KEY_NAME
 from gymfleet.fleet.run_helper import GlobalConfigDictParser, get_global_config_dict, maybe_get_global_config_dict
 from gymfleet.serving.nemo_gym_client import get_first_server_config_dict
+from gymfleet.serving.nemo_gym_rollout import ROLLOUT_ID_KEY_NAME
 from gymfleet.serving.nemo_gym_types import (
     AGENT_REF_KEY_NAME,
     ATTEMPT_INDEX_KEY_NAME,
@@ -14,6 +15,7 @@ from gymfleet.serving.nemo_gym_types import (
 
 __all__ = [
     "AGENT_REF_KEY_NAME", "ATTEMPT_INDEX_KEY_NAME", "CACHE_DIR_KEY_NAME", "HEAD_SERVER_KEY_NAME",
-    "ROLLOUT_INDEX_KEY_NAME", "TASK_INDEX_KEY_NAME", "GlobalConfigDictParser", "GlobalConfigDictParserConfig",
-    "get_first_server_config_dict", "get_global_config_dict", "maybe_get_global_config_dict",
+    "ROLLOUT_ID_KEY_NAME", "ROLLOUT_INDEX_KEY_NAME", "TASK_INDEX_KEY_NAME", "GlobalConfigDictParser",
+    "GlobalConfigDictParserConfig", "get_first_server_config_dict", "get_global_config_dict",
+    "maybe_get_global_config_dict",
 ]

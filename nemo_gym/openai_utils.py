@@ -2,6 +2,7 @@
 (`gymfleet.serving.nemo_gym_types`; no code of its own)."""
 
 from gymfleet.serving.nemo_gym_client import RATE_LIMIT_ERROR_CODES, RETRY_ERROR_CODES
+from gymfleet.serving.nemo_gym_openai import NeMoGymAsyncOpenAI, PermanentEndpointError
 from gymfleet.serving.nemo_gym_types import (
     NeMoGymChatCompletion,
     NeMoGymChatCompletionCreateParamsNonStreaming,
@@ -23,7 +24,7 @@ from gymfleet.serving.nemo_gym_types import (
 )
 
 __all__ = [
-    "RATE_LIMIT_ERROR_CODES", "RETRY_ERROR_CODES",
+    "RATE_LIMIT_ERROR_CODES", "RETRY_ERROR_CODES", "NeMoGymAsyncOpenAI", "PermanentEndpointError",
     "NeMoGymChatCompletion", "NeMoGymChatCompletionCreateParamsNonStreaming", "NeMoGymChatCompletionMessage",
     "NeMoGymChoice", "NeMoGymEasyInputMessage", "NeMoGymFunctionCallOutput", "NeMoGymMessage", "NeMoGymResponse",
     "NeMoGymResponseCreateParamsNonStreaming", "NeMoGymResponseFunctionCallOutput",

@@ -13,11 +13,12 @@ from gymfleet.serving.nemo_gym_client import (
     raise_for_status,
     request,
 )
+from gymfleet.serving.nemo_gym_rollout import apply_rollout_prefix, rollout_path_prefix
 from gymfleet.serving.nemo_gym_server import BaseServer, SimpleServer
 from gymfleet.serving.nemo_gym_types import BaseRunServerInstanceConfig
 
 __all__ = [
     "HEAD_SERVER_KEY_NAME", "SESSION_ID_KEY", "BaseRunServerInstanceConfig", "BaseServer", "BaseServerConfig",
-    "ServerClient", "SimpleServer", "get_first_server_config_dict", "get_response_json", "get_server_url",
-    "is_nemo_gym_fastapi_entrypoint", "raise_for_status", "request",
+    "ServerClient", "SimpleServer", "apply_rollout_prefix", "get_first_server_config_dict", "get_response_json",
+    "get_server_url", "is_nemo_gym_fastapi_entrypoint", "raise_for_status", "request", "rollout_path_prefix",
 ]

@@ -31,10 +31,9 @@ KNOWN_GAPS = {  # folder: (own tests failing, at most this many recorded rows di
     # one recorded mcqa rollout predates 0.7.0's answer parsing: 0.7.0's own verify, called directly, scores it as
     # gymfleet serves it (tests/test_nemo_gym_folders.py replays it beside the others and says the same)
     "mcqa": (0, 1),
-    # one of math_with_judge's own tests imports nemo_gym.sandbox.agent_tools, which the surface does not cover yet;
     # up to two recorded rows hold symbolic answers math-verify cannot settle within the folder's own 5 s bound on a
     # loaded 2-core machine (about 12 CPU seconds each), which the folder itself scores 0.0 too
-    "math_with_judge": (1, 2),
+    "math_with_judge": (0, 2),
 }
 
 

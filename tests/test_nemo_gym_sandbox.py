@@ -4,6 +4,8 @@ folder's `/verify` turns into a `sandbox_failed` row, never a reward of 0."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -17,6 +19,7 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.sandbox import (
     AsyncSandbox,
+    Sandbox,
     SandboxCreateError,
     SandboxExecResult,
     SandboxHandle,
@@ -184,3 +187,23 @@ def test_specs_and_provider_blocks_are_checked_as_nemo_gyms():
     assert cpu_cap_env(None) == {} and set(cpu_cap_env(2.7).values()) == {"2"}
     assert cpu_cap_env(0.5)["GOMAXPROCS"] == "1"
     assert set(cpu_cap_env(4)) == set(CPU_CAP_ENV_VARS)
+
+
+def test_the_sync_sandbox_runs_commands_there_and_refuses_to_block_an_event_loop(sandbox_url, tmp_path):
+    provider = {"gymfleet": {"config": _fleet(sandbox_url)}}
+    with Sandbox(provider, SandboxSpec(files={"main.py": "print(6 * 7)"})).start() as box:
+        assert box.status() == SandboxStatus.RUNNING
+        assert box.exec("python3 main.py").stdout == "42\n"
+        (tmp_path / "up.txt").write_text("kept")
+        box.upload(tmp_path / "up.txt", "up.txt")
+        box.download("up.txt", tmp_path / "down.txt")
+        assert (tmp_path / "down.txt").read_text() == "kept"
+
+        async def from_async_code():
+            box.exec("true")
+
+        with pytest.raises(RuntimeError, match="use AsyncSandbox"):
+            asyncio.run(from_async_code())
+    assert box.status() == SandboxStatus.STOPPED
+    with pytest.raises(RuntimeError, match="stopped"):
+        box.exec("true")

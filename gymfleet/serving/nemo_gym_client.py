@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from gymfleet import http
 from gymfleet.errors import JudgeError, TransportError
+from gymfleet.serving.nemo_gym_rollout import strip_rollout_prefix
 
 log = logging.getLogger(__name__)
 
@@ -262,9 +263,12 @@ class ServerClient(BaseModel):
         return self._fleet().url_of(server_name)
 
     async def request(self, server_name: str, url_path: str, method: str, **options: Any) -> NeMoGymClientResponse:
-        """Call `url_path` of instance `server_name` with `method` (options as `request`)."""
+        """Call `url_path` of instance `server_name` with `method` (options as `request`); a rollout prefix
+        (`/ng-rollout/<id>/...`, `gymfleet.serving.nemo_gym_rollout`) is dropped: gymfleet's servers keep no
+        per-rollout capture."""
         params, arguments = _send_options(options)
-        answer = await self._fleet().call(method, server_name, _with_query(url_path, params), **arguments)
+        path = _with_query(strip_rollout_prefix(url_path), params)
+        answer = await self._fleet().call(method, server_name, path, **arguments)
         return NeMoGymClientResponse(answer, method)
 
     async def get(self, server_name: str, url_path: str, **options: Any) -> NeMoGymClientResponse:

@@ -25,6 +25,10 @@ with `app.post("/tool")(self.tool)` after `super().setup_webserver()`). Here:
   `seed_session`) and `num_workers` checks are gymfleet's. A folder built by its own tests (`Folder(config=...,
   server_client=MagicMock(...))` then `setup_webserver()`) gets a host of its own, so its tests run on this surface.
 
+A folder whose `setup_webserver` builds a FastAPI app of its own instead of extending `super()`'s (NeMo-Gym's Gymnasium
+base: `/reset`, `/step`) is served the same way: its routes, middleware and hooks move into gymfleet's app
+(`NeMoGymResourcesHost.adopt`), so liveness, metrics, deadlines and NeMo-Gym's session cookies are there too.
+
 NeMo-Gym 0.7.0 also exposes tools over MCP (`expose_tools_over_mcp`); that is not served here yet.
 """
 
@@ -72,10 +76,13 @@ from gymfleet.serving.nemo_gym_types import (
 from gymfleet.serving.provenance import PROVENANCE_KEY, config_hash, library_versions
 from gymfleet.serving.resources import FAILURE_CLASSES, ResourcesServer, ResourcesServerConfig, _hop_of
 from gymfleet.serving.server import JSONResponse
+from gymfleet.serving.sessions import SessionCookieMiddleware
 
 log = logging.getLogger(__name__)
 
 IGNORED_IN_FOLDER_HASH = frozenset({"tests", "data", "__pycache__", ".pytest_cache"})
+_FASTAPI_DEFAULT_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+"""Routes every FastAPI app has; gymfleet's app brings its own."""
 
 
 class BaseServer(BaseModel):
@@ -101,7 +108,11 @@ class SimpleServer(BaseServer):
         return f"{type(self).__name__}___{self.config.name}"
 
     def setup_session_middleware(self, app: FastAPI) -> None:
-        """Nothing to add: gymfleet's app carries the session cookies already."""
+        """Session cookies with NeMo-Gym's name: gymfleet's app carries them already; an app the folder builds itself
+        gets gymfleet's cookie middleware (so its own tests see `request.session`), and under `ng_run` is served
+        inside gymfleet's app (`NeMoGymResourcesHost.adopt`)."""
+        if getattr(app.state, "server", None) is None:
+            app.add_middleware(SessionCookieMiddleware, name=self.get_session_middleware_key())
 
     def setup_exception_middleware(self, app: FastAPI) -> None:
         """Nothing to add: gymfleet's app maps errors already."""
@@ -192,6 +203,7 @@ class NeMoGymResourcesHost(ResourcesServer):
 
     config: NeMoGymHostConfig
     folder_class: ClassVar[type[SimpleResourcesServer]] = SimpleResourcesServer
+    _adopting = False
 
     def __init__(self, config: NeMoGymHostConfig | dict[str, Any] | None, global_config: dict[str, Any] | None = None,
                  *, folder: SimpleResourcesServer | None = None):
@@ -234,25 +246,48 @@ class NeMoGymResourcesHost(ResourcesServer):
         return cls.folder_class.seed_session is not SimpleResourcesServer.seed_session
 
     def create_app(self) -> FastAPI:
-        """The folder's app (`setup_webserver()`), which `build_app` makes."""
-        return self.folder.setup_webserver()
+        """The folder's app (`setup_webserver()`): the one `build_app` made, or, for a folder that builds a FastAPI
+        app of its own (NeMo-Gym's Gymnasium base does), gymfleet's app holding that app's routes (`adopt`)."""
+        app = self.folder.setup_webserver()
+        return app if getattr(app.state, "server", None) is self else self.adopt(app)
 
     def build_app(self) -> FastAPI:
         """gymfleet's app for this folder, with NeMo-Gym's base routes (the folder adds its tools to it)."""
         return ResourcesServer.create_app(self)
 
+    def adopt(self, own: FastAPI) -> FastAPI:
+        """gymfleet's app (liveness, metrics, body deadline, error mapping, session cookies, `/reward_provenance`)
+        serving the routes, middleware, exception handlers and start/stop hooks of an app the folder built itself,
+        in place of NeMo-Gym's base routes."""
+        self._adopting = True
+        try:
+            app = ResourcesServer.create_app(self)
+        finally:
+            self._adopting = False
+        app.router.routes.extend(route for route in own.router.routes if route.path not in _FASTAPI_DEFAULT_PATHS)
+        app.user_middleware[:0] = [item for item in own.user_middleware if item.cls is not SessionCookieMiddleware]
+        for key, handler in own.exception_handlers.items():
+            app.exception_handlers.setdefault(key, handler)
+        app.router.on_startup.extend(own.router.on_startup)
+        app.router.on_shutdown.extend(own.router.on_shutdown)
+        log.info("%s builds its own FastAPI app: serving its %d routes behind gymfleet's", self.config.name,
+                 sum(route.path not in _FASTAPI_DEFAULT_PATHS for route in own.router.routes))
+        return app
+
     def routes(self, app: FastAPI) -> None:
+        if self._adopting:
+            app.add_route("/reward_provenance", self._provenance_route, methods=["GET"], include_in_schema=False)
+            return
         folder = self.folder
         app.post("/seed_session")(folder.seed_session)
         app.post("/close_session")(folder.close_resources_session)
         app.post("/verify", response_model=None)(self._verify_endpoint())
         app.post("/aggregate_metrics")(folder.aggregate_metrics)
         app.get("/reverify_mode")(folder.get_reverify_mode)
+        app.add_route("/reward_provenance", self._provenance_route, methods=["GET"], include_in_schema=False)
 
-        async def provenance_route(request: Any) -> StarletteResponse:
-            return JSONResponse(self.reward_provenance())
-
-        app.add_route("/reward_provenance", provenance_route, methods=["GET"], include_in_schema=False)
+    async def _provenance_route(self, request: Any) -> StarletteResponse:
+        return JSONResponse(self.reward_provenance())
 
     def reward_provenance(self) -> dict[str, Any]:
         if self._provenance is None:

@@ -17,4 +17,9 @@ FOLDER_ENV = "GYMFLEET_TEST_FOLDER"
 def pytest_configure(config) -> None:
     folder = os.environ.get(FOLDER_ENV)
     if folder:
+        # The surface's pydantic classes read their attribute docstrings through `inspect.getmodule`, which on
+        # Python 3.11 raises "is a built-in module" once a namespace package (the tree's `resources_servers`) is in
+        # sys.modules: build them first, as `ng_run` does, whatever the folder's tests import first.
+        import gymfleet.serving.nemo_gym_server  # noqa: F401
+
         enter_tree(Path(folder))

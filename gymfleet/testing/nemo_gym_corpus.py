@@ -10,8 +10,11 @@
 - **tests**: the folder's own tests where it lies, in a subprocess of its environment, with NeMo-Gym's pytest
   settings and its tree's imports (`run_tests_in_place`), passed/total from pytest's summary;
 - **rewards**: every row of `data/example_rollouts*.jsonl` with a recorded `reward` and `response`, replayed as
-  NeMo-Gym's agent made it: `POST /seed_session` with the row, the response's tool calls in order (`POST /<tool>`
+  NeMo-Gym's agent made it (`replay_request`: the task row from `data/` plus the recorded response): `POST
+  /seed_session` with it, the response's tool calls in order (`POST /<tool>`
   with their arguments, one cookie jar per row), then `POST /verify`; agreeing means the same reward within 1e-6.
+  A Gymnasium folder (`/reset`, `/step`) is replayed as NeMo-Gym's gymnasium_agent ran it: `/reset`, then `/step`
+  per recorded model turn, rewards summed (`_episode`).
 
 What the folder needs that this machine lacks is said in one line (`why`): `needs(folder)` names containers, Lean and
 GPUs before anything starts; a start, test or replay failure is reduced to its first telling line (`_why`).
@@ -184,12 +187,23 @@ def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env
         fields = published[servers[0]]["resources_servers"][folder.name]
         _replay(folder, f"http://{fields['host']}:{fields['port']}", result)
     finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """End ng_run's process group: SIGTERM, then SIGKILL after 30 s; a group already gone (ng_run exited on a
+    start failure and took its servers with it) is nothing to do, not an error."""
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
         try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    process.wait()
 
 
 def recorded_rows(folder: Path) -> list[dict]:
@@ -235,9 +249,64 @@ def task_rows(folder: Path) -> dict[str, dict]:
     return found
 
 
+def replay_request(row: dict, task: dict) -> dict:
+    """The `/verify` body NeMo-Gym's agent sent for a recorded rollout `row`: its task row, the recorded `response`
+    and the row's `_ng_*` keys. A recorded row is the verify *answer* (the task echoed plus what verify computed:
+    `extracted_answer`, ...), so sending it whole would hand verify its own outputs as inputs (a folder that builds
+    `Answer(**body.model_dump(), extracted_answer=...)` then fails with "multiple values"). Without its task row
+    (not in `data/`), the row less `reward` is the best there is."""
+    if not task:
+        return {key: value for key, value in row.items() if key != "reward"}
+    keys = {key: value for key, value in row.items() if key.startswith("_ng_")}
+    return {**task, "response": row["response"], **keys}
+
+
+EPISODE_OUTPUT_KEYS = frozenset({"reward", "response", "info", "terminated", "truncated", "failure_kind",
+                                 "failure_reason", "mask_sample"})
+"""What NeMo-Gym's gymnasium_agent adds to a task row (left out of the replayed `/reset` when the task is not in
+`data/`)."""
+
+
+def is_gymnasium(folder: Path) -> bool:
+    """Whether the folder's server speaks NeMo-Gym's Gymnasium protocol (`/reset`, `/step`) instead of `/verify`."""
+    return "GymnasiumServer" in (folder / "app.py").read_text(errors="replace")
+
+
+def model_turns(output: list) -> list[list]:
+    """A recorded episode's output cut into the model's turns: each turn ends where the environment's answer
+    (a `function_call_output` or a user message, appended by gymnasium_agent after `/step`) begins."""
+    turns: list[list] = [[]]
+    for item in output:
+        if isinstance(item, dict) and (item.get("type") == "function_call_output" or item.get("role") == "user"):
+            if turns[-1]:
+                turns.append([])
+        else:
+            turns[-1].append(item)
+    return [turn for turn in turns if turn]
+
+
+def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any]:
+    """Replay a Gymnasium episode as gymnasium_agent ran it: `/reset` with the task row, then `/step` with each
+    recorded model turn until the episode ends; (status, text, summed reward) of the first failed call or the last."""
+    body = task or {key: value for key, value in row.items() if key not in EPISODE_OUTPUT_KEYS}
+    reply = client.post("/reset", json=body)
+    total = 0.0
+    for turn in model_turns(row["response"].get("output") or []):
+        if reply.status_code != 200:
+            break
+        reply = client.post("/step", json={**body, "response": {**row["response"], "output": turn}})
+        if reply.status_code == 200:
+            step = reply.json()
+            total += step.get("reward") or 0.0
+            if step.get("terminated") or step.get("truncated"):
+                break
+    return reply.status_code, reply.text, total
+
+
 def _replay(folder: Path, url: str, result: FolderResult) -> None:
     import httpx
 
+    gymnasium = is_gymnasium(folder)
     rows = recorded_rows(folder)
     tasks = task_rows(folder)
     result.rows = len(rows)
@@ -246,9 +315,18 @@ def _replay(folder: Path, url: str, result: FolderResult) -> None:
     for row in rows:
         task = tasks.get(_prompt_key(row), {})
         orphans += not task
-        request = {**task, **{key: value for key, value in row.items() if key != "reward"}}
+        request = replay_request(row, task)
         try:
             with httpx.Client(base_url=url, timeout=120) as client:
+                if gymnasium:
+                    status, text, got = _episode(client, row, task)
+                    if status != 200:
+                        first_problem = first_problem or f"episode {status}: {_why(text)}"
+                    elif abs(got - row["reward"]) <= 1e-6:
+                        result.agree += 1
+                    else:
+                        first_problem = first_problem or f"episode reward {got} != recorded {row['reward']}"
+                    continue
                 client.post("/seed_session", json=request)
                 for item in row["response"].get("output") or []:
                     if isinstance(item, dict) and item.get("type") == "function_call":

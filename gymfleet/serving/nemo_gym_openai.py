@@ -1,0 +1,108 @@
+"""NeMo-Gym 0.7.0's `nemo_gym.openai_utils.NeMoGymAsyncOpenAI`: the small OpenAI-compatible client folders use to
+call a judge or model endpoint by URL (`create_response`, `create_chat_completion`, `create_completion`,
+`create_models`, `create_tokenize`), on gymfleet's one HTTP client.
+
+    client = NeMoGymAsyncOpenAI(base_url=get_server_url("judge") + "/v1", api_key=key)
+    answer = await client.create_response(model="m", input=[...])          # the JSON body, as a dict
+
+Each call is `gymfleet.serving.nemo_gym_client.request`: pooled, a deadline per attempt, bounded retries of what is
+safe to resend (NeMo-Gym's fixed-sleep loop of up to `max_http_attempts` is gymfleet's backoff here), then
+`raise_for_status` (an `HTTPStatusError`: both aiohttp's `ClientResponseError` and a gymfleet `TransportError`, so a
+failed judge call in `verify` is a typed failure row, never a reward). As in NeMo-Gym, an answer that says the key is
+spent or revoked (401/403 naming an invalid key, 429 naming an exhausted quota) trips the client: that call and every
+later one raise `PermanentEndpointError` without going on the wire.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, Field, PrivateAttr
+
+from gymfleet.serving.nemo_gym_client import (
+    HTTPStatusError,
+    NeMoGymClientResponse,
+    get_response_json,
+    raise_for_status,
+    request,
+)
+
+log = logging.getLogger(__name__)
+
+PERMANENT_AUTH_CODES = ("invalid_api_key", "invalid_api_token", "authentication_error")
+PERMANENT_QUOTA_CODES = ("budget_exceeded", "insufficient_quota")
+
+
+class PermanentEndpointError(HTTPStatusError):
+    """The endpoint's key is spent or unauthorized: this client sends nothing more."""
+
+
+def _error_codes(body: bytes) -> set[str]:
+    """The `code` / `type` strings of an OpenAI-style error body (`{"error": {"code": ..., "type": ...}}`)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return set()
+    error = data.get("error", data) if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return set()
+    return {str(error[key]).lower() for key in ("code", "type") if isinstance(error.get(key), str)}
+
+
+def is_permanent(status: int, body: bytes) -> bool:
+    """Whether a `status` answer with `body` says the key will never work again (module docstring)."""
+    codes = _error_codes(body)
+    if status in (401, 403):
+        text = body.decode("utf-8", errors="replace").lower()
+        return bool(codes & set(PERMANENT_AUTH_CODES)) or "invalid api key" in text or "incorrect api key" in text
+    return status == 429 and bool(codes & set(PERMANENT_QUOTA_CODES))
+
+
+class NeMoGymAsyncOpenAI(BaseModel):
+    """An OpenAI-compatible endpoint at `base_url` with bearer `api_key` (module docstring). `internal`,
+    `max_connection_retries` and `max_http_attempts` are accepted for NeMo-Gym's signature; gymfleet's client bounds
+    the retries of every call."""
+
+    base_url: str
+    api_key: str
+    internal: bool = False
+    max_connection_retries: int | None = None
+    max_http_attempts: int = Field(default=3, ge=1)
+    default_headers: dict[str, str] = Field(default_factory=dict)
+    _tripped: tuple[int, bytes, str] | None = PrivateAttr(default=None)
+
+    def _raise_tripped(self) -> None:
+        status, body, url = self._tripped
+        raise PermanentEndpointError(status, url, body, "http_4xx")
+
+    async def _call(self, method: str, url: str, **options: Any) -> Any:
+        if self._tripped is not None:
+            self._raise_tripped()
+        headers = {**self.default_headers, **options.pop("headers", {}), "Authorization": f"Bearer {self.api_key}"}
+        response: NeMoGymClientResponse = await request(method, url, headers=headers, **options)
+        if not response.ok:
+            body = await response.read()
+            if is_permanent(response.status, body):
+                log.warning("%s answered %d with a spent or revoked key; no further calls go to it: %s",
+                            url, response.status, body[:200].decode("utf-8", errors="replace"))
+                self._tripped = (response.status, body, str(url))
+                self._raise_tripped()
+            await raise_for_status(response)
+        return await get_response_json(response)
+
+    async def create_models(self) -> Any:
+        return await self._call("GET", f"{self.base_url}/models")
+
+    async def create_chat_completion(self, **params: Any) -> Any:
+        return await self._call("POST", f"{self.base_url}/chat/completions", json=params)
+
+    async def create_completion(self, **params: Any) -> Any:
+        return await self._call("POST", f"{self.base_url}/completions", json=params)
+
+    async def create_response(self, **params: Any) -> Any:
+        return await self._call("POST", f"{self.base_url}/responses", json=params)
+
+    async def create_tokenize(self, **params: Any) -> Any:
+        return await self._call("POST", f"{self.base_url.removesuffix('/v1')}/tokenize", json=params)
