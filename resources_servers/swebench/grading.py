@@ -71,8 +71,10 @@ def supervise(tests_json, repo):
     else:
         if child.returncode < 0:  # killed (the memory limit's SIGKILL): the run ends as its tests did, unreported
             import signal
-            signal.signal(-child.returncode, signal.SIG_DFL)
+            if -child.returncode != signal.SIGKILL:
+                signal.signal(-child.returncode, signal.SIG_DFL)
             os.kill(os.getpid(), -child.returncode)
+            os.kill(os.getpid(), signal.SIGKILL)  # a signal whose default is not to end the process
     report = {"passed": sorted(ok - bad), "ever_passed": sorted(ok), "tampered": sorted(tampered)}
     os.write(1, ("\n" + nonce + json.dumps(report) + "\n").encode())
 

@@ -136,7 +136,7 @@ def _forgeries():
         "    os.write(1, data + mem)\nexcept OSError:\n    pass\n")}  # fmt: skip
 
 
-def grade(tmp_path, files: dict[str, str]) -> grading.Grade:
+def grade(tmp_path, files: dict[str, str], with_exit: bool = False):
     """Run the runner on `files` + the tests, as the grading script does, and score its report."""
     repo = tmp_path / "repo"
     for path, text in {**files, "tests/__init__.py": "", "tests/test_calc.py": TESTS}.items():
@@ -151,7 +151,8 @@ def grade(tmp_path, files: dict[str, str]) -> grading.Grade:
         input=nonce + "\n", capture_output=True, text=True, cwd=repo, timeout=60,
     )
     report = grading.read_report(done.stdout, nonce)
-    return grading.Grade(0.0, "no_test_report") if report is None else grading.score(report, F2P, P2P, canaries)
+    graded = grading.Grade(0.0, "no_test_report") if report is None else grading.score(report, F2P, P2P, canaries)
+    return (graded, done.returncode) if with_exit else graded
 
 
 def test_the_honest_fix_scores_1_and_no_fix_scores_0(tmp_path):
@@ -180,5 +181,6 @@ def test_tests_killed_by_a_signal_end_the_run_as_they_did(tmp_path):
     """A child killed (the memory limit's SIGKILL) leaves no report: the run ends killed, as the backends read an
     OOM, not as a report with the canaries missing."""
     files = {"calc/__init__.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "calc/core.py": RIGHT}
-    result = grade(tmp_path, files)
+    result, returncode = grade(tmp_path, files, with_exit=True)
     assert (result.reward, result.reason) == (0.0, "no_test_report"), result
+    assert returncode == -9, returncode  # the runner ends killed as its tests did (a script's exit 137)
