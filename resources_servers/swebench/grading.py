@@ -74,8 +74,9 @@ def supervise(tests_json, repo):
             if -child.returncode != signal.SIGKILL:
                 signal.signal(-child.returncode, signal.SIG_DFL)
             os.kill(os.getpid(), -child.returncode)
-            os.kill(os.getpid(), signal.SIGKILL)  # a signal whose default is not to end the process
-    report = {"passed": sorted(ok - bad), "ever_passed": sorted(ok), "tampered": sorted(tampered)}
+            os._exit(128 - child.returncode)  # as PID 1 of a container no signal ends us: a shell's exit status
+    report = {"passed": sorted(ok - bad), "ever_passed": sorted(ok), "tampered": sorted(tampered),
+              "tests_exit": child.returncode}
     os.write(1, ("\n" + nonce + json.dumps(report) + "\n").encode())
 
 
@@ -234,7 +235,7 @@ def score(report: dict, fail_to_pass: list[str], pass_to_pass: list[str], canari
     if canaries is not None and canaries.must_fail in set(report.get("ever_passed") or []):
         return Grade(0.0, "tests_tampered", status, "the grader's must-fail canary test passed in one of its runs")
     if canaries is not None and (forged := tampered(canaries, passed)):
-        return Grade(0.0, "tests_tampered", status, forged)
+        return Grade(0.0, "tests_tampered", status, f"{forged} (the tests' process exited {report.get('tests_exit')})")
     if status["FAIL_TO_PASS"]["failure"]:
         return Grade(0.0, "fail_to_pass_failed", status)
     if status["PASS_TO_PASS"]["failure"]:

@@ -183,4 +183,4 @@ def test_tests_killed_by_a_signal_end_the_run_as_they_did(tmp_path):
     files = {"calc/__init__.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "calc/core.py": RIGHT}
     result, returncode = grade(tmp_path, files, with_exit=True)
     assert (result.reward, result.reason) == (0.0, "no_test_report"), result
-    assert returncode == -9, returncode  # the runner ends killed as its tests did (a script's exit 137)
+    assert returncode in (-9, 137), returncode  # ends killed as its tests did (or exit 137 as a container's PID 1)
