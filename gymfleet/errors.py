@@ -140,6 +140,11 @@ class BadRequestError(GymfleetError):
     """A request a server understood but cannot serve, by the caller's fault; servers answer it with a 400."""
 
 
+class SessionLostError(GymfleetError):
+    """The rollout's session is gone (evicted past a server's session cap, or never seeded): what a request needed
+    of it cannot be had; servers answer it with a 410 `session_lost`, which agents turn into a failure row."""
+
+
 class TransportError(GymfleetError):
     """A network hop failed (connection error, timeout or non-2xx status)."""
 

@@ -36,7 +36,7 @@ from gymfleet.fleet.ray_fleet import RayFleet
 from gymfleet.fleet.ray_placement import make_fleet, placement_of
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
-from gymfleet.testing import free_port
+from gymfleet.testing import fleet_headers, free_port
 from gymfleet.testing.loopback import loopback_cluster, off_loopback, off_loopback_hosts, on_loopback, tree_pids
 from resources_servers.example_weather.app import FORECASTS
 
@@ -143,16 +143,18 @@ def head(fleet: RayFleet) -> str:
 
 
 def instances(fleet: RayFleet) -> dict[str, dict]:
-    return {row["process_name"]: row for row in httpx.get(head(fleet) + "/server_instances", timeout=10).json()}
+    return {row["process_name"]: row for row in httpx.get(head(fleet) + "/server_instances", timeout=10,
+                                                          headers=fleet_headers(fleet)).json()}
 
 
 def published(fleet: RayFleet) -> dict:
-    return yaml.safe_load(httpx.get(head(fleet) + "/global_config_dict_yaml", timeout=10).json())
+    return yaml.safe_load(httpx.get(head(fleet) + "/global_config_dict_yaml", timeout=10,
+                                    headers=fleet_headers(fleet)).json())
 
 
 def served(url: str, route: str = "/verify") -> int:
     """Requests to `route` a replica answered 200 (its own `/metrics`)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = httpx.get(url + "/metrics", timeout=10, headers=fleet_headers()).text
     pattern = r'gymfleet_requests_total\{[^}]*route="' + route + r'"[^}]*status="200"[^}]*\} ([0-9.e+]+)'
     return int(sum(float(value) for value in re.findall(pattern, text)))
 
@@ -288,7 +290,8 @@ def test_killed_replica_fails_its_rollouts_typed_and_comes_back(fleet):
         assert time.monotonic() < deadline, f"replica never came back: {row}"
         time.sleep(0.2)
     assert row["replicas"][1]["pid"] != victim["pid"]
-    assert re.search(rf'gymfleet_server_restarts_total\{{instance="{ENV}"\}} 1', httpx.get(head(fleet) + "/metrics")
+    assert re.search(rf'gymfleet_server_restarts_total\{{instance="{ENV}"\}} 1', httpx.get(head(fleet) + "/metrics",
+                                                                                           headers=fleet_headers(fleet))
                      .text)
     later = asyncio.run(collect(fleet, rows(12)))
     assert [result["reward"] for result, _ in later if result] == [1.0] * 12, later
@@ -369,7 +372,8 @@ def test_no_room_on_the_cluster_falls_back_to_this_machine_only_when_ray_was_imp
         assert type(fleet) is Fleet, "ran on this machine"
         assert "every server runs on this machine instead" in caplog.text
         url = f"http://127.0.0.1:{fleet.config.head_port}/server_instances"
-        assert {entry["process_name"] for entry in httpx.get(url, timeout=10).json()} >= {ENV, AGENT}
+        assert {entry["process_name"] for entry in httpx.get(url, timeout=10,
+                                                             headers=fleet_headers(fleet)).json()} >= {ENV, AGENT}
     finally:
         fleet.shutdown()
 

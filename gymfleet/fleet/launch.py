@@ -127,6 +127,18 @@ def _differences(original: Any, masked: Any, path: list[str | int]):
         yield path, original
 
 
+def own_secrets(secrets: Secrets, instance: str) -> Secrets:
+    """The secrets in instance `instance`'s own block: all a server needs (the config's `${...}` references were
+    resolved into its block), so no server holds another's keys.
+
+    Examples:
+        >>> own_secrets([(["judge", "m", "api_key"], "a"), (["policy", "m", "api_key"], "b"), (["hf_token"], "c")],
+        ...             "policy")
+        [(['policy', 'm', 'api_key'], 'b')]
+    """
+    return [(path, value) for path, value in secrets if path and path[0] == instance]
+
+
 def merge_secrets(data: dict[str, Any], secrets: Secrets) -> dict[str, Any]:
     """Put the real secret values back into a masked config (in place); returns `data`."""
     for path, value in secrets:

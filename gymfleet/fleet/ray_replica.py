@@ -99,7 +99,7 @@ class ReplicaProcess:
         write_resolved(self._data, self._path)
 
     def _spawn(self) -> int:
-        from gymfleet.serving.server import FLEET_TOKEN_ENV
+        from gymfleet.auth import FLEET_TOKEN_ENV
 
         env = {**os.environ, SECRETS_ENV: json.dumps(self._secrets), FLEET_TOKEN_ENV: self._token}
         command = [sys.executable, "-m", "gymfleet.fleet.launch", "--config", self._path,

@@ -45,10 +45,11 @@ from typing import TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
-from gymfleet.fleet.launch import bind_socket, split_secrets
+from gymfleet.fleet.credential import answers_as
+from gymfleet.fleet.launch import bind_socket, own_secrets, split_secrets
 from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources, is_loopback
 from gymfleet.fleet.ray_replica import ReplicaProcess, set_address
-from gymfleet.fleet.readiness import ServerCrashedError, _is_own_server
+from gymfleet.fleet.readiness import ServerCrashedError
 
 if TYPE_CHECKING:
     pass
@@ -187,13 +188,16 @@ class RayStartup:
 
         head = self.config.data["head_server"]
         host = head["host"]
+        self.credential.publish()  # under the configured address, before a loopback one is replaced below
         node_ip = self._ray.util.get_node_ip_address()
         if host in LOOPBACK and not is_loopback(node_ip):
             bind_host, head["host"] = "0.0.0.0", node_ip
         else:
             bind_host = host or "127.0.0.1"
         self._head_socket = bind_socket(bind_host, int(head["port"]), "head_server.port", assigned_if_unset=False)
-        app = create_head_app(self.config, self.process_table, self.replica_table)
+        if head["host"] != host:
+            self.credential.publish(head["host"])
+        app = create_head_app(self.config, self.process_table, self.replica_table, token=self.credential.head_token)
         server_config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._head = uvicorn.Server(server_config)
         self._head_thread = threading.Thread(target=self._head.run, kwargs={"sockets": [self._head_socket]},
@@ -218,14 +222,14 @@ class RayStartup:
         data = copy.deepcopy(self.config.data)
         set_address(data, replica.instance.name, replica.host, replica.port)
         masked, secrets = split_secrets(data)
-        return replica.actor.serve.remote(masked, secrets, self.token)
+        return replica.actor.serve.remote(masked, own_secrets(secrets, replica.instance.name), self.token)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         pending = list(self._all())
         while pending:
             for replica in list(pending):
-                if _is_own_server(replica.url, self.token, replica.instance.name):
+                if answers_as(replica.url, self.token, replica.instance.name):
                     replica.state = "running"
                     pending.remove(replica)
                     continue
@@ -302,4 +306,3 @@ def _endpoint_urls(config: GlobalConfig) -> list[str]:
                         url = url.rstrip("/")
                         urls.append(url + "/models" if url.endswith("/v1") else url)
     return list(dict.fromkeys(urls))
-
