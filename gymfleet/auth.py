@@ -1,10 +1,12 @@
 """The fleet credential: one random token per fleet, required on every route of every server, sent by every client.
 
-`ng_run` / `RunHelper` (`gymfleet.fleet.supervisor.Fleet`) makes the token. It reaches the fleet's servers in their
-environment (`FLEET_TOKEN_ENV`, as secrets do: never argv, never a file others can read) and its clients through:
+`ng_run` / `RunHelper` (`gymfleet.fleet.supervisor.Fleet`) makes the token. It reaches the fleet's servers as
+secrets do (never argv, never a file others can read, never their initial environment, which `/proc/<pid>/environ`
+shows for good: an inherited memory file for a fresh interpreter, the zygote's private socket for a forked one;
+`gymfleet.fleet.launch`), and each server holds it in memory (`hold`). Its clients find it through:
 
 1. this process, if it started the fleet (`remember`: NeMo-RL's in-process `RunHelper` + `RolloutCollectionHelper`);
-2. `FLEET_TOKEN_ENV`, in the fleet's own servers (their calls to each other);
+2. the token a fleet server holds (`hold`; `FLEET_TOKEN_ENV` for a server started by hand): their calls to each other;
 3. `USER_TOKEN_ENV` (`GYMFLEET_TOKEN`), set by the user (a client on another machine);
 4. the token file of the head server's address, `token_dir()/head-<host>-<port>.token` (mode 0600 in a 0700 folder
    under `$XDG_RUNTIME_DIR`, else `~/.cache/gymfleet`), which `ng_run` writes and removes on shutdown: so
@@ -13,8 +15,8 @@ environment (`FLEET_TOKEN_ENV`, as secrets do: never argv, never a file others c
 A client sends the token only to the servers of the fleet it belongs to (`grant`: `gymfleet.http.ServerClient` grants
 each fleet server's address, never an upstream LLM's), in the `TOKEN_HEADER` header (`Authorization: Bearer <token>`
 is accepted too, for OpenAI clients pointed at a model server). The server-side check is
-`gymfleet.serving.guard.FleetAuthMiddleware`. A server with no token in its environment (a bare app in a test, a
-`python -m sandbox` run by hand) checks none.
+`gymfleet.serving.guard.FleetAuthMiddleware`. A server holding no token and with none in its environment (a bare app
+in a test, a `python -m sandbox` run by hand without `FLEET_TOKEN_ENV`) checks none.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ TOKEN_HEADER = "X-Gymfleet-Token"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", ""})
 """Host names that mean this machine (a bind-all address is reached through loopback)."""
 
+_held: dict[str, str] = {}
+"""This server process's own fleet credential (`hold`): `token`, and `off` when its fleet opted out."""
 _fleets: dict[tuple[str, int], str] = {}
 """Head server address -> token of the fleets this process started."""
 _origins: dict[tuple[str, int], str] = {}
@@ -107,11 +111,38 @@ def forget(host: str | None, port: int | str, token: str, paths: list[Path]) -> 
                 path.unlink()
 
 
+def hold(token: str | None, off: bool = False) -> None:
+    """Make `token` this server process's fleet token, held in memory only: not in `os.environ`, so no process it
+    starts (workers, vLLM, tools) inherits it. `off`: its fleet opted out of the check (`disable_fleet_auth`)."""
+    _held.clear()
+    if token:
+        _held.update(token=token, off="1" if off else "")
+
+
+def hold_from_environ() -> None:
+    """Move a fleet credential found in this process's environment (`FLEET_TOKEN_ENV`, `AUTH_OFF_ENV`) into memory
+    (`hold`), removing the variables so that no process this one starts inherits them."""
+    token, off = os.environ.pop(FLEET_TOKEN_ENV, None), os.environ.pop(AUTH_OFF_ENV, None)
+    if token:
+        hold(token, bool(off))
+
+
+def held() -> tuple[str, bool] | None:
+    """`(token, off)` of the credential this process holds (`hold`), for handing it on to its own workers."""
+    return (_held["token"], bool(_held["off"])) if _held else None
+
+
+def fleet_token() -> str | None:
+    """The token of the fleet this server process belongs to (held, else from its environment), whether or not the
+    fleet checks it: it also roots the session-signing keys (`gymfleet.serving.sessions`)."""
+    return _held.get("token") or os.environ.get(FLEET_TOKEN_ENV) or None
+
+
 def token_for(host: str | None, port: int | str | None) -> str | None:
     """The token of the fleet whose head server is at `host:port` (see the module docstring for the order; with no
     head address known, only the environment's)."""
     known = _fleets.get(_key(host, port)) if port is not None else None
-    token = known or os.environ.get(FLEET_TOKEN_ENV) or os.environ.get(USER_TOKEN_ENV)
+    token = known or fleet_token() or os.environ.get(USER_TOKEN_ENV)
     if token or port is None:
         return token or None
     try:
@@ -148,6 +179,8 @@ def token_of(url: str) -> str | None:
 
 def server_token() -> str | None:
     """The token this server process requires, or None (no fleet token, or the fleet opted out)."""
+    if _held:
+        return None if _held["off"] else _held["token"]
     if os.environ.get(AUTH_OFF_ENV):
         return None
     return os.environ.get(FLEET_TOKEN_ENV) or None

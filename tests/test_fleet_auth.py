@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from gymfleet import auth
@@ -169,11 +170,28 @@ def test_the_opt_out_on_loopback_serves_clients_that_send_no_token():
         assert httpx.get(head + "/server_instances").status_code == 200
 
 
-def test_each_server_gets_only_the_secrets_of_its_own_block():
-    """`policy_api_key` is the policy model server's: the environment and the agent never receive it."""
+@pytest.mark.parametrize("server_start", ["spawn", "zygote"])
+def test_no_secret_or_token_is_in_any_server_process_environment(server_start):
+    """`/proc/<pid>/environ` (a process's initial environment, for its whole life) of every process of the fleet,
+    servers and their workers, holds neither the policy's API key nor the fleet token; the servers still serve, and
+    each worker still requires the token (a worker that held none would check none)."""
     canary = "sk-canary-only-for-the-policy"
-    with running_fleet([QUICKSTART], {"policy_api_key": canary, "server_start": "spawn"}) as fleet:
+    overrides = {"policy_api_key": canary, "server_start": server_start,
+                 "mcqa": {"resources_servers": {"mcqa": {"num_workers": 2}}}}
+    with running_fleet([QUICKSTART], overrides) as fleet:
+        token = fleet.credential.token.encode()
+        processes = {}
         for name, child in fleet.children.items():
-            environ = Path(f"/proc/{child.process.pid}/environ").read_bytes()
-            if name != "policy_model":
-                assert canary.encode() not in environ, f"{name} received the policy's key"
+            server = psutil.Process(child.process.pid)
+            processes.update({f"{name} (pid {p.pid})": p.pid for p in [server, *server.children(recursive=True)]})
+        assert sum(name.startswith("mcqa") for name in processes) >= 3, "the server and its two workers"
+        for name, pid in processes.items():
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert canary.encode() not in environ and token not in environ, name
+            assert b"GYMFLEET_CREDENTIALS_FD" not in environ or server_start == "spawn", name
+        policy = fleet.config.instance("policy_model").url
+        answer = httpx.post(policy + "/v1/responses", json={"input": "hi"}, headers=fleet_headers(fleet), timeout=60)
+        assert answer.status_code == 200, answer.text
+        mcqa = fleet.config.instance("mcqa").url + "/metrics"  # each worker holds the token (else it checks none)
+        assert {httpx.get(mcqa, timeout=30).status_code for _ in range(8)} == {401}
+        assert httpx.get(mcqa, timeout=30, headers=fleet_headers(fleet)).status_code == 200

@@ -23,7 +23,7 @@ import pytest
 
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.credential import answers_as
-from gymfleet.fleet.launch import SECRETS_ENV, merge_secrets, split_secrets, take_secrets
+from gymfleet.fleet.launch import CREDENTIALS_FD_ENV, credentials_fd, merge_secrets, split_secrets, take_secrets
 from gymfleet.fleet.supervisor import Fleet, PortInUseError, remove_stale_workdirs
 from gymfleet.testing import fleet_headers, free_port, running_fleet
 
@@ -143,10 +143,19 @@ def test_secrets_split_from_the_config_and_merged_back_give_the_same_config():
     assert merge_secrets(json.loads(text), json.loads(json.dumps(secrets))) == data
 
 
-def test_a_child_takes_its_secrets_out_of_its_environment(monkeypatch):
-    monkeypatch.setenv(SECRETS_ENV, json.dumps([[["policy_api_key"], SECRET]]))
-    assert take_secrets() == [(["policy_api_key"], SECRET)]
-    assert SECRETS_ENV not in os.environ, "processes the server starts must not inherit the keys"
+def test_a_child_takes_its_secrets_and_token_from_an_inherited_descriptor_never_its_environment(monkeypatch):
+    from gymfleet import auth
+
+    fd = credentials_fd([(["policy_api_key"], SECRET)], "fleet-token")
+    monkeypatch.setenv(CREDENTIALS_FD_ENV, str(fd))
+    try:
+        assert take_secrets() == [(["policy_api_key"], SECRET)]
+        assert auth.fleet_token() == auth.server_token() == "fleet-token"
+        assert CREDENTIALS_FD_ENV not in os.environ and auth.FLEET_TOKEN_ENV not in os.environ
+        with pytest.raises(OSError):
+            os.fstat(fd)  # read once, then closed
+    finally:
+        auth.hold(None)
 
 
 # ------------------------------------------------------------------------------------------ ports

@@ -412,9 +412,12 @@ def test_ng_run_attaches_to_a_two_node_loopback_cluster_and_serves_a_rollout():
 
             result = asyncio.run(one())
             assert result["reward"] == 1.0, result
-            table = httpx.get(f"http://127.0.0.1:{port}/server_instances", timeout=10).json()
+            token = fleet_headers(port)  # the token file ng_run wrote for its head address
+            assert httpx.get(f"http://127.0.0.1:{port}/server_instances", timeout=10).status_code == 401
+            table = httpx.get(f"http://127.0.0.1:{port}/server_instances", timeout=10, headers=token).json()
             assert len(table) == 4 and not off_loopback_hosts(table), table
-            config = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", timeout=10).json())
+            config = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", timeout=10,
+                                              headers=token).json())
             assert not off_loopback_hosts(config)
             assert not off_loopback(tree_pids()), "ng_run, its replicas and both clusters stay on loopback"
         finally:

@@ -25,7 +25,7 @@ import time
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.credential import owner_only, private_folder
-from gymfleet.fleet.launch import SECRETS_ENV, instance_python, own_secrets
+from gymfleet.fleet.launch import credentials_env, credentials_fd, instance_python, own_secrets
 from gymfleet.fleet.readiness import _Child
 from gymfleet.fleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
 from gymfleet.fleet.zygote import ForkedProcess, Zygote, ZygoteError
@@ -145,20 +145,25 @@ class ServerStart:
             "--workdir",
             str(self.workdir),
         ]
-        # Secrets and the fleet token go in the child's environment: not on disk, not in `ps` (owner-only).
-        secrets = json.dumps(own_secrets(json.loads(self._secrets_env), instance.name))
-        env = {**os.environ, SECRETS_ENV: secrets, **self.credential.child_env()}
-        return subprocess.Popen(
-            command,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            text=True,
-            bufsize=1,
-            errors="replace",
-        )
+        # Secrets and the fleet token go in an inherited memory file: not on disk, not in `ps`, not in the child's
+        # environment (which /proc/<pid>/environ shows for its whole life).
+        secrets = own_secrets(json.loads(self._secrets_env), instance.name)
+        fd = credentials_fd(secrets, self.credential.token, not self.credential.enforced)
+        try:
+            return subprocess.Popen(
+                command,
+                env={**os.environ, **credentials_env(fd)},
+                pass_fds=(fd,),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+                errors="replace",
+            )
+        finally:
+            os.close(fd)
 
     def _start_pump(self, child: _Child) -> None:
         """Copy the output of `child`'s current process to the fleet's output (or its log file) and its tail."""

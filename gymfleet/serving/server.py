@@ -22,7 +22,8 @@ line, no traceback.
 `gymfleet.metrics`.
 
 Every other route requires the fleet's token (`gymfleet.auth`, checked by `gymfleet.serving.guard`) when the server
-runs in a fleet (`GYMFLEET_FLEET_TOKEN` set by the supervisor); a bare app (a test's `serve(app)`) checks none.
+runs in a fleet (the token the supervisor hands it, `gymfleet.auth.hold`); a bare app (a test's `serve(app)`) checks
+none.
 `GET /` answers `{"status": "ok"}` to anyone; to a request carrying the fleet's token it also names the fleet and
 the instance in `X-Gymfleet-Fleet` / `X-Gymfleet-Instance` headers, so the supervisor's readiness probe counts only
 its own server, never another process that holds the same port.
@@ -35,7 +36,6 @@ import ctypes
 import functools
 import gc
 import logging
-import os
 import typing
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -53,7 +53,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gymfleet import auth, http
-from gymfleet.auth import FLEET_TOKEN_ENV
 from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, SessionLostError, TransportError, too_many_errors
 from gymfleet.masking import is_secret_key, redact
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
@@ -196,7 +195,7 @@ class Server:
     def fleet_identity(self, request: Request) -> dict[str, str]:
         """Headers of `GET /` that tell the supervisor this is its server (fleet token and instance name): only to a
         request that carries the fleet's token, so the token is never told to anyone who does not hold it."""
-        token = os.environ.get(FLEET_TOKEN_ENV)
+        token = auth.fleet_token()
         if not token or not auth.matches(auth.presented(request.headers.raw), token):
             return {}
         return {FLEET_HEADER: token, INSTANCE_HEADER: self.config.name}

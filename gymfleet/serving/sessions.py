@@ -39,7 +39,7 @@ import itsdangerous
 from itsdangerous.exc import BadSignature
 from starlette.responses import JSONResponse
 
-from gymfleet.auth import FLEET_TOKEN_ENV
+from gymfleet import auth
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ _PROCESS_KEY = os.urandom(32)
 def session_key(name: str) -> str:
     """The key that signs the session cookies named `name`: derived from the fleet's token when this process serves
     in a fleet (the same for every replica and restart of the instance), else from `_PROCESS_KEY`."""
-    token = os.environ.get(FLEET_TOKEN_ENV)
+    token = auth.fleet_token()
     root = token.encode() if token else _PROCESS_KEY
     return hmac.new(root, b"gymfleet session cookie\0" + name.encode(), hashlib.sha256).hexdigest()
 

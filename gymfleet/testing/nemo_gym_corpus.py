@@ -180,9 +180,13 @@ def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env
         result.start = "yes"
         import httpx
 
-        published = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", timeout=30).json())
+        from gymfleet import auth
+
+        token = auth.head_headers("127.0.0.1", port)  # the token file ng_run wrote for its head address
+        published = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", headers=token,
+                                             timeout=30).json())
         fields = published[servers[0]]["resources_servers"][folder.name]
-        _replay(folder, f"http://{fields['host']}:{fields['port']}", result)
+        _replay(folder, f"http://{fields['host']}:{fields['port']}", result, token)
     finally:
         try:
             os.killpg(process.pid, signal.SIGTERM)
@@ -235,7 +239,7 @@ def task_rows(folder: Path) -> dict[str, dict]:
     return found
 
 
-def _replay(folder: Path, url: str, result: FolderResult) -> None:
+def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str] | None = None) -> None:
     import httpx
 
     rows = recorded_rows(folder)
@@ -248,7 +252,7 @@ def _replay(folder: Path, url: str, result: FolderResult) -> None:
         orphans += not task
         request = {**task, **{key: value for key, value in row.items() if key != "reward"}}
         try:
-            with httpx.Client(base_url=url, timeout=120) as client:
+            with httpx.Client(base_url=url, timeout=120, headers=headers) as client:
                 client.post("/seed_session", json=request)
                 for item in row["response"].get("output") or []:
                     if isinstance(item, dict) and item.get("type") == "function_call":
