@@ -46,6 +46,7 @@ ROWS = [json.loads(line) for line in (ROOT / "resources_servers/example_weather/
 AGENT = "example_weather_simple_agent"
 ENV = "example_weather"
 WAIT_S = 120
+CANARY_KEY = "sk-canary-of-the-ray-placement-tests"
 """Bound on waits for things that take seconds (catches a hang; times nothing)."""
 
 
@@ -64,7 +65,7 @@ def fleet_config(address: str | None, **extra) -> dict:
                          "resources_servers/example_weather/configs/example_weather.yaml"],
         "policy_base_url": "http://${scripted_llm.responses_api_models.scripted_model.host}:"
                            "${scripted_llm.responses_api_models.scripted_model.port}/v1",
-        "policy_api_key": "not-needed",
+        "policy_api_key": CANARY_KEY,
         "policy_model_name": "scripted",
         "scripted_llm": {"responses_api_models": {"scripted_model": {
             "entrypoint": "app.py", "model": "scripted", "rules": scripted_rules(0.3),
@@ -112,9 +113,11 @@ def assert_nothing_left(fleet: RayFleet, actor_pids: list[int]) -> None:
     import ray
 
     deadline = time.monotonic() + WAIT_S
+    parents = {f"--parent-pid {pid} " for pid in actor_pids}  # a replica's server names its actor's pid
     while True:
         servers = [p.pid for p in psutil.process_iter(["cmdline"])
-                   if "gymfleet.fleet.launch" in " ".join(p.info["cmdline"] or []) and fleet.token in _environ(p)]
+                   if "gymfleet.fleet.launch" in (line := " ".join(p.info["cmdline"] or []) + " ")
+                   and any(parent in line for parent in parents)]
         actors = [pid for pid in actor_pids if _running(pid)]
         reserved = {key: value for key, value in ray.cluster_resources().items()
                     if ray.available_resources().get(key) != value and not key.startswith("object_store")}
@@ -129,13 +132,6 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _environ(process: psutil.Process) -> str:
-    try:
-        return " ".join(f"{k}={v}" for k, v in process.environ().items())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return ""
 
 
 def head(fleet: RayFleet) -> str:
@@ -210,6 +206,19 @@ def test_head_publishes_real_addresses(fleet):
     agent_env = config[f"{AGENT}_environment_server"]["environment_servers"]["legacy_agent"]
     agent = config[AGENT]["responses_api_agents"]["simple_agent"]
     assert (agent_env["host"], agent_env["port"]) == (agent["host"], agent["port"])
+
+
+def test_replicas_keep_no_secret_or_token_in_their_environment(fleet):
+    """Each replica's server (and its actor) got the policy's key and the fleet token as call arguments and an
+    inherited memory file: `/proc/<pid>/environ` holds neither, yet the replica requires the token."""
+    replicas = list(fleet._all())
+    assert replicas
+    for replica in replicas:
+        for pid in (replica.pid, replica.actor_pid):
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert fleet.token.encode() not in environ, f"{replica.label} (pid {pid})"
+            assert CANARY_KEY.encode() not in environ, f"{replica.label} (pid {pid})"
+        assert httpx.get(replica.url + "/metrics", timeout=10).status_code == 401, replica.label
 
 
 def test_nothing_listens_on_or_is_called_at_a_non_loopback_address(fleet, cluster):

@@ -36,6 +36,7 @@ import ctypes
 import functools
 import gc
 import logging
+import math
 import typing
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -53,7 +54,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gymfleet import auth, http
-from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, SessionLostError, TransportError, too_many_errors
+from gymfleet.errors import (
+    MAX_REPORTED_ERRORS,
+    BadRequestError,
+    BusyError,
+    SessionLostError,
+    TransportError,
+    too_many_errors,
+)
 from gymfleet.masking import is_secret_key, redact
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
 from gymfleet.serving.guard import FleetAuthMiddleware, RequestBodyTooLarge, RequestGuardMiddleware
@@ -265,6 +273,7 @@ class Server:
         app.add_exception_handler(TransportError, self._on_transport_error)
         app.add_exception_handler(BadRequestError, self._on_bad_request)
         app.add_exception_handler(SessionLostError, self._on_session_lost)
+        app.add_exception_handler(BusyError, self._on_busy)
         app.add_exception_handler(RequestBodyTimeout, self._on_body_timeout)
         app.add_exception_handler(RequestBodyTooLarge, self._on_body_too_large)
         app.add_exception_handler(ClientDisconnect, self._on_client_disconnect)
@@ -306,6 +315,11 @@ class Server:
     async def _on_bad_request(self, request: Request, exc: BadRequestError) -> Response:
         log.warning("%s %s: bad request: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": str(exc), "error_type": "bad_request"}, status_code=400)
+
+    async def _on_busy(self, request: Request, exc: BusyError) -> Response:
+        log.warning("%s %s: busy: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "busy"}, status_code=429,
+                            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
 
     async def _on_session_lost(self, request: Request, exc: SessionLostError) -> Response:
         log.warning("%s %s: %s: %s", request.method, request.url.path, SESSION_LOST, exc)
