@@ -208,3 +208,21 @@ async def test_fifty_abandoned_requests_run_nothing():
             metrics = (await client.get("/metrics")).text
     assert _runs(metrics) == before + 1, "only the last run ran"
     assert 'gymfleet_requests_total{method="POST",route="/run",status="499"} 50.0' in metrics
+
+
+async def test_an_idle_session_cannot_hold_the_memory_budget():
+    """A caller that opens a session holding the whole budget and goes quiet loses it after
+    `session_idle_timeout_s`: the run waiting for that memory then runs, and the session is gone (404)."""
+    server = SandboxServer({"name": "sandbox", "memory_budget_mb": BUDGET_MB, "default_memory_mb": 64,
+                            "session_idle_timeout_s": 1.0})
+    with serve(server.create_app()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            created = await client.post("/sessions", json={"memory_mb": BUDGET_MB})
+            assert created.status_code == 200, created.text
+            waiting = asyncio.create_task(client.post("/run", json={"code": "print('ran')", "memory_mb": 64}))
+            answer = await waiting
+            assert answer.status_code == 200 and answer.json()["stdout"] == "ran\n", answer.text
+            gone = await client.post(f"/sessions/{created.json()['session_id']}/exec", json={"code": "1"})
+            assert gone.status_code == 404, gone.text
+            metrics = (await client.get("/metrics")).text
+    assert 'reason="admission_timeout"' not in metrics
