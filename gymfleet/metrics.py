@@ -269,9 +269,9 @@ class MetricsMiddleware:
 
     The route label is the matched route's template. FastAPI routes leave themselves in `scope["route"]`; plain
     Starlette routes (`gymfleet.serving.server.add_route`, `/metrics`, `/openapi.json`) only leave their endpoint,
-    which is mapped back to its route's template once and cached. The metric children of each (route, method, status) are
-    cached too, and the in-flight gauge reads a plain counter at scrape time: recording costs a few µs a request
-    (`bench/metrics_cost.py`).
+    which is mapped back to its route's template once and cached. The metric children of each (route, method,
+    status) are cached too, and the in-flight gauge reads a plain counter at scrape time: recording costs a few µs a
+    request (`bench/metrics_cost.py`).
 
     `on_idle`, when given, is called once each time the server falls quiet (no request in flight, none ended for
     `quiet_s`) after serving at least `burst` requests since the last call: the moment to hand the memory a burst
