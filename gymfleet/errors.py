@@ -8,6 +8,7 @@ GymfleetError
 │   └── ServerRefError   a {type, name} reference or instance name that does not exist
 ├── DataError            bad dataset row (.file, .line, .reason)
 ├── BadRequestError      a request a server cannot serve, by the caller's fault (answered 400)
+├── BusyError            a server at one of its capacity bounds, the work not started (answered 429 + Retry-After)
 ├── TransportError       a network hop failed (.status, .url, .response_content)
 │   └── UpstreamError    the upstream model returned an error
 ├── JudgeError           a judge call failed (infrastructure, not the model's fault)
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BadRequestError",
+    "BusyError",
     "ConfigError",
     "DataError",
     "GymfleetError",
@@ -138,6 +140,20 @@ class DataError(GymfleetError):
 
 class BadRequestError(GymfleetError):
     """A request a server understood but cannot serve, by the caller's fault; servers answer it with a 400."""
+
+
+class BusyError(GymfleetError):
+    """The server is at one of its capacity bounds and did not start the work; servers answer it with a 429 and
+    `Retry-After: retry_after_s`, which clients may retry (nothing was done)."""
+
+    def __init__(self, reason: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(reason)
+        self.retry_after_s = retry_after_s
+
+
+class SessionLostError(GymfleetError):
+    """The rollout's session is gone (evicted past a server's session cap, or never seeded): what a request needed
+    of it cannot be had; servers answer it with a 410 `session_lost`, which agents turn into a failure row."""
 
 
 class TransportError(GymfleetError):

@@ -16,8 +16,9 @@ Which failures are retried:
 
 `ServerClient` resolves instance names from the global config to URLs, so callers say
 `await client.post("mcqa", "/verify", json=row, cookies=cookies)`. An instance placed as several replicas (Ray
-placement, `gymfleet.fleet.ray_placement`) resolves to one replica per rollout: rollouts spread over the replicas, the calls
-of one rollout stick to one (see `ServerClient`).
+placement, `gymfleet.fleet.ray_placement`) resolves to one replica per rollout: rollouts spread over the replicas,
+the calls of one rollout stick to one (see `ServerClient`). Every request to a server of the fleet carries the
+fleet's token (`gymfleet.auth`: `ServerClient` grants it to the fleet's addresses, and to nothing else).
 
 Every attempt is counted in `gymfleet.metrics`' `gymfleet_upstream_seconds{target}` and
 `gymfleet_upstream_requests_total{target, outcome}`: `target` is the instance name for calls by name, else the
@@ -43,7 +44,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gymfleet import metrics
+from gymfleet import auth, metrics
 from gymfleet.errors import ServerRefError, TransportError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -248,6 +249,9 @@ async def request(
         send_headers.update(headers)
     if cookies:
         send_headers["Cookie"] = _cookie_header(cookies)
+    token = auth.token_of(url)
+    if token is not None and auth.TOKEN_HEADER not in send_headers:
+        send_headers[auth.TOKEN_HEADER] = token
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
     session = _session()
     idempotent = retry.is_idempotent(method)
@@ -404,6 +408,17 @@ class ServerClient:
     def __init__(self, config: dict[str, Any]):
         self.config = config
         self._replicas: dict[str, list[str]] = {}
+        head = config.get("head_server")
+        head = head if isinstance(head, dict) else {}
+        self.token = auth.token_for(head.get("host"), head.get("port"))
+        """The fleet's token (`gymfleet.auth`), sent on every call to the fleet's servers (and to no other URL)."""
+        if self.token:
+            if head.get("port") is not None:
+                auth.grant(f"http://{_client_host(head.get('host'))}:{head['port']}", self.token)
+            for name in config:  # a fleet server reached by URL (a model server's upstream may be one) gets it too
+                with contextlib.suppress(ServerRefError, KeyError, TypeError, ValueError):
+                    for url in self._lookup(name):
+                        auth.grant(url, self.token)
         self._refresh: asyncio.Future | None = None
         self._refreshed_at = 0.0
 
@@ -428,6 +443,7 @@ class ServerClient:
             urls = self._replicas[name] = self._lookup(name)
             for url in urls:
                 metrics.name_instance(url, name)
+                auth.grant(url, self.token)
         return urls
 
     def _lookup(self, name: str) -> list[str]:
@@ -511,9 +527,9 @@ class ServerClient:
         """Bootstrap from the head server, as every out-of-process NeMo-Gym client does."""
         import yaml
 
-        response = await request(
-            "GET", f"http://{_client_host(host)}:{port}/global_config_dict_yaml", timeout_s=timeout_s
-        )
+        head = f"http://{_client_host(host)}:{port}"
+        auth.grant(head, auth.token_for(host, port))
+        response = await request("GET", f"{head}/global_config_dict_yaml", timeout_s=timeout_s)
         response.raise_for_status()
         return cls(yaml.safe_load(response.json()))
 

@@ -47,6 +47,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gymfleet.masking import mask_text
+
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 UNMATCHED = "unmatched"
@@ -111,6 +113,8 @@ def target_of(url: str | None) -> str:
         return UNKNOWN_HOP
     slash = url.find("/", url.find("//") + 2)  # the end of `scheme://host:port`
     base = url if slash < 0 else url[:slash]
+    if "@" in base:  # a base URL's credentials never become a label
+        base = mask_text(base)
     return _targets(_instance_at.get(base, base))
 
 
@@ -264,10 +268,10 @@ class MetricsMiddleware:
     """Pure ASGI middleware recording every HTTP request into a `ServerMetrics`.
 
     The route label is the matched route's template. FastAPI routes leave themselves in `scope["route"]`; plain
-    Starlette routes (`gymfleet.serving.server.add_route`, `/metrics`, `/openapi.json`) only leave their endpoint, which is
-    mapped back to its route's template once and cached. The metric children of each (route, method, status) are
-    cached too, and the in-flight gauge reads a plain counter at scrape time: recording costs a few µs a request
-    (`bench/metrics_cost.py`).
+    Starlette routes (`gymfleet.serving.server.add_route`, `/metrics`, `/openapi.json`) only leave their endpoint,
+    which is mapped back to its route's template once and cached. The metric children of each (route, method,
+    status) are cached too, and the in-flight gauge reads a plain counter at scrape time: recording costs a few µs a
+    request (`bench/metrics_cost.py`).
 
     `on_idle`, when given, is called once each time the server falls quiet (no request in flight, none ended for
     `quiet_s`) after serving at least `burst` requests since the last call: the moment to hand the memory a burst

@@ -68,9 +68,11 @@ class _Waiter:
 class Admission:
     """A FIFO line for run slots and memory, with a bounded length."""
 
-    def __init__(self, max_running: int, max_queued: int, memory_budget_mb: int):
+    def __init__(self, max_running: int, max_queued: int, memory_budget_mb: int, max_wait_s: float | None = None):
         self.max_running = max_running
         self.max_queued = max_queued
+        self.max_wait_s = max_wait_s
+        """How long a request may wait in line; past it, `Overloaded` (`admission_timeout`). None: no bound."""
         self.memory_budget_mb = memory_budget_mb
         self.running = 0
         self.admitted_mb = 0
@@ -132,14 +134,21 @@ class Admission:
                 self.retry_after_s(),
             )
         try:
-            await waiter.future
-        except asyncio.CancelledError:
+            async with asyncio.timeout(self.max_wait_s):
+                await waiter.future
+        except (asyncio.CancelledError, TimeoutError) as exc:
             if waiter.future.done() and not waiter.future.cancelled():
-                self._give_back(waiter)  # admitted just as the caller went away
+                self._give_back(waiter)  # admitted just as the caller went away (or the deadline passed)
             else:
                 with contextlib.suppress(ValueError):
                     self._line.remove(waiter)
                 self._admit()
+            if isinstance(exc, TimeoutError):
+                raise Overloaded(
+                    f"sandbox overloaded: not admitted within {self.max_wait_s:g}s (admission_timeout_s; "
+                    f"{self.running} running, {self.admitted_mb} of {self.memory_budget_mb} MiB admitted, "
+                    f"{self.waiting} queued); retry later", self.retry_after_s(), reason="admission_timeout",
+                ) from None
             raise
         return self._releaser(waiter)
 

@@ -35,16 +35,18 @@ when the server starts: if bubblewrap cannot run, start-up fails saying how to f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from pydantic import Field
 from starlette.responses import Response
 
-from gymfleet.serving.bodies import read_json, validate
 from gymfleet.errors import ConfigError
+from gymfleet.serving.bodies import read_json, validate
 from gymfleet.serving.server import JSONResponse, Server, ServerConfig, add_route, dump
 from sandbox import isolation
 from sandbox.admission import Admission, Overloaded, machine_memory_budget_mb
@@ -79,6 +81,9 @@ class SandboxConfig(ServerConfig):
     container's cgroup limit if less)."""
     queue_length: int = 4096
     """Requests that may wait for a slot or memory; beyond that the answer is 429 with Retry-After."""
+    admission_timeout_s: float | None = Field(600.0, gt=0)
+    """Longest a request waits in the queue; past it the answer is 429 with Retry-After (null: no bound), so a
+    queued run never starts long after its caller gave up."""
     startup_timeout_s: float = 30.0
     wall_time_factor: float = 2.0
     """Wall-clock limit = `timeout_s` x this (the CPU time limit is `timeout_s`): a program slowed down by other runs
@@ -111,7 +116,8 @@ class SandboxServer(Server):
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)
         slots = self.config.max_concurrent_runs or (os.cpu_count() or 1) * self.config.runs_per_core
-        self.admission = Admission(slots, self.config.queue_length, self._memory_budget_mb())
+        self.admission = Admission(slots, self.config.queue_length, self._memory_budget_mb(),
+                                   self.config.admission_timeout_s)
         self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
         self.runner: Runner | None = None
         self.sessions: Sessions | None = None
@@ -182,11 +188,12 @@ class SandboxServer(Server):
 
     async def _run(self, request: Request) -> Response:
         body = validate(RunRequest, await read_json(request))
-        return JSONResponse(dump(await self.runner.run(body)))
+        return await _while_connected(request, self.runner.run(body), lambda result: JSONResponse(dump(result)))
 
     async def _run_batch(self, request: Request) -> Response:
         body = validate(BatchRequest, await read_json(request))
-        return JSONResponse(dump(BatchResult(results=await self.runner.run_batch(body))))
+        return await _while_connected(request, self.runner.run_batch(body),
+                                      lambda results: JSONResponse(dump(BatchResult(results=results))))
 
     async def _create_session(self, request: Request) -> Response:
         body = validate(SessionRequest, await read_json(request))
@@ -226,3 +233,30 @@ class SandboxServer(Server):
         log.error("%s %s: %s", request.method, request.url.path, exc)
         self.metrics.failures.labels("sandbox_start_failed").inc()
         return JSONResponse({"detail": str(exc), "error_type": "sandbox_unavailable"}, status_code=503)
+
+
+async def _while_connected(request: Request, work: Any, answer: Callable[[Any], Response]) -> Response:
+    """Run `work` (a run, waiting for admission first) unless its caller hangs up first: then it is cancelled, so a
+    run still queued never starts and a running one is killed (`sandbox.runner` tears its sandbox down)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        log.info("%s %s: the caller went away; its run was cancelled", request.method, request.url.path)
+        return Response(status_code=499)  # nobody reads it; 499 is what the request counts as in /metrics
+    return answer(task.result())
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client of `request` (whose body was read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -23,7 +23,7 @@ from gymfleet.rollouts.collect import run_rollout
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, load_rows
 from gymfleet.rollouts.collect_outputs import read_results
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
-from gymfleet.testing import free_port, running_fleet
+from gymfleet.testing import fleet_headers, free_port, running_fleet
 
 ROOT = repository_root()
 EXAMPLE = ROOT / "resources_servers/mcqa/data/example.jsonl"
@@ -74,7 +74,8 @@ def keys(rows: list[dict]) -> list[tuple[int, int]]:
 
 def posts_to(fleet, instance: str) -> float:
     """How many POST requests (`/run`, `/v1/responses`, ...) `instance` has handled, from its `/metrics`."""
-    with urllib.request.urlopen(fleet.config.instance(instance).url + "/metrics", timeout=10) as answer:
+    request = urllib.request.Request(fleet.config.instance(instance).url + "/metrics", headers=fleet_headers(fleet))
+    with urllib.request.urlopen(request, timeout=10) as answer:
         text = answer.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("gymfleet_requests_total{") and 'method="POST"' in line)
@@ -355,7 +356,9 @@ def ng_run(head_port: int, log: Path) -> Iterator[subprocess.Popen]:
         while "servers ready" not in log.read_text():
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        with urllib.request.urlopen(f"http://127.0.0.1:{head_port}/server_instances", timeout=10) as answer:
+        request = urllib.request.Request(f"http://127.0.0.1:{head_port}/server_instances",
+                                         headers=fleet_headers(head_port))
+        with urllib.request.urlopen(request, timeout=10) as answer:
             servers = [entry["pid"] for entry in json.loads(answer.read())]
         yield process
     finally:

@@ -26,7 +26,7 @@ import yaml
 
 from gymfleet.errors import ServerRefError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.testing import free_port, serve
+from gymfleet.testing import fleet_headers, free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,12 +226,14 @@ def test_the_services_run_and_turn_healthy_with_code_gen_using_the_sandbox_servi
             wait_healthy(fleet, fleet_env, workdir, processes["fleet"], tmp_path / "fleet.log")
 
             head = f"http://127.0.0.1:{head_port}"
-            published = yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", timeout=30).json())
+            token = fleet_headers(head_port)  # what ng_run wrote for this head address: a client here needs nothing
+            assert httpx.get(head + "/global_config_dict_yaml", timeout=30).status_code == 401
+            published = yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", headers=token, timeout=30).json())
             assert "sandbox" not in published
             assert published["code_gen"]["resources_servers"]["code_gen"]["sandbox_url"] == env_vars["SANDBOX_URL"]
             agent = published["code_gen_simple_agent"]["responses_api_agents"]["simple_agent"]
             result = httpx.post(f"http://{agent['host']}:{agent['port']}/run", content=row, timeout=120,
-                                headers={"content-type": "application/json"}).json()
+                                headers={"content-type": "application/json", **token}).json()
             assert "_ng_failure_class" not in result, result.get("failure")
             assert result["reward"] == 1.0, "the program passed its tests in the sandbox service"
             metrics = httpx.get(env_vars["SANDBOX_URL"] + "/metrics", timeout=30).text

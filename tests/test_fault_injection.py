@@ -42,7 +42,7 @@ from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.collect import CollectionSummary, collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig
-from gymfleet.testing import running_fleet, serve
+from gymfleet.testing import fleet_headers, running_fleet, serve
 from tests.fault_tools import CuttingProxy, Outputs, key, read_jsonl
 
 ROOT = repository_root()
@@ -109,7 +109,8 @@ async def wait_for_lines(path: Path, count: int, task: asyncio.Task) -> None:
 
 
 def server_row(fleet, name: str) -> dict[str, Any]:
-    rows = httpx.get(f"http://127.0.0.1:{fleet.config.head_port}/server_instances", timeout=10).json()
+    rows = httpx.get(f"http://127.0.0.1:{fleet.config.head_port}/server_instances", timeout=10,
+                     headers=fleet_headers(fleet)).json()
     return next(row for row in rows if row["process_name"] == name)
 
 
@@ -329,7 +330,8 @@ async def test_the_head_server_going_away_mid_collection_does_not_stop_it(fleet,
     fleet._head.should_exit = True  # the head server is a thread of the supervisor: stop it alone
     fleet._head_thread.join(WAIT_S)
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"http://127.0.0.1:{fleet.config.head_port}/server_instances", timeout=5)
+        httpx.get(f"http://127.0.0.1:{fleet.config.head_port}/server_instances", timeout=5,
+                  headers=fleet_headers(fleet))
     summary = await asyncio.wait_for(task, WAIT_S)
     assert summary.exit_code == 0, summary
     Outputs.of(tmp_path / "out.jsonl").check_complete(expected_keys(MCQA_ROWS, repeats))

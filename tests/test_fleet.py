@@ -19,7 +19,7 @@ from gymfleet.errors import ConfigError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.fleet.supervisor import Fleet
-from gymfleet.testing import free_port, running_fleet
+from gymfleet.testing import fleet_headers, free_port, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = "configs/quickstart.yaml"
@@ -37,24 +37,26 @@ def _head(fleet) -> str:
 
 
 def test_head_server_publishes_resolved_config_with_real_ports(fleet):
-    text = httpx.get(_head(fleet) + "/global_config_dict_yaml").json()
+    text = httpx.get(_head(fleet) + "/global_config_dict_yaml", headers=fleet_headers(fleet)).json()
     published = yaml.safe_load(text)
     agent = published["mcqa_simple_agent"]["responses_api_agents"]["simple_agent"]
     assert isinstance(agent["port"], int) and agent["port"] > 0
-    assert httpx.get(f"http://127.0.0.1:{agent['port']}/").json() == {"status": "ok"}
+    assert httpx.get(f"http://127.0.0.1:{agent['port']}/", headers=fleet_headers(fleet)).json() == {"status": "ok"}
     model = published["policy_model"]["responses_api_models"]["vllm_model"]
     scripted = published["scripted_llm"]["responses_api_models"]["scripted_model"]
     assert model["base_url"] == f"http://127.0.0.1:{scripted['port']}/v1", "interpolation resolved after ports"
 
 
 def test_head_server_never_publishes_secrets(fleet):
-    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml").json())
+    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml",
+                                         headers=fleet_headers(fleet)).json())
     assert published["policy_api_key"] == "****"
     assert published["policy_model"]["responses_api_models"]["vllm_model"]["api_key"] == "****"
 
 
 def test_head_server_publishes_environment_servers_for_nemo_gym_07_clients(fleet):
-    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml").json())
+    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml",
+                                         headers=fleet_headers(fleet)).json())
     entry = published["mcqa_simple_agent_environment_server"]["environment_servers"]["legacy_agent"]
     agent = published["mcqa_simple_agent"]["responses_api_agents"]["simple_agent"]
     assert entry["agent_server"] == {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
@@ -62,7 +64,7 @@ def test_head_server_publishes_environment_servers_for_nemo_gym_07_clients(fleet
 
 
 def test_server_instances_lists_live_processes(fleet):
-    rows = httpx.get(_head(fleet) + "/server_instances").json()
+    rows = httpx.get(_head(fleet) + "/server_instances", headers=fleet_headers(fleet)).json()
     assert {row["process_name"] for row in rows} == {"policy_model", "mcqa", "mcqa_simple_agent", "scripted_llm"}
     for row in rows:
         assert row["status"] == "running" and psutil.pid_exists(row["pid"])
@@ -71,17 +73,19 @@ def test_server_instances_lists_live_processes(fleet):
 
 def test_a_nemo_gym_client_runs_a_rollout_through_the_head_server(fleet):
     """What a 0.5-era NeMo-Gym client does: head config → agent named by agent_ref → POST /run."""
-    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml").json())
+    published = yaml.safe_load(httpx.get(_head(fleet) + "/global_config_dict_yaml",
+                                         headers=fleet_headers(fleet)).json())
     agent = published["mcqa_simple_agent"]["responses_api_agents"]["simple_agent"]
     row = {**ROW, "agent_ref": {"type": "responses_api_agents", "name": "mcqa_simple_agent"}}
-    result = httpx.post(f"http://{agent['host']}:{agent['port']}/run", json=row, timeout=60).json()
+    result = httpx.post(f"http://{agent['host']}:{agent['port']}/run", json=row, timeout=60,
+                        headers=fleet_headers(fleet)).json()
     assert result["reward"] == 1.0 and result["extracted_answer"] == "B"
     assert result["agent_ref"] == row["agent_ref"]
 
 
 def test_metrics_count_requests(fleet):
     port = fleet.config.instance("mcqa").port
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=fleet_headers(fleet)).text
     assert "gymfleet_requests_in_flight" in text and "gymfleet_request_seconds" in text
 
 
@@ -105,7 +109,7 @@ def test_configured_restart_brings_a_server_back():
         fleet.poll()
         fleet._wait_ready(60)  # waits through the restart's backoff
         assert fleet.children["mcqa"].process.pid != old.pid and fleet.children["mcqa"].restarts == 1
-        assert httpx.get(fleet.config.instance("mcqa").url + "/").status_code == 200
+        assert httpx.get(fleet.config.instance("mcqa").url + "/", headers=fleet_headers(fleet)).status_code == 200
 
 
 def test_config_error_in_a_server_stops_startup_with_the_yaml_path():
@@ -127,7 +131,8 @@ def test_num_workers_serves_one_port_from_several_processes():
         assert len(workers) == 2
         url = fleet.config.instance("mcqa").url
         for _ in range(10):
-            assert httpx.post(url + "/verify", json={**ROW, "response": {"output": []}}).status_code == 200
+            assert httpx.post(url + "/verify", json={**ROW, "response": {"output": []}},
+                              headers=fleet_headers(fleet)).status_code == 200
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint-while-ignored"])
@@ -195,7 +200,7 @@ def test_ng_status_without_a_fleet_says_how_to_fix():
 def test_access_log_only_when_asked():
     with running_fleet([QUICKSTART], {"uvicorn_logging_show_200_ok": True}) as fleet:
         url = fleet.config.instance("mcqa").url
-        httpx.post(url + "/verify", json={**ROW, "response": {"output": []}})
+        httpx.post(url + "/verify", json={**ROW, "response": {"output": []}}, headers=fleet_headers(fleet))
         time.sleep(0.3)
         assert any('"POST /verify HTTP/1.1" 200' in line for line in fleet.children["mcqa"].tail)
 

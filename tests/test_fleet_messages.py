@@ -35,7 +35,7 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_con
 from gymfleet.fleet.readiness import ENDPOINT_ANNOUNCE_AFTER_S, _EndpointWatch
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.progress import Progress
-from gymfleet.testing import free_port, serve
+from gymfleet.testing import fleet_headers, free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
 from responses_api_models.vllm_model.app import VLLMModel
 
@@ -118,7 +118,7 @@ def _ng_status(fleet, *args: str) -> subprocess.CompletedProcess:
 
 
 def _policy_row(fleet) -> dict:
-    rows = httpx.get(fleet.head + "/server_instances", timeout=10).json()
+    rows = httpx.get(fleet.head + "/server_instances", timeout=10, headers=fleet_headers(fleet.head)).json()
     return next(row for row in rows if row["process_name"] == "policy_model")
 
 
@@ -163,7 +163,7 @@ def test_ng_status_says_the_model_server_waits_for_its_upstream(nano3):
     row = _wait_until(lambda: (r := _policy_row(nano3))["status"] == "waiting for upstream" and r, 120,
                       "policy_model to answer while its upstream does not")
     assert row["status"] == "waiting for upstream"
-    own = httpx.get(row["url"] + "/upstream_status", timeout=10).json()
+    own = httpx.get(row["url"] + "/upstream_status", timeout=10, headers=fleet_headers(nano3.head)).json()
     assert own["status"] == "waiting for upstream" and own["timeout_s"] == 600
     assert own["upstreams"] == [{"url": nano3.url, "ready": False, "answered_after_s": None,
                                  "last_error": own["upstreams"][0]["last_error"]}]
@@ -210,7 +210,8 @@ def test_once_the_policy_answers_the_fleet_finishes_starting_and_reports_in_plai
     assert "\r" not in text, "no progress bar redraws in a pipe"
     assert f"All {total} / {total} servers ready!" in text
 
-    _wait_until(lambda: httpx.get(_policy_row(nano3)["url"] + "/upstream_status").json()["status"] == "ready",
+    _wait_until(lambda: httpx.get(_policy_row(nano3)["url"] + "/upstream_status",
+                                  headers=fleet_headers(nano3.head)).json()["status"] == "ready",
                 120, "the model server's own probe to see its upstream")
     table = _ng_status(nano3)
     assert table.returncode == 0, table.stdout + table.stderr

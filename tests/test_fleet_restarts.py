@@ -24,7 +24,7 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_con
 from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.fleet.run_helper import RunHelper
 from gymfleet.fleet.supervisor import Fleet, PortInUseError
-from gymfleet.testing import free_port, running_fleet
+from gymfleet.testing import fleet_headers, free_port, running_fleet
 from tests.fault_tools import WAIT_S, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,8 @@ AGENT_REF = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
 
 
 def instances(head_port: int) -> dict[str, dict]:
-    rows = httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=10).json()
+    rows = httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=10,
+                     headers=fleet_headers(head_port)).json()
     return {row["process_name"]: row for row in rows}
 
 
@@ -56,7 +57,8 @@ def kill(pid: int) -> None:
 
 
 def rollout(agent_url: str) -> httpx.Response:
-    return httpx.post(agent_url + "/run", json={**ROW, "agent_ref": AGENT_REF}, timeout=120)
+    return httpx.post(agent_url + "/run", json={**ROW, "agent_ref": AGENT_REF}, timeout=120,
+                      headers=fleet_headers())
 
 
 # ---------------------------------------------------------------------------------------------- in process
@@ -82,7 +84,7 @@ def test_a_killed_server_comes_back_on_its_port_while_the_others_keep_serving():
         assert answers(mcqa.url)
         result = rollout(fleet.config.instance("mcqa_simple_agent").url)
         assert result.status_code == 200 and result.json()["reward"] == 1.0, "the agent reaches it at its address"
-        metrics = httpx.get(f"http://127.0.0.1:{head}/metrics", timeout=10).text
+        metrics = httpx.get(f"http://127.0.0.1:{head}/metrics", timeout=10, headers=fleet_headers(fleet)).text
         assert 'gymfleet_server_restarts_total{instance="mcqa"} 1.0' in metrics
         assert 'gymfleet_server_restarts_total{instance="scripted_llm"} 0.0' in metrics
         fleet.poll()
@@ -111,13 +113,14 @@ def test_a_call_in_flight_to_a_killed_server_ends_as_a_typed_failure_and_the_nex
         wait_for(lambda: back_running(fleet.config.head_port, "scripted_llm", 1), "scripted_llm back")
         question = next(line for line in (ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()
                         if "binary search" in line)
-        again = httpx.post(agent + "/run", json={**json.loads(question), "agent_ref": AGENT_REF}, timeout=120)
+        again = httpx.post(agent + "/run", json={**json.loads(question), "agent_ref": AGENT_REF}, timeout=120,
+                           headers=fleet_headers(fleet))
         assert again.status_code == 200 and again.json()["reward"] == 1.0
         fleet.poll()
 
 
 def _in_flight(url: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = httpx.get(url + "/metrics", timeout=10, headers=fleet_headers()).text
     [line] = [line for line in text.splitlines() if line.startswith("gymfleet_requests_in_flight ")]
     return float(line.split()[-1])
 
@@ -137,19 +140,20 @@ def test_a_tool_call_whose_session_died_with_the_environment_ends_the_episode_as
     with running_fleet([QUICKSTART, WEATHER], extra) as fleet:
         env = fleet.config.instance("example_weather").url
         agent = fleet.config.instance("example_weather_simple_agent").url
-        seeded = httpx.post(env + "/seed_session", json=WEATHER_ROW, timeout=30)
+        seeded = httpx.post(env + "/seed_session", json=WEATHER_ROW, timeout=30, headers=fleet_headers(fleet))
         assert seeded.status_code == 200
         kill(fleet.children["example_weather"].process.pid)
         wait_for(lambda: back_running(fleet.config.head_port, "example_weather", 1), "example_weather back")
 
         # The rest of that rollout's episode, through the agent, with the session cookie of the process that died.
         answer = httpx.post(agent + "/v1/responses", json=WEATHER_ROW["responses_create_params"],
-                            cookies=dict(seeded.cookies), timeout=120)
+                            cookies=dict(seeded.cookies), timeout=120, headers=fleet_headers(fleet))
         assert answer.status_code == 502, answer.text
         body = answer.json()
         assert body["error_type"] == "session_lost" and "earlier process" in body["detail"], body
 
-        again = httpx.post(agent + "/run", json=WEATHER_ROW, timeout=120)  # the same row, run again, is served
+        again = httpx.post(agent + "/run", json=WEATHER_ROW, timeout=120,
+                           headers=fleet_headers(fleet))  # the same row, run again, is served
         assert again.status_code == 200, again.text
         calls = [item for item in again.json()["response"]["output"] if item["type"] == "function_call_output"]
         assert calls and all("session_lost" not in call["output"] for call in calls)

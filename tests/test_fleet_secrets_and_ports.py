@@ -22,10 +22,10 @@ import psutil
 import pytest
 
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.fleet.launch import SECRETS_ENV, merge_secrets, split_secrets, take_secrets
-from gymfleet.fleet.readiness import _is_own_server
+from gymfleet.fleet.credential import answers_as
+from gymfleet.fleet.launch import CREDENTIALS_FD_ENV, credentials_fd, merge_secrets, split_secrets, take_secrets
 from gymfleet.fleet.supervisor import Fleet, PortInUseError, remove_stale_workdirs
-from gymfleet.testing import free_port, running_fleet
+from gymfleet.testing import fleet_headers, free_port, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = "configs/quickstart.yaml"
@@ -106,7 +106,8 @@ def _wait_for_workers(process: subprocess.Popen, count: int) -> None:
 def _ask_several_times(model_url: str, seen: list[str]) -> None:
     seen.clear()
     for index in range(6):
-        answer = httpx.post(model_url + "/v1/responses", json={"input": f"hi {index}"}, timeout=60)
+        answer = httpx.post(model_url + "/v1/responses", json={"input": f"hi {index}"}, timeout=60,
+                            headers=fleet_headers())
         assert answer.status_code == 200, answer.text
     assert seen and set(seen) == {f"Bearer {SECRET}"}, seen
 
@@ -142,10 +143,19 @@ def test_secrets_split_from_the_config_and_merged_back_give_the_same_config():
     assert merge_secrets(json.loads(text), json.loads(json.dumps(secrets))) == data
 
 
-def test_a_child_takes_its_secrets_out_of_its_environment(monkeypatch):
-    monkeypatch.setenv(SECRETS_ENV, json.dumps([[["policy_api_key"], SECRET]]))
-    assert take_secrets() == [(["policy_api_key"], SECRET)]
-    assert SECRETS_ENV not in os.environ, "processes the server starts must not inherit the keys"
+def test_a_child_takes_its_secrets_and_token_from_an_inherited_descriptor_never_its_environment(monkeypatch):
+    from gymfleet import auth
+
+    fd = credentials_fd([(["policy_api_key"], SECRET)], "fleet-token")
+    monkeypatch.setenv(CREDENTIALS_FD_ENV, str(fd))
+    try:
+        assert take_secrets() == [(["policy_api_key"], SECRET)]
+        assert auth.fleet_token() == auth.server_token() == "fleet-token"
+        assert CREDENTIALS_FD_ENV not in os.environ and auth.FLEET_TOKEN_ENV not in os.environ
+        with pytest.raises(OSError):
+            os.fstat(fd)  # read once, then closed
+    finally:
+        auth.hold(None)
 
 
 # ------------------------------------------------------------------------------------------ ports
@@ -193,7 +203,7 @@ def test_a_child_that_cannot_bind_is_the_port_error_even_when_the_probe_reaches_
 
 def test_readiness_counts_only_the_fleets_own_server(fleet1):
     url = fleet1.config.instance("mcqa").url
-    assert _is_own_server(url, fleet1.token, "mcqa")
-    assert not _is_own_server(url, Fleet(fleet1.config).token, "mcqa"), "another fleet's token"
-    assert not _is_own_server(url, fleet1.token, "policy_model"), "another instance of the same fleet"
+    assert answers_as(url, fleet1.token, "mcqa")
+    assert not answers_as(url, Fleet(fleet1.config).token, "mcqa"), "another fleet's token"
+    assert not answers_as(url, fleet1.token, "policy_model"), "another instance of the same fleet"
     assert httpx.get(url + "/").json() == {"status": "ok"}, "GET / still answers what ng_status and clients read"

@@ -122,7 +122,7 @@ def test_a_body_that_stops_arriving_is_a_408_and_the_connection_closes(url):
     with socket.create_connection((host, int(port))) as sock:
         sock.settimeout(30)  # only so a broken server fails the test instead of hanging it
         sock.sendall(
-            b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /verify HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b'Transfer-Encoding: chunked\r\n\r\nFFFFFFF\r\n{"responses'
         )
         assert httpx.get(url + "/", timeout=10).status_code == 200, "others are served meanwhile"
@@ -141,7 +141,8 @@ def test_a_slow_but_whole_body_within_the_deadline_is_served(url):
     with socket.create_connection((host, int(port))) as sock:
         sock.settimeout(30)
         sock.sendall(
-            b"POST /aggregate_metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            b"POST /aggregate_metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:10]
         )
         time.sleep(0.1)
@@ -166,7 +167,8 @@ def test_a_client_that_hangs_up_mid_body_is_one_quiet_log_line(url, server_logs)
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
-            b"POST /verify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+            b"POST /verify HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n"
             b'{"responses_create_params": '
         )
         time.sleep(0.1)

@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gymfleet"
 LAYERS = ["root", "grading", "serving", "fleet", "rollouts", "testing", "cli"]
-ROOT_MODULES = {"__init__", "errors", "http", "metrics", "wire", "progress", "masking"}
+ROOT_MODULES = {"__init__", "auth", "errors", "http", "metrics", "wire", "progress", "masking"}
 
 
 def _module_name(path: Path) -> str:

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from gymfleet.testing import free_port, running_fleet
+from gymfleet.testing import fleet_headers, free_port, running_fleet
 
 MALFORMED = [
     b"",
@@ -49,7 +49,7 @@ def fleet():
 def test_malformed_bodies_are_4xx_on_every_route(fleet, server):
     url = fleet.config.instance(server).url
     problems = []
-    with httpx.Client(timeout=30) as client:
+    with httpx.Client(timeout=30, headers=fleet_headers(fleet)) as client:
         for route in ROUTES[server]:
             for body in MALFORMED:
                 answer = client.post(url + route, content=body, headers={"Content-Type": "application/json"})

@@ -20,7 +20,7 @@ from gymfleet.errors import JudgeError
 from gymfleet.metrics import MAX_LABEL_CHARS, MAX_TARGETS, MAX_TASKS, BoundedLabel, target_of, task_of
 from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.serving.server import JSONResponse, add_route
-from gymfleet.testing import free_port, make_response, running_fleet, serve
+from gymfleet.testing import fleet_headers, free_port, make_response, running_fleet, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 MCQA_ROWS = ROOT / "resources_servers/mcqa/data/example.jsonl"
@@ -28,7 +28,7 @@ MCQA_ROWS = ROOT / "resources_servers/mcqa/data/example.jsonl"
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
     """`{(sample name, labels): value}` of a server's `/metrics`, parsed with prometheus_client's own parser."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = httpx.get(url + "/metrics", timeout=10, headers=fleet_headers()).text
     return {
         (sample.name, frozenset(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(text)

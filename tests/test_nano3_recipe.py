@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from gymfleet.testing import running_fleet, scripted_policy
+from gymfleet.testing import fleet_headers, running_fleet, scripted_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs/nano3_rlvr.yaml"
@@ -66,7 +66,7 @@ def published():
     """The running fleet's resolved config, as the head server publishes it to clients."""
     with running_fleet([str(RECIPE)], SCRIPTED_POLICY) as fleet:
         head = f"http://127.0.0.1:{fleet.config.head_port}"
-        yield yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", timeout=30).json())
+        yield yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", timeout=30, headers=fleet_headers()).json())
 
 
 def test_recipe_lists_the_eight_environments_and_the_training_policy():
@@ -93,7 +93,7 @@ def test_fleet_serves_every_environment_behind_its_agent(published):
 def test_one_rollout_per_environment_through_its_agent(published, env):
     agent = published[f"{env}_simple_agent"]["responses_api_agents"]["simple_agent"]
     row = {**_first_row(env), "agent_ref": {"type": "responses_api_agents", "name": f"{env}_simple_agent"}}
-    answer = httpx.post(f"http://{agent['host']}:{agent['port']}/run", json=row, timeout=120)
+    answer = httpx.post(f"http://{agent['host']}:{agent['port']}/run", json=row, timeout=120, headers=fleet_headers())
     assert answer.status_code == 200, answer.text
     result = answer.json()
     assert isinstance(result["reward"], float | int) and math.isfinite(result["reward"])

@@ -29,7 +29,7 @@ import yaml
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config import ServerInstance
 from gymfleet.fleet.launch import build_server
-from gymfleet.testing import free_port, running_fleet, serve
+from gymfleet.testing import fleet_headers, free_port, running_fleet, serve
 from gymfleet.testing.nemo_gym_folders import stage_folder
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -280,10 +280,11 @@ def test_folders_start_under_ng_run_and_come_back_after_a_crash(tree, tmp_path):
     recorded, reward = recorded_rollouts(tree, "mcqa")[0]
     session_row = rows(tree, "example_session_state_mgmt", "example.jsonl")[0]
     with running_fleet([str(_fleet_config(tree, tree / "fleet.yaml"))], {"folder_requirements": "venv"}) as fleet:
+        token = fleet_headers(fleet)
         mcqa = fleet.config.instance("ng_mcqa").url
         counter = fleet.config.instance("ng_example_session_state_mgmt").url
-        assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60).json()["reward"] == reward
-        cookies = dict(httpx.post(f"{counter}/seed_session", json=session_row, timeout=30).cookies)
+        assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60, headers=token).json()["reward"] == reward
+        cookies = dict(httpx.post(f"{counter}/seed_session", json=session_row, timeout=30, headers=token).cookies)
 
         for name in ("ng_example_session_state_mgmt", "ng_mcqa"):
             process = fleet.children[name].process
@@ -291,8 +292,9 @@ def test_folders_start_under_ng_run_and_come_back_after_a_crash(tree, tmp_path):
             process.wait(10)
         assert _when(lambda: all((row["status"], row["restarts"]) == ("running", 1)
                                  for row in fleet.process_table().values())), "both came back, restarted once"
-        assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60).json()["reward"] == reward
-        lost = httpx.post(f"{counter}/increment_counter", json={"count": 1}, cookies=cookies, timeout=30)
+        assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60, headers=token).json()["reward"] == reward
+        lost = httpx.post(f"{counter}/increment_counter", json={"count": 1}, cookies=cookies, timeout=30,
+                          headers=token)
         assert lost.status_code == 410 and lost.json()["error_type"] == "session_lost", "never a reward on nothing"
 
 

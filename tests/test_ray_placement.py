@@ -36,7 +36,7 @@ from gymfleet.fleet.ray_fleet import RayFleet
 from gymfleet.fleet.ray_placement import make_fleet, placement_of
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
-from gymfleet.testing import free_port
+from gymfleet.testing import fleet_headers, free_port
 from gymfleet.testing.loopback import loopback_cluster, off_loopback, off_loopback_hosts, on_loopback, tree_pids
 from resources_servers.example_weather.app import FORECASTS
 
@@ -46,6 +46,7 @@ ROWS = [json.loads(line) for line in (ROOT / "resources_servers/example_weather/
 AGENT = "example_weather_simple_agent"
 ENV = "example_weather"
 WAIT_S = 120
+CANARY_KEY = "sk-canary-of-the-ray-placement-tests"
 """Bound on waits for things that take seconds (catches a hang; times nothing)."""
 
 
@@ -64,7 +65,7 @@ def fleet_config(address: str | None, **extra) -> dict:
                          "resources_servers/example_weather/configs/example_weather.yaml"],
         "policy_base_url": "http://${scripted_llm.responses_api_models.scripted_model.host}:"
                            "${scripted_llm.responses_api_models.scripted_model.port}/v1",
-        "policy_api_key": "not-needed",
+        "policy_api_key": CANARY_KEY,
         "policy_model_name": "scripted",
         "scripted_llm": {"responses_api_models": {"scripted_model": {
             "entrypoint": "app.py", "model": "scripted", "rules": scripted_rules(0.3),
@@ -112,9 +113,11 @@ def assert_nothing_left(fleet: RayFleet, actor_pids: list[int]) -> None:
     import ray
 
     deadline = time.monotonic() + WAIT_S
+    parents = {f"--parent-pid {pid} " for pid in actor_pids}  # a replica's server names its actor's pid
     while True:
         servers = [p.pid for p in psutil.process_iter(["cmdline"])
-                   if "gymfleet.fleet.launch" in " ".join(p.info["cmdline"] or []) and fleet.token in _environ(p)]
+                   if "gymfleet.fleet.launch" in (line := " ".join(p.info["cmdline"] or []) + " ")
+                   and any(parent in line for parent in parents)]
         actors = [pid for pid in actor_pids if _running(pid)]
         reserved = {key: value for key, value in ray.cluster_resources().items()
                     if ray.available_resources().get(key) != value and not key.startswith("object_store")}
@@ -131,28 +134,23 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _environ(process: psutil.Process) -> str:
-    try:
-        return " ".join(f"{k}={v}" for k, v in process.environ().items())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return ""
-
-
 def head(fleet: RayFleet) -> str:
     return f"http://127.0.0.1:{fleet.config.head_port}"
 
 
 def instances(fleet: RayFleet) -> dict[str, dict]:
-    return {row["process_name"]: row for row in httpx.get(head(fleet) + "/server_instances", timeout=10).json()}
+    return {row["process_name"]: row for row in httpx.get(head(fleet) + "/server_instances", timeout=10,
+                                                          headers=fleet_headers(fleet)).json()}
 
 
 def published(fleet: RayFleet) -> dict:
-    return yaml.safe_load(httpx.get(head(fleet) + "/global_config_dict_yaml", timeout=10).json())
+    return yaml.safe_load(httpx.get(head(fleet) + "/global_config_dict_yaml", timeout=10,
+                                    headers=fleet_headers(fleet)).json())
 
 
 def served(url: str, route: str = "/verify") -> int:
     """Requests to `route` a replica answered 200 (its own `/metrics`)."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = httpx.get(url + "/metrics", timeout=10, headers=fleet_headers()).text
     pattern = r'gymfleet_requests_total\{[^}]*route="' + route + r'"[^}]*status="200"[^}]*\} ([0-9.e+]+)'
     return int(sum(float(value) for value in re.findall(pattern, text)))
 
@@ -208,6 +206,19 @@ def test_head_publishes_real_addresses(fleet):
     agent_env = config[f"{AGENT}_environment_server"]["environment_servers"]["legacy_agent"]
     agent = config[AGENT]["responses_api_agents"]["simple_agent"]
     assert (agent_env["host"], agent_env["port"]) == (agent["host"], agent["port"])
+
+
+def test_replicas_keep_no_secret_or_token_in_their_environment(fleet):
+    """Each replica's server (and its actor) got the policy's key and the fleet token as call arguments and an
+    inherited memory file: `/proc/<pid>/environ` holds neither, yet the replica requires the token."""
+    replicas = list(fleet._all())
+    assert replicas
+    for replica in replicas:
+        for pid in (replica.pid, replica.actor_pid):
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            assert fleet.token.encode() not in environ, f"{replica.label} (pid {pid})"
+            assert CANARY_KEY.encode() not in environ, f"{replica.label} (pid {pid})"
+        assert httpx.get(replica.url + "/metrics", timeout=10).status_code == 401, replica.label
 
 
 def test_nothing_listens_on_or_is_called_at_a_non_loopback_address(fleet, cluster):
@@ -288,7 +299,8 @@ def test_killed_replica_fails_its_rollouts_typed_and_comes_back(fleet):
         assert time.monotonic() < deadline, f"replica never came back: {row}"
         time.sleep(0.2)
     assert row["replicas"][1]["pid"] != victim["pid"]
-    assert re.search(rf'gymfleet_server_restarts_total\{{instance="{ENV}"\}} 1', httpx.get(head(fleet) + "/metrics")
+    assert re.search(rf'gymfleet_server_restarts_total\{{instance="{ENV}"\}} 1', httpx.get(head(fleet) + "/metrics",
+                                                                                           headers=fleet_headers(fleet))
                      .text)
     later = asyncio.run(collect(fleet, rows(12)))
     assert [result["reward"] for result, _ in later if result] == [1.0] * 12, later
@@ -369,7 +381,8 @@ def test_no_room_on_the_cluster_falls_back_to_this_machine_only_when_ray_was_imp
         assert type(fleet) is Fleet, "ran on this machine"
         assert "every server runs on this machine instead" in caplog.text
         url = f"http://127.0.0.1:{fleet.config.head_port}/server_instances"
-        assert {entry["process_name"] for entry in httpx.get(url, timeout=10).json()} >= {ENV, AGENT}
+        assert {entry["process_name"] for entry in httpx.get(url, timeout=10,
+                                                             headers=fleet_headers(fleet)).json()} >= {ENV, AGENT}
     finally:
         fleet.shutdown()
 
@@ -408,9 +421,12 @@ def test_ng_run_attaches_to_a_two_node_loopback_cluster_and_serves_a_rollout():
 
             result = asyncio.run(one())
             assert result["reward"] == 1.0, result
-            table = httpx.get(f"http://127.0.0.1:{port}/server_instances", timeout=10).json()
+            token = fleet_headers(port)  # the token file ng_run wrote for its head address
+            assert httpx.get(f"http://127.0.0.1:{port}/server_instances", timeout=10).status_code == 401
+            table = httpx.get(f"http://127.0.0.1:{port}/server_instances", timeout=10, headers=token).json()
             assert len(table) == 4 and not off_loopback_hosts(table), table
-            config = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", timeout=10).json())
+            config = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", timeout=10,
+                                              headers=token).json())
             assert not off_loopback_hosts(config)
             assert not off_loopback(tree_pids()), "ng_run, its replicas and both clusters stay on loopback"
         finally:

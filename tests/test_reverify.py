@@ -24,7 +24,7 @@ from gymfleet.fleet.config_instances import repository_root
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.reverify import FleetBackend, ReverifyConfig, reverify
 from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
-from gymfleet.testing import free_port, make_response, running_fleet, serve
+from gymfleet.testing import fleet_headers, free_port, make_response, running_fleet, serve
 from tests.test_provenance import build, example_rows
 
 ROOT = repository_root()
@@ -56,7 +56,8 @@ def lines(path: Path) -> list[dict]:
 
 
 def verify_posts(fleet) -> float:
-    with urllib.request.urlopen(fleet.config.instance("mcqa").url + "/metrics", timeout=10) as answer:
+    request = urllib.request.Request(fleet.config.instance("mcqa").url + "/metrics", headers=fleet_headers(fleet))
+    with urllib.request.urlopen(request, timeout=10) as answer:
         text = answer.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("gymfleet_requests_total{") and 'route="/verify"' in line

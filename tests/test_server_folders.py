@@ -21,7 +21,7 @@ import pytest
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.folder_env import check_requirements, folder_python
-from gymfleet.testing import running_fleet
+from gymfleet.testing import fleet_headers, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILTIN_MCQA = {"builtin_mcqa": {"resources_servers": {"mcqa": {"entrypoint": "app.py", "domain": "knowledge"}}}}
@@ -91,7 +91,7 @@ ROW = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}
 
 
 def verify(url: str) -> dict:
-    reply = httpx.post(url + "/verify", json=ROW, timeout=30)
+    reply = httpx.post(url + "/verify", json=ROW, timeout=30, headers=fleet_headers())
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -106,7 +106,8 @@ def test_a_folder_of_another_tree_is_served_from_its_tree_beside_the_builtin_env
         assert body["package_path"] == [str(tmp_path / "tree/resources_servers")]
         assert body["reward"] == 1.0 and body["prefix"] == sys.prefix
         row = {**ROW, "options": [{"A": "yes"}, {"B": "no"}], "expected_answer": "A"}
-        builtin = httpx.post(fleet.config.instance("builtin_mcqa").url + "/verify", json=row, timeout=30)
+        builtin = httpx.post(fleet.config.instance("builtin_mcqa").url + "/verify", json=row, timeout=30,
+                             headers=fleet_headers(fleet))
         assert builtin.status_code == 200, builtin.text
         assert "which" not in builtin.json() and "extracted_answer" in builtin.json()
 

@@ -26,7 +26,7 @@ import yaml
 from gymfleet.cli.run import main as run_main
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.testing import running_fleet, scripted_policy, serve
+from gymfleet.testing import fleet_headers, running_fleet, scripted_policy, serve
 from resources_servers.math_formal_lean.tests.stand_in_checker import checker_app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,8 @@ def fleet(lean_checker):
 @pytest.fixture(scope="module")
 def published(fleet):
     head = f"http://127.0.0.1:{fleet.config.head_port}"
-    return yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", timeout=30).json())
+    return yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", timeout=30,
+                                    headers=fleet_headers(fleet)).json())
 
 
 def test_ng_status_shows_every_instance_live(fleet):
@@ -210,7 +211,8 @@ def _agents_with_examples(published: dict) -> dict[str, tuple[dict, Path]]:
 
 
 def _rollout(agent: dict, row: dict) -> dict:
-    answer = httpx.post(f"http://{agent['host']}:{agent['port']}/run", json=row, timeout=300)
+    answer = httpx.post(f"http://{agent['host']}:{agent['port']}/run", json=row, timeout=300,
+                        headers=fleet_headers())
     assert answer.status_code == 200, answer.text
     return answer.json()
 

@@ -25,7 +25,7 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_con
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.fleet.zygote import ForkedProcess, Zygote
 from gymfleet.fleet.zygote_main import _claimed, _claims_pipe
-from gymfleet.testing import free_port
+from gymfleet.testing import fleet_headers, free_port
 from tests.fault_tools import WAIT_S, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def back_running(fleet: Fleet, name: str, restarts: int) -> bool:
 
 def rollout_reward(fleet: Fleet) -> float:
     answer = httpx.post(fleet.config.instance("mcqa_simple_agent").url + "/run",
-                        json={**ROW, "agent_ref": AGENT_REF}, timeout=120)
+                        json={**ROW, "agent_ref": AGENT_REF}, timeout=120, headers=fleet_headers(fleet))
     assert answer.status_code == 200, answer.text
     return answer.json()["reward"]
 
@@ -172,7 +172,8 @@ def test_secrets_reach_the_forked_server_and_never_its_argv_or_environment(recor
     with fleet_with(extra, [VLLM_MODEL]) as (fleet, _):
         model_url = fleet.config.instance("policy_model").url
         seen.clear()  # the supervisor's readiness probe of the upstream carries no key
-        answer = httpx.post(model_url + "/v1/responses", json={"input": "hi"}, timeout=60)
+        answer = httpx.post(model_url + "/v1/responses", json={"input": "hi"}, timeout=60,
+                            headers=fleet_headers(fleet))
         assert answer.status_code == 200, answer.text
         assert seen and set(seen) == {f"Bearer {SECRET}"}, "the server authenticates upstream with the real key"
         [zygote] = zygotes()

@@ -20,6 +20,7 @@ import sys
 import urllib.error
 import urllib.request
 
+from gymfleet import auth
 from gymfleet.cli import command_config, run_cli
 from gymfleet.errors import ConfigError, TransportError
 
@@ -27,8 +28,9 @@ WAITING = "waiting for upstream"
 """The supervisor's status for a model server whose upstream does not answer yet (`gymfleet.fleet.readiness`)."""
 
 
-def _get(url: str, timeout_s: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+def _get(url: str, timeout_s: float = 5.0, headers: dict[str, str] | None = None):
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return json.loads(response.read())
 
 
@@ -40,7 +42,8 @@ def _status(argv: list[str]) -> int:
     host = "127.0.0.1" if config.head_host in ("0.0.0.0", "::") else config.head_host
     head = f"http://{host}:{config.head_port}"
     try:
-        instances = _get(head + "/server_instances")
+        token = auth.head_headers(config.head_host, config.head_port)
+        instances = _get(head + "/server_instances", headers=token)
     except (urllib.error.URLError, OSError) as exc:
         raise TransportError(
             f"no head server at {head} ({exc}); is ng_run running? Pass +head_server.host=... +head_server.port=...",
@@ -50,7 +53,7 @@ def _status(argv: list[str]) -> int:
         for replica in item.get("replicas") or []:
             replica["live"] = _is_live(f"http://{replica['host']}:{replica['port']}")
         answers = _is_live(item["url"]) and all(replica["live"] for replica in item.get("replicas") or [])
-        item["upstream"] = _upstream_status(item) if answers else None
+        item["upstream"] = _upstream_status(item, token) if answers else None
         item["live"] = answers and not _waits_for_upstream(item)
     if as_json:
         report = {"head_server": head, "live": sum(item["live"] for item in instances), "total": len(instances),
@@ -68,12 +71,12 @@ def _is_live(url: str) -> bool:
         return False
 
 
-def _upstream_status(item: dict) -> dict | None:
+def _upstream_status(item: dict, token: dict[str, str]) -> dict | None:
     """A model server's own report on its upstream (`GET /upstream_status`), if it makes one (vllm_model does)."""
     if item.get("server_type") != "responses_api_models":
         return None
     try:
-        report = _get(item["url"] + "/upstream_status", 2.0)
+        report = _get(item["url"] + "/upstream_status", 2.0, token)
     except (urllib.error.URLError, OSError, ValueError):  # a 404 from a model server without the route, too
         return None
     return report if isinstance(report, dict) else None

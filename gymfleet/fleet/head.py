@@ -29,9 +29,11 @@ import yaml
 from fastapi import FastAPI
 from starlette.responses import Response
 
+from gymfleet import auth
 from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.masking import mask_secrets
 from gymfleet.metrics import MetricsMiddleware, fleet_metrics
+from gymfleet.serving.guard import FleetAuthMiddleware, RequestGuardMiddleware
 
 Replicas = dict[str, list[dict[str, Any]]]
 """Instance name -> its replicas, each `{host, port, node, status, restarts, pid}` (Ray placement)."""
@@ -68,13 +70,20 @@ def published_config(config: GlobalConfig, replicas: Replicas | None = None) -> 
     return data
 
 
+HEAD_MAX_BODY_BYTES = 1 << 20
+"""The head server's routes take no body; anything larger than this is refused unread."""
+
+
 def create_head_app(
     config: GlobalConfig,
     processes: Callable[[], dict[str, dict[str, Any]]] | None = None,
     replicas: Callable[[], Replicas] | None = None,
+    *,
+    token: str | None = None,
 ) -> FastAPI:
     """The head server app. `processes()` returns per-instance `{pid, start_time, status, restarts}` from the
-    supervisor; `replicas()` (Ray placement) each instance's replicas (see `Replicas`)."""
+    supervisor; `replicas()` (Ray placement) each instance's replicas (see `Replicas`). With a `token`, every route
+    but `GET /` requires it (`gymfleet.serving.guard`)."""
     app = FastAPI(title="gymfleet head server", docs_url="/docs", redoc_url=None)
     published: dict[str, Any] = {"key": None, "body": b""}
 
@@ -87,6 +96,10 @@ def create_head_app(
         return published["body"]
 
     metrics = fleet_metrics(processes or dict)
+    if token:
+        app.add_middleware(FleetAuthMiddleware, token=token, head=(config.head_host, config.head_port))
+    app.add_middleware(RequestGuardMiddleware, loopback_only=auth.is_loopback(config.head_host),
+                       max_body_bytes=HEAD_MAX_BODY_BYTES)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     @app.get("/")

@@ -14,8 +14,11 @@ instead of its environment, and watches the supervisor through a pidfd instead o
 
 Secrets never sit on disk: the supervisor writes the resolved config owner-only (0600) with every secret value
 (`gymfleet.masking.SECRET_KEY`) masked as `****` (`split_secrets`, `write_resolved`) and hands the real values
-to each child in the `GYMFLEET_SECRETS` environment variable, which the child removes from its environment at once
-(so nothing it starts inherits them) and merges back into its config (`merge_secrets`); workers get them through
+to each child, with the fleet token, in a memory file it inherits (`credentials_fd`; `GYMFLEET_CREDENTIALS_FD` names
+only the descriptor's number), which the child reads and closes at once (`take_secrets`), merging the secrets back
+into its config (`merge_secrets`) and holding the token in memory (`gymfleet.auth.hold`). Neither ever enters a
+server's environment: `/proc/<pid>/environ` shows a process's initial environment for its whole life, whatever it
+removes from `os.environ` later, and every process a server starts would inherit it. Workers get both through
 multiprocessing's spawn pipe. A taken port makes the child exit with `EXIT_PORT_IN_USE` (the supervisor names the
 port and the override that frees it); a supervised child whose supervisor died removes the fleet's work folder.
 """
@@ -57,8 +60,9 @@ if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and shoul
 log = logging.getLogger(__name__)
 
 NOFILE_TARGET = 65_535
-SECRETS_ENV = "GYMFLEET_SECRETS"
-"""Environment variable that carries a child's secrets: JSON `[[path, value], ...]` (see `split_secrets`)."""
+CREDENTIALS_FD_ENV = "GYMFLEET_CREDENTIALS_FD"
+"""Environment variable naming the inherited descriptor a child reads its secrets and fleet token from
+(`credentials_fd`): the number only, never the values."""
 EXIT_PORT_IN_USE = 98
 """Exit code of a supervised child whose port is taken (Linux's EADDRINUSE); the supervisor reports it."""
 WORKDIR_PREFIX = "gymfleet-"
@@ -127,6 +131,18 @@ def _differences(original: Any, masked: Any, path: list[str | int]):
         yield path, original
 
 
+def own_secrets(secrets: Secrets, instance: str) -> Secrets:
+    """The secrets in instance `instance`'s own block: all a server needs (the config's `${...}` references were
+    resolved into its block), so no server holds another's keys.
+
+    Examples:
+        >>> own_secrets([(["judge", "m", "api_key"], "a"), (["policy", "m", "api_key"], "b"), (["hf_token"], "c")],
+        ...             "policy")
+        [(['policy', 'm', 'api_key'], 'b')]
+    """
+    return [(path, value) for path, value in secrets if path and path[0] == instance]
+
+
 def merge_secrets(data: dict[str, Any], secrets: Secrets) -> dict[str, Any]:
     """Put the real secret values back into a masked config (in place); returns `data`."""
     for path, value in secrets:
@@ -137,10 +153,42 @@ def merge_secrets(data: dict[str, Any], secrets: Secrets) -> dict[str, Any]:
     return data
 
 
+def credentials_fd(secrets: Secrets, token: str | None = None, auth_off: bool = False) -> int:
+    """A memory file (`memfd`) holding `secrets` and the fleet `token`, at offset 0, for a child to inherit: start it
+    with `pass_fds=(fd,)` and `{CREDENTIALS_FD_ENV: str(fd)}` in its environment, then close `fd` here."""
+    fd = os.memfd_create("gymfleet-credentials", os.MFD_CLOEXEC)
+    data = json.dumps({"secrets": secrets, "token": token, "auth_off": auth_off}).encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def credentials_env(fd: int) -> dict[str, str]:
+    """The environment entry that tells a child which inherited descriptor `credentials_fd` gave it."""
+    return {CREDENTIALS_FD_ENV: str(fd)}
+
+
 def take_secrets() -> Secrets:
-    """This child's secrets from `GYMFLEET_SECRETS`, removing the variable so no process it starts inherits them."""
-    raw = os.environ.pop(SECRETS_ENV, None)
-    return [(list(path), value) for path, value in json.loads(raw)] if raw else []
+    """This child's secrets, from the descriptor `CREDENTIALS_FD_ENV` names (read, then closed); its fleet token
+    is held in memory (`gymfleet.auth.hold`), and no credential is left in `os.environ` for what it starts."""
+    from gymfleet import auth
+
+    named = os.environ.pop(CREDENTIALS_FD_ENV, None)
+    if named is None:
+        auth.hold_from_environ()  # a server started by hand with GYMFLEET_FLEET_TOKEN
+        return []
+    fd = int(named)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    payload = json.loads(b"".join(chunks))
+    auth.hold(payload.get("token"), bool(payload.get("auth_off")))
+    return [(list(path), value) for path, value in payload["secrets"]]
 
 
 def load_config(config_path: Path, secrets: Secrets) -> GlobalConfig:
@@ -315,10 +363,14 @@ def _access_log(config: GlobalConfig) -> bool:
     return bool(config.data.get("uvicorn_logging_show_200_ok", False))
 
 
-def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, secrets: Secrets) -> None:
+def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, secrets: Secrets,
+                  credential: tuple[str, bool] | None = None) -> None:
     import uvicorn
 
-    from gymfleet import http
+    from gymfleet import auth, http
+
+    if credential is not None:
+        auth.hold(*credential)
 
     _configure_logging(instance_name)
     raise_nofile_limit()
@@ -356,9 +408,12 @@ def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | Non
 
 def _run_workers(config_path: Path, instance_name: str, sock: socket.socket, workers: int, secrets: Secrets) -> None:
     sock.listen(8192)
+    from gymfleet import auth
+
     context = multiprocessing.get_context("spawn")
-    processes = [  # secrets travel in the spawn pipe, not the environment
-        context.Process(target=_serve_worker, args=(str(config_path), instance_name, sock, secrets), daemon=True)
+    processes = [  # secrets and the fleet token travel in the spawn pipe, not the environment
+        context.Process(target=_serve_worker, args=(str(config_path), instance_name, sock, secrets, auth.held()),
+                        daemon=True)
         for _ in range(workers)
     ]
     for process in processes:
@@ -455,11 +510,15 @@ def check_in_fresh_interpreter(name: str, data: dict[str, Any], python: str | No
         write_resolved(masked, config_path)
         command = [python or sys.executable, "-m", "gymfleet.fleet.launch", "--config", str(config_path),
                    "--instance", name, "--check"]
+        fd = credentials_fd(secrets)
         try:
-            done = subprocess.run(command, env={**os.environ, SECRETS_ENV: json.dumps(secrets)}, capture_output=True,
-                                  text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, errors="replace")
+            done = subprocess.run(command, env={**os.environ, **credentials_env(fd)}, pass_fds=(fd,),
+                                  capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                                  errors="replace")
         except subprocess.TimeoutExpired:
             raise ConfigError(f"{name}: its server did not build within {CHECK_TIMEOUT_S}s", path=name) from None
+        finally:
+            os.close(fd)
     if done.returncode != 0:
         text = done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}"
         why = text[text.rfind("error: "):].removeprefix("error: ") if "error: " in text else text.splitlines()[-1]

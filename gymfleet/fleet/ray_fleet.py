@@ -22,15 +22,15 @@ import socket
 import sys
 import threading
 import time
-from secrets import token_hex
 from typing import IO, TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig
+from gymfleet.fleet.credential import FleetCredential, answers_as
 from gymfleet.fleet.ray_cluster import attach_ray, ray_options
 from gymfleet.fleet.ray_replica import PORT_FREE_TIMEOUT_S
 from gymfleet.fleet.ray_startup import ACTOR_CALL_TIMEOUT_S, RayStartup, _Replica
-from gymfleet.fleet.readiness import ServerCrashedError, _is_own_server
+from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.fleet.supervisor import (
     RESTART_BACKOFF_CAP_S,
     RESTART_BACKOFF_S,
@@ -57,7 +57,8 @@ class RayFleet(RayStartup):
         self.config = config
         self.output = output or sys.stdout
         self.max_restarts = _restart_budget(config) if max_restarts is None else max_restarts
-        self.token = token_hex(16)
+        self.credential = FleetCredential(config, placed_remotely=True)
+        self.token = self.credential.token
         self.replicas: dict[str, list[_Replica]] = {}
         self._options: dict[str, dict[str, Any]] = {}
         self._groups: dict[str, Any] = {}
@@ -143,7 +144,7 @@ class RayFleet(RayStartup):
             if status["returncode"] is not None:
                 self._crashed(replica, f"its server exited with {_exit_text(status['returncode'])}", now)
             elif replica.state == "restarting":
-                if _is_own_server(replica.url, self.token, replica.instance.name):
+                if answers_as(replica.url, self.token, replica.instance.name):
                     replica.state = "running"
                     self._say(f"replica {replica.label} is back on {replica.url} (restart {replica.restarts})")
                 elif now > replica.deadline:
@@ -293,6 +294,7 @@ class RayFleet(RayStartup):
             self._head.should_exit = True
             if self._head_thread is not None:
                 self._head_thread.join(5)
+        self.credential.withdraw()
         if self._head_socket is not None:
             self._head_socket.close()
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -25,7 +24,7 @@ import time
 from typing import Any
 
 from gymfleet.errors import ConfigError
-from gymfleet.fleet.launch import SECRETS_ENV, WORKDIR_PREFIX, bind_socket, write_resolved
+from gymfleet.fleet.launch import WORKDIR_PREFIX, bind_socket, credentials_env, credentials_fd, write_resolved
 
 __all__ = ["ReplicaProcess", "set_address"]
 
@@ -99,14 +98,16 @@ class ReplicaProcess:
         write_resolved(self._data, self._path)
 
     def _spawn(self) -> int:
-        from gymfleet.serving.server import FLEET_TOKEN_ENV
-
-        env = {**os.environ, SECRETS_ENV: json.dumps(self._secrets), FLEET_TOKEN_ENV: self._token}
         command = [sys.executable, "-m", "gymfleet.fleet.launch", "--config", self._path,
                    "--instance", self.instance_name, "--parent-pid", str(os.getpid()), "--workdir", self._workdir]
-        self._process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
-                                         errors="replace")
+        fd = credentials_fd(self._secrets, self._token)  # never the replica's environment: /proc shows it for good
+        try:
+            self._process = subprocess.Popen(command, env={**os.environ, **credentials_env(fd)}, pass_fds=(fd,),
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
+                                             errors="replace")
+        finally:
+            os.close(fd)
         threading.Thread(target=self._pump, args=(self._process,), daemon=True).start()
         return self._process.pid
 

@@ -20,14 +20,14 @@ node's IP and reports `host:port`; then the config is completed with those addre
 its first replica, `replicas: [{host, port}, ...]` lists them all, and URLs that named a server's pre-assigned address,
 such as `policy_base_url: http://${scripted_llm...host}:${...port}/v1`, are rewritten to its first replica) and each
 actor serves its instance in a child process, `python -m gymfleet.fleet.launch`, from a private copy of that config on
-its own node (secrets masked on disk; the actor receives them as call arguments and hands them to the child in its
-environment, as `gymfleet.fleet.supervisor` does). The head server runs in this process; on a cluster on real node
-addresses it listens on every interface when its host is a loopback one and publishes this node's IP, on a loopback
-cluster (`gymfleet.fleet.ray_cluster`) it binds and publishes its configured host; it serves the real addresses
-(`gymfleet.fleet.head`): `/server_instances` lists each instance's replicas (host, port, node, status, restarts),
-`/global_config_dict_yaml` the addresses clients spread rollouts over (`gymfleet.http`). A `port` set in YAML is not
-used under Ray placement (a port free here says nothing about a node's), and each server's output reaches `ng_run`
-through Ray's log forwarding, every line prefixed `(<instance>#<n>)`, rather than `nemo_gym_log_dir`.
+its own node (secrets masked on disk; the actor receives them and the fleet token as call arguments and hands them to
+the child in an inherited memory file, as `gymfleet.fleet.supervisor` does: never in its environment). The head server
+runs in this process and binds and publishes its configured host, as without Ray (a loopback one keeps it off the
+network; `0.0.0.0` is the user's choice to make); it serves the real addresses (`gymfleet.fleet.head`):
+`/server_instances` lists each instance's replicas (host, port, node, status, restarts), `/global_config_dict_yaml` the
+addresses clients spread rollouts over (`gymfleet.http`). A `port` set in YAML is not used under Ray placement (a port
+free here says nothing about a node's), and each server's output reaches `ng_run` through Ray's log forwarding, every
+line prefixed `(<instance>#<n>)`, rather than `nemo_gym_log_dir`.
 """
 
 from __future__ import annotations
@@ -45,10 +45,11 @@ from typing import TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
-from gymfleet.fleet.launch import bind_socket, split_secrets
+from gymfleet.fleet.credential import answers_as
+from gymfleet.fleet.launch import bind_socket, own_secrets, split_secrets
 from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources, is_loopback
 from gymfleet.fleet.ray_replica import ReplicaProcess, set_address
-from gymfleet.fleet.readiness import ServerCrashedError, _is_own_server
+from gymfleet.fleet.readiness import ServerCrashedError
 
 if TYPE_CHECKING:
     pass
@@ -62,7 +63,6 @@ PLACEMENT_TIMEOUT_S = 60.0
 """How long the cluster may take to find room for an instance's replicas before start-up fails naming them."""
 ACTOR_CALL_TIMEOUT_S = 60.0
 """Deadline of one call to a replica's actor (bind, serve, status, restart); an actor that misses it counts as dead."""
-LOOPBACK = ("127.0.0.1", "localhost", "0.0.0.0", "::", "::1", "")
 
 
 @dataclass
@@ -178,22 +178,24 @@ class RayStartup:
             instance.fields = data[name][instance.server_type][instance.impl]
 
     def _start_head(self) -> None:
-        """The head server in this process, reachable from every node: on a cluster on real node addresses, a
-        loopback head host is bound on every interface and published as this node's address; on a loopback cluster
-        (this node's address is a loopback one) the head binds and publishes its configured host."""
+        """The head server in this process, bound to and published at its configured host, as without Ray: a
+        loopback host keeps it on this machine (said once when the cluster's nodes are elsewhere), `0.0.0.0` or
+        this node's address lets the other nodes reach it (the user's choice, never made for them)."""
         import uvicorn
 
         from gymfleet.fleet.head import create_head_app
 
         head = self.config.data["head_server"]
-        host = head["host"]
+        bind_host = head["host"] or "127.0.0.1"
+        self.credential.publish()
         node_ip = self._ray.util.get_node_ip_address()
-        if host in LOOPBACK and not is_loopback(node_ip):
-            bind_host, head["host"] = "0.0.0.0", node_ip
-        else:
-            bind_host = host or "127.0.0.1"
+        if is_loopback(bind_host) and not is_loopback(node_ip):
+            log.warning("head_server.host=%s: the head server listens on this machine only, so clients and "
+                        "replicas on other nodes cannot reach it (replicas then keep the addresses they started "
+                        "with); set +head_server.host=%s (or 0.0.0.0) to publish it to the cluster",
+                        bind_host, node_ip)
         self._head_socket = bind_socket(bind_host, int(head["port"]), "head_server.port", assigned_if_unset=False)
-        app = create_head_app(self.config, self.process_table, self.replica_table)
+        app = create_head_app(self.config, self.process_table, self.replica_table, token=self.credential.head_token)
         server_config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._head = uvicorn.Server(server_config)
         self._head_thread = threading.Thread(target=self._head.run, kwargs={"sockets": [self._head_socket]},
@@ -218,14 +220,14 @@ class RayStartup:
         data = copy.deepcopy(self.config.data)
         set_address(data, replica.instance.name, replica.host, replica.port)
         masked, secrets = split_secrets(data)
-        return replica.actor.serve.remote(masked, secrets, self.token)
+        return replica.actor.serve.remote(masked, own_secrets(secrets, replica.instance.name), self.token)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         pending = list(self._all())
         while pending:
             for replica in list(pending):
-                if _is_own_server(replica.url, self.token, replica.instance.name):
+                if answers_as(replica.url, self.token, replica.instance.name):
                     replica.state = "running"
                     pending.remove(replica)
                     continue
@@ -302,4 +304,3 @@ def _endpoint_urls(config: GlobalConfig) -> list[str]:
                         url = url.rstrip("/")
                         urls.append(url + "/models" if url.endswith("/v1") else url)
     return list(dict.fromkeys(urls))
-

@@ -30,6 +30,7 @@ from typing import Any
 
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
+from gymfleet.fleet.credential import answers_as
 from gymfleet.fleet.launch import EXIT_PORT_IN_USE, PortInUseError
 from gymfleet.fleet.zygote import EXIT_UNKNOWN, ForkedProcess
 from gymfleet.progress import Progress
@@ -139,7 +140,7 @@ class Readiness:
         for child in self.children.values():
             if not child.ready:
                 self._check_alive(child)
-                if _is_own_server(child.instance.url, self.token, child.instance.name):
+                if answers_as(child.instance.url, self.token, child.instance.name):
                     child.ready, child.state = True, "running"
                 else:
                     pending.append(child)
@@ -199,18 +200,6 @@ def _exit_text(code: int) -> str:
         except ValueError:
             return f"code {code}"
     return f"code {code}"
-
-
-def _is_own_server(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
-    """Whether `GET url/` answers 200 as instance `name` of the fleet holding `token` (not just anything there)."""
-    from gymfleet.serving.server import FLEET_HEADER, INSTANCE_HEADER
-
-    try:
-        with urllib.request.urlopen(url + "/", timeout=timeout_s) as response:
-            identity = (response.headers.get(FLEET_HEADER), response.headers.get(INSTANCE_HEADER))
-            return response.status == 200 and identity == (token, name)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 def _model_endpoint_urls(config: GlobalConfig) -> dict[str, list[str]]:

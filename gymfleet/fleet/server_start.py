@@ -24,7 +24,8 @@ import time
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
-from gymfleet.fleet.launch import SECRETS_ENV, instance_python
+from gymfleet.fleet.credential import owner_only, private_folder
+from gymfleet.fleet.launch import credentials_env, credentials_fd, instance_python, own_secrets
 from gymfleet.fleet.readiness import _Child
 from gymfleet.fleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
 from gymfleet.fleet.zygote import ForkedProcess, Zygote, ZygoteError
@@ -55,8 +56,8 @@ class ServerStart:
 
     def _zygote_output(self, line: str) -> None:
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.log_dir / "zygote.log", "a") as sink:
+            private_folder(self.log_dir)
+            with open(self.log_dir / "zygote.log", "a", opener=owner_only) as sink:
                 sink.write(line + "\n")
         else:
             self._say(f"(zygote) {line}")
@@ -122,11 +123,9 @@ class ServerStart:
         the zygote, or (`server_start: spawn`, or no zygote left) a fresh interpreter."""
         zygote = self._zygote
         if zygote is not None and instance.folder is None:  # a folder of another tree: a fresh interpreter
-            from gymfleet.serving.server import FLEET_TOKEN_ENV
-
-            env = {**os.environ, FLEET_TOKEN_ENV: self.token}
+            env = {**os.environ, **self.credential.child_env()}
             try:
-                return zygote.spawn(instance.name, json.loads(self._secrets_env), env)
+                return zygote.spawn(instance.name, own_secrets(json.loads(self._secrets_env), instance.name), env)
             except ZygoteError as exc:
                 self._zygote_lost(zygote, str(exc))
         return self._spawn_popen(instance)
@@ -146,21 +145,25 @@ class ServerStart:
             "--workdir",
             str(self.workdir),
         ]
-        from gymfleet.serving.server import FLEET_TOKEN_ENV
-
-        # Secrets and the fleet token go in the child's environment: not on disk, not in `ps` (owner-only).
-        env = {**os.environ, SECRETS_ENV: self._secrets_env, FLEET_TOKEN_ENV: self.token}
-        return subprocess.Popen(
-            command,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            text=True,
-            bufsize=1,
-            errors="replace",
-        )
+        # Secrets and the fleet token go in an inherited memory file: not on disk, not in `ps`, not in the child's
+        # environment (which /proc/<pid>/environ shows for its whole life).
+        secrets = own_secrets(json.loads(self._secrets_env), instance.name)
+        fd = credentials_fd(secrets, self.credential.token, not self.credential.enforced)
+        try:
+            return subprocess.Popen(
+                command,
+                env={**os.environ, **credentials_env(fd)},
+                pass_fds=(fd,),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+                bufsize=1,
+                errors="replace",
+            )
+        finally:
+            os.close(fd)
 
     def _start_pump(self, child: _Child) -> None:
         """Copy the output of `child`'s current process to the fleet's output (or its log file) and its tail."""
@@ -170,8 +173,8 @@ class ServerStart:
     def _pump(self, child: _Child, process: subprocess.Popen) -> None:
         sink = None
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            sink = open(self.log_dir / f"{child.instance.name}.log", "a")  # noqa: SIM115
+            private_folder(self.log_dir)
+            sink = open(self.log_dir / f"{child.instance.name}.log", "a", opener=owner_only)  # noqa: SIM115
         try:
             for line in process.stdout:
                 child.tail.append(line.rstrip("\n"))

@@ -44,11 +44,11 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from secrets import token_hex
 from typing import IO, TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
+from gymfleet.fleet.credential import FleetCredential, answers_as
 from gymfleet.fleet.folders import describe
 from gymfleet.fleet.launch import (
     EXIT_PORT_IN_USE,
@@ -67,7 +67,6 @@ from gymfleet.fleet.readiness import (
     _Child,
     _EndpointWatch,
     _exit_text,
-    _is_own_server,
 )
 from gymfleet.fleet.server_start import ServerStart, _server_start
 from gymfleet.fleet.zygote import ForkedProcess, Zygote
@@ -105,7 +104,8 @@ class Fleet(ServerStart, Readiness):
         self._head: uvicorn.Server | None = None
         self._head_thread: threading.Thread | None = None
         self._head_socket: socket.socket | None = None
-        self.token = token_hex(16)
+        self.credential = FleetCredential(config)
+        self.token = self.credential.token
         """This fleet's identity: its servers answer `GET /` with it, so readiness never counts a stranger."""
         self.workdir: Path | None = None
         """Private folder (0700) holding the secret-free resolved config the children read; set by `start()`."""
@@ -196,11 +196,12 @@ class Fleet(ServerStart, Readiness):
     def _start_head(self) -> None:
         host, port = self.config.head_host, self.config.head_port
         self._head_socket = bind_socket(host, port, "head_server.port", assigned_if_unset=False)
+        self.credential.publish()
         import uvicorn
 
         from gymfleet.fleet.head import create_head_app
 
-        app = create_head_app(self.config, self.process_table)
+        app = create_head_app(self.config, self.process_table, token=self.credential.head_token)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
         self._head = uvicorn.Server(config)
         self._head_thread = threading.Thread(
@@ -288,7 +289,7 @@ class Fleet(ServerStart, Readiness):
             if code is not None:
                 self._crashed(child, _exit_text(code), code == EXIT_PORT_IN_USE, now)
             elif child.state == "restarting":
-                if _is_own_server(child.instance.url, self.token, child.instance.name):
+                if answers_as(child.instance.url, self.token, child.instance.name):
                     child.state = "running"
                     self._say(f"server {child.instance.name!r} is back on port {child.instance.port} "
                               f"(restart {len(child.crashes)}/{self.max_restarts})")
@@ -410,6 +411,7 @@ class Fleet(ServerStart, Readiness):
             self._head_socket.close()
         if self._remove_workdir is not None:
             self._remove_workdir()
+        self.credential.withdraw()
 
 
 def remove_stale_workdirs(tempdir: Path) -> list[Path]:

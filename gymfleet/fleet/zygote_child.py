@@ -1,14 +1,14 @@
-"""A server forked by the zygote (`gymfleet.fleet.zygote_main`): what it sheds from the zygote before it serves, and
-the throwaway children that validate the config's servers for the supervisor.
+"""A server forked by the zygote (`gymfleet.fleet.zygote_main`): what it sheds from the zygote before it serves,
+and the throwaway children that validate the config's servers for the supervisor.
 
-Each child starts its own session (process group), takes the pipe as stdout and stderr and /dev/null as stdin,
-gets the supervisor's environment of the moment plus the fleet token (`env`), its secrets in memory (never on disk,
-argv or even its environment), a fresh random seed (`random`, and `numpy.random` if imported), default signal
-handlers and fresh logging handlers; no event loop, aiohttp session or thread exists in the zygote to inherit.
-It then serves exactly as `python -m gymfleet.fleet.launch` does (`gymfleet.fleet.launch.serve_supervised`),
-`num_workers`, `EXIT_PORT_IN_USE` and all, and dies with the supervisor: it watches the supervisor's pidfd, which the
-zygote opened, so a child outlives its zygote but never its supervisor. The zygote exits when the supervisor closes the
-socket or dies; its children keep serving.
+Each child starts its own session (process group), takes the pipe as stdout and stderr and /dev/null as stdin, gets
+the supervisor's environment of the moment (`env`), its secrets and fleet token in memory (never on disk, argv or even
+its environment: the token comes in `env` over the private socket and moves to `gymfleet.auth.hold`), a fresh random
+seed (`random`, and `numpy.random` if imported), default signal handlers and fresh logging handlers; no event loop,
+aiohttp session or thread exists in the zygote to inherit. It then serves exactly as `python -m gymfleet.fleet.launch`
+does (`gymfleet.fleet.launch.serve_supervised`), `num_workers`, `EXIT_PORT_IN_USE` and all, and dies with the
+supervisor: it watches the supervisor's pidfd, which the zygote opened, so a child outlives its zygote but never its
+supervisor. The zygote exits when the supervisor closes the socket or dies; its children keep serving.
 """
 
 from __future__ import annotations
@@ -92,6 +92,9 @@ def become_child(message: dict[str, Any], fd: int, inherited: list[socket.socket
                  str(os.getppid())])
     os.environ.clear()
     os.environ.update(message["env"])
+    from gymfleet import auth
+
+    auth.hold_from_environ()  # the fleet token, in memory only: nothing this server starts inherits it
     import random
 
     random.seed()

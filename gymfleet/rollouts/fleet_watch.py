@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gymfleet import http
+from gymfleet import auth, http
 from gymfleet.errors import TransportError
 from gymfleet.http import RetryPolicy
 
@@ -42,6 +42,7 @@ def head_address(head_server_config: Any = None) -> tuple[str, int]:
 async def _probe_head(head: tuple[str, int]) -> tuple[bool, list[str]]:
     """Whether the head server answers, and the servers its `/server_instances` lists as not running."""
     url = f"http://{head[0]}:{head[1]}/server_instances"
+    auth.grant(url, auth.token_for(*head))
     try:
         response = await http.request("GET", url, timeout_s=10.0, retry=HEAD_PROBE)
     except TransportError:

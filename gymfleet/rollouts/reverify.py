@@ -188,7 +188,8 @@ class InProcessBackend:
         await self._stack.enter_async_context(app.router.lifespan_context(app))
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         client = await self._stack.enter_async_context(
-            httpx.AsyncClient(transport=transport, base_url=f"http://{instance}", timeout=self.timeout_s)
+            # A loopback Host: a server bound to loopback refuses any other (`gymfleet.serving.guard`).
+            httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=self.timeout_s)
         )
 
         async def verify(body: dict[str, Any]) -> HttpResponse:

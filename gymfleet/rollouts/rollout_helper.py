@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import yaml
 
-from gymfleet import http
+from gymfleet import auth, http
 from gymfleet.errors import TransportError
 from gymfleet.fleet.config import client_limits
 from gymfleet.http import ServerClient
@@ -85,7 +85,8 @@ async def _bootstrap(head: tuple[str, int]) -> ServerClient:
 def _fetch_head_config(host: str, port: int, timeout_s: float = 30.0) -> dict[str, Any]:
     url = f"http://{host}:{port}/global_config_dict_yaml"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+        request = urllib.request.Request(url, headers=auth.head_headers(host, port))
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
             return yaml.safe_load(orjson.loads(answer.read()))
     except urllib.error.HTTPError as exc:
         raise TransportError(f"head server {url} answered {exc.code}", status=exc.code, url=url,

@@ -21,18 +21,22 @@ line, no traceback.
 `GET /docs` is its Swagger UI (which loads its script and style sheet from a CDN). `GET /metrics` is described in
 `gymfleet.metrics`.
 
-`GET /` answers `{"status": "ok"}`; in a fleet (`GYMFLEET_FLEET_TOKEN` set by the supervisor) it also carries the
-fleet's token and the instance name in `X-Gymfleet-Fleet` / `X-Gymfleet-Instance` headers, so the supervisor's
-readiness probe counts only its own server, never another process that holds the same port.
+Every other route requires the fleet's token (`gymfleet.auth`, checked by `gymfleet.serving.guard`) when the server
+runs in a fleet (the token the supervisor hands it, `gymfleet.auth.hold`); a bare app (a test's `serve(app)`) checks
+none.
+`GET /` answers `{"status": "ok"}` to anyone; to a request carrying the fleet's token it also names the fleet and
+the instance in `X-Gymfleet-Fleet` / `X-Gymfleet-Instance` headers, so the supervisor's readiness probe counts only
+its own server, never another process that holds the same port.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import gc
 import logging
-import os
+import math
 import typing
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -44,15 +48,24 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, TypeAdapter
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gymfleet import http
-from gymfleet.errors import MAX_REPORTED_ERRORS, BadRequestError, TransportError, too_many_errors
+from gymfleet import auth, http
+from gymfleet.errors import (
+    MAX_REPORTED_ERRORS,
+    BadRequestError,
+    BusyError,
+    SessionLostError,
+    TransportError,
+    too_many_errors,
+)
+from gymfleet.masking import is_secret_key, redact
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
-from gymfleet.serving.sessions import SessionCookieMiddleware, cookie_name
+from gymfleet.serving.guard import FleetAuthMiddleware, RequestBodyTooLarge, RequestGuardMiddleware
+from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
 
 NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 """Inner 4xx answers that are the fleet's problem, not the caller's: credentials the fleet holds (a wrong
@@ -60,8 +73,6 @@ NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 `session_lost`: `gymfleet.serving.sessions`) and overload. They become a 502."""
 log = logging.getLogger(__name__)
 
-FLEET_TOKEN_ENV = "GYMFLEET_FLEET_TOKEN"
-"""Environment variable holding the token of the fleet that started this server (absent outside a fleet)."""
 FLEET_HEADER = "X-Gymfleet-Fleet"
 INSTANCE_HEADER = "X-Gymfleet-Instance"
 
@@ -117,6 +128,8 @@ class ServerConfig(BaseModel):
     license: str | None = None
     datasets: list[dict[str, Any]] | None = None
     """Datasets declared on this instance (read by `ng_prepare_data`)."""
+    max_request_body_mb: float = Field(default=64.0, gt=0)
+    """Largest request body this server reads, in MiB; a larger one is answered 413 before it is held in memory."""
     request_body_timeout_s: float = Field(default=30.0, gt=0)
     """Deadline for receiving a whole request body; past it the request is answered 408 and the connection closed,
     so half-sent requests cannot pile up."""
@@ -159,14 +172,48 @@ class Server:
         self.client = http.ServerClient(self.global_config)
         self.metrics = ServerMetrics()
 
+    @functools.cached_property
+    def secret_values(self) -> tuple[str, ...]:
+        """The secrets in this server's own config (values under secret-looking keys, header maps included): an
+        upstream that echoes one in its error text has it replaced by `****` before the text is logged or answered."""
+        found: list[str] = []
+
+        def walk(node: Any, secret: bool) -> None:
+            if isinstance(node, BaseModel):
+                node = dict(node)
+            if isinstance(node, SecretStr):
+                node = node.get_secret_value()
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    walk(value, secret or is_secret_key(key))
+            elif isinstance(node, list | tuple):
+                for item in node:
+                    walk(item, secret)
+            elif secret and isinstance(node, str) and node:
+                found.append(node)
+                found.extend(part for part in node.split() if len(part) >= 8)  # `Bearer <key>`: the key alone too
+
+        walk(self.config, False)
+        return tuple(sorted(set(found), key=len, reverse=True))
+
     @property
     def cookie_name(self) -> str:
         return cookie_name(type(self).__name__, self.config.name or type(self).__name__)
 
-    def fleet_identity(self) -> dict[str, str]:
-        """Headers of `GET /` that tell the supervisor this is its server: fleet token and instance name."""
-        token = os.environ.get(FLEET_TOKEN_ENV)
-        return {FLEET_HEADER: token, INSTANCE_HEADER: self.config.name} if token else {}
+    def fleet_identity(self, request: Request) -> dict[str, str]:
+        """Headers of `GET /` that tell the supervisor this is its server (fleet token and instance name): only to a
+        request that carries the fleet's token, so the token is never told to anyone who does not hold it."""
+        token = auth.fleet_token()
+        if not token or not auth.matches(auth.presented(request.headers.raw), token):
+            return {}
+        return {FLEET_HEADER: token, INSTANCE_HEADER: self.config.name}
+
+    def head_address(self) -> tuple[str, int] | None:
+        """Where this server's fleet's head server listens (from the global config), if known."""
+        head = self.global_config.get("head_server")
+        if isinstance(head, dict) and head.get("port") is not None:
+            return str(head.get("host") or "127.0.0.1"), int(head["port"])
+        return None
 
     def routes(self, app: FastAPI) -> None:
         """Register this server's routes on `app`."""
@@ -185,7 +232,8 @@ class Server:
     def preload(cls) -> None:
         """Load, once per fleet, what every process of this server shares and only reads (tokenizer models, language
         profiles): `ng_run`'s zygote calls it before forking the servers, so they start with it loaded and share its
-        pages (`gymfleet.fleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing."""
+        pages (`gymfleet.fleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing.
+        """
 
     async def startup(self) -> None:
         """Called once when the app starts serving."""
@@ -215,21 +263,27 @@ class Server:
         app.state.server = self
         app.openapi = lambda: openapi_schema(app)
 
-        identity = self.fleet_identity()
-
         @app.get("/", include_in_schema=False)
-        async def liveness() -> Response:
-            return JSONResponse({"status": "ok"}, headers=identity)
+        async def liveness(request: Request) -> Response:
+            return JSONResponse({"status": "ok"}, headers=self.fleet_identity(request))
 
         app.add_route("/metrics", self.metrics.endpoint, include_in_schema=False)
         self.routes(app)
         app.add_exception_handler(RequestValidationError, self._on_validation_error)
         app.add_exception_handler(TransportError, self._on_transport_error)
         app.add_exception_handler(BadRequestError, self._on_bad_request)
+        app.add_exception_handler(SessionLostError, self._on_session_lost)
+        app.add_exception_handler(BusyError, self._on_busy)
         app.add_exception_handler(RequestBodyTimeout, self._on_body_timeout)
+        app.add_exception_handler(RequestBodyTooLarge, self._on_body_too_large)
         app.add_exception_handler(ClientDisconnect, self._on_client_disconnect)
         app.add_exception_handler(Exception, self._on_error)
         app.add_middleware(SessionCookieMiddleware, name=self.cookie_name, refuse=self.lost_session_refusal)
+        token = auth.server_token()
+        if token:
+            app.add_middleware(FleetAuthMiddleware, token=token, head=self.head_address())
+        app.add_middleware(RequestGuardMiddleware, loopback_only=auth.is_loopback(self.config.host),
+                           max_body_bytes=int(self.config.max_request_body_mb * 2**20))
         app.add_middleware(MetricsMiddleware, metrics=self.metrics, on_idle=release_memory_when_idle)
         app.add_middleware(BodyDeadlineMiddleware, timeout_s=self.config.request_body_timeout_s)
         return app
@@ -249,6 +303,11 @@ class Server:
             headers={"Connection": "close"},
         )
 
+    async def _on_body_too_large(self, request: Request, exc: RequestBodyTooLarge) -> Response:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "request_too_large"},
+                            status_code=413, headers={"Connection": "close"})
+
     async def _on_client_disconnect(self, request: Request, exc: ClientDisconnect) -> Response:
         log.info("%s %s: the client disconnected before sending the whole request", request.method, request.url.path)
         return Response(status_code=499)  # nobody reads it; 499 is what the request counts as in /metrics
@@ -257,19 +316,32 @@ class Server:
         log.warning("%s %s: bad request: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": str(exc), "error_type": "bad_request"}, status_code=400)
 
+    async def _on_busy(self, request: Request, exc: BusyError) -> Response:
+        log.warning("%s %s: busy: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "busy"}, status_code=429,
+                            headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
+
+    async def _on_session_lost(self, request: Request, exc: SessionLostError) -> Response:
+        log.warning("%s %s: %s: %s", request.method, request.url.path, SESSION_LOST, exc)
+        self.metrics.failures.labels(SESSION_LOST, LOCAL_HOP).inc()
+        return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": SESSION_LOST},
+                            status_code=SESSION_LOST_STATUS)
+
     async def _on_transport_error(self, request: Request, exc: TransportError) -> Response:
         if exc.status is not None and 400 <= exc.status < 500 and exc.status not in NOT_THE_CALLERS_FAULT:
             # The inner server rejected what we forwarded from the caller (e.g. a row missing the fields the
             # environment needs): the caller's fault, so pass the 4xx on instead of blaming the fleet with a 5xx.
-            log.warning("%s %s: inner server rejected the request: %s", request.method, request.url.path, exc)
-            return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "inner_request_rejected",
+            message = redact(str(exc), self.secret_values)
+            log.warning("%s %s: inner server rejected the request: %s", request.method, request.url.path, message)
+            return JSONResponse({"detail": f"{self.config.name}: {message}", "error_type": "inner_request_rejected",
                                  "upstream_status": exc.status}, status_code=exc.status)
-        log.error("%s %s: inner call failed: %s", request.method, request.url.path, exc)
+        message = redact(str(exc), self.secret_values)
+        log.error("%s %s: inner call failed: %s", request.method, request.url.path, message)
         failure_class = "auth_failed" if exc.status in (401, 403) else exc.failure_class
         self.metrics.failures.labels(failure_class, target_of(exc.url)).inc()
         return JSONResponse(
             {
-                "detail": f"{self.config.name}: inner call failed: {exc}",
+                "detail": f"{self.config.name}: inner call failed: {message}",
                 "error_type": failure_class,
                 "upstream_status": exc.status,
             },
@@ -279,8 +351,9 @@ class Server:
     async def _on_error(self, request: Request, exc: Exception) -> Response:
         log.exception("%s %s: unhandled %s", request.method, request.url.path, type(exc).__name__)
         self.metrics.failures.labels("server_error", LOCAL_HOP).inc()
+        message = redact(str(exc), self.secret_values)
         return JSONResponse(
-            {"detail": f"{self.config.name}: {type(exc).__name__}: {exc}", "error_type": "server_error"},
+            {"detail": f"{self.config.name}: {type(exc).__name__}: {message}", "error_type": "server_error"},
             status_code=500,
         )
 

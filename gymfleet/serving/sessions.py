@@ -1,10 +1,15 @@
 """Signed session cookies with NeMo-Gym's naming and semantics, as a pure ASGI middleware.
 
-Each server's cookie is named `<ClassName>___<instance name>` and signed with that same string (NeMo-Gym's
-convention), so one cookie dict can carry the agent's, the resources server's and the model server's cookies at
-once. The value is Starlette's format (itsdangerous-signed base64 JSON `{"session_id": "<uuid4>"}`). Every
-response re-sends the cookie; a request without a valid cookie gets a fresh session id. Handlers read the id with
-`session_id()` (a context variable) or `request.session["session_id"]`.
+Each server's cookie is named `<ClassName>___<instance name>` (NeMo-Gym's convention), so one cookie dict can carry
+the agent's, the resources server's and the model server's cookies at once. Unlike NeMo-Gym it is not signed with
+its own public name (which would let anyone forge a cookie holding another rollout's session id): the key is
+derived from the fleet's random token (`gymfleet.auth`) and the cookie name (`session_key`), so it is the same in
+every replica and restart of an instance (whose old cookies are then recognised, below) and differs between fleets;
+outside a fleet (a bare app in a test) it is random per Python process. A forged cookie, or one from another fleet,
+fails its signature and gets a fresh session, never another's. The value is Starlette's format
+(itsdangerous-signed base64 JSON `{"session_id": "<uuid4>"}`). Every response re-sends the cookie; a request
+without a valid cookie gets a fresh session id. Handlers read the id with `session_id()` (a context variable) or
+`request.session["session_id"]`.
 
 A session lives in the memory of the process that started it. A cookie signed before this process started (its
 itsdangerous timestamp, whole seconds, is older than this process) was issued by an earlier process of the same server,
@@ -21,8 +26,11 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import hashlib
+import hmac
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +38,8 @@ from collections.abc import Callable
 import itsdangerous
 from itsdangerous.exc import BadSignature
 from starlette.responses import JSONResponse
+
+from gymfleet import auth
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +65,20 @@ def session_id() -> str:
 
 
 def cookie_name(class_name: str, instance_name: str) -> str:
-    """NeMo-Gym's cookie name (and secret) for a server."""
+    """NeMo-Gym's cookie name for a server."""
     return f"{class_name}___{instance_name}"
+
+
+_PROCESS_KEY = os.urandom(32)
+"""The session keys' root outside a fleet: random, per Python process (forked workers inherit it)."""
+
+
+def session_key(name: str) -> str:
+    """The key that signs the session cookies named `name`: derived from the fleet's token when this process serves
+    in a fleet (the same for every replica and restart of the instance), else from `_PROCESS_KEY`."""
+    token = auth.fleet_token()
+    root = token.encode() if token else _PROCESS_KEY
+    return hmac.new(root, b"gymfleet session cookie\0" + name.encode(), hashlib.sha256).hexdigest()
 
 
 class _Signer(itsdangerous.TimestampSigner):
@@ -79,7 +101,7 @@ class SessionCookieMiddleware:
         cannot be served without it (answered as a 410 `session_lost`), or None to serve it on the fresh session."""
         self.app = app
         self.name = name
-        self.signer = _Signer(secret or name)
+        self.signer = _Signer(secret or session_key(name))
         self.refuse = refuse
         self.started = int(time.time())
         """Whole seconds, as the cookies' timestamps: a cookie signed in an earlier second is an earlier process's."""

@@ -4,6 +4,12 @@
 cookies and the real middleware. `make_response` builds a Responses object from text and tool calls (so no test
 hand-writes twenty lines of JSON). `check_resources_server` is the conformance checker every environment passes;
 `nemo_gym_examples(env)` finds NeMo-Gym's own rows for an environment (in NeMo-Gym's wheel, `nemo_gym_wheel.py`).
+
+The fleet token (`gymfleet.auth`), in tests: a bare app served by `serve(app)` checks none (no fleet token in this
+process's environment), so tests talk to it as they like; a fleet (`running_fleet`, `RunHelper`, an `ng_run`
+subprocess) requires it on every route but `GET /`, as in production. gymfleet's own clients find it on their own;
+a test that talks to a fleet's servers with httpx sends `fleet_headers()` (`fleet_headers(head_port)` for an
+`ng_run` subprocess).
 """
 
 from __future__ import annotations
@@ -185,6 +191,31 @@ def running_fleet(config_paths: list[str], extra: dict[str, Any] | None = None) 
         yield fleet
     finally:
         fleet.shutdown()
+
+
+def fleet_headers(head: Any = None) -> dict[str, str]:
+    """Headers carrying a fleet's token: of `head` (a `Fleet` / `RayFleet` this process started), of the fleet whose
+    head server listens on this machine at `head` (its port, or its URL), or (none given) of the one fleet this
+    process started (`running_fleet`, `RunHelper`); no headers if it started none (a bare app needs none)."""
+    from urllib.parse import urlsplit
+
+    from gymfleet import auth
+
+    if getattr(head, "token", None):
+        return {auth.TOKEN_HEADER: head.token}
+    if head is not None:
+        head_port = head if isinstance(head, int) else urlsplit(head).port
+        token = auth.token_for("127.0.0.1", head_port)
+        if not token:
+            raise RuntimeError(f"no fleet token for the head server on port {head_port}: "
+                               f"{auth.token_path('', head_port)} does not exist")
+        return {auth.TOKEN_HEADER: token}
+    tokens = auth.started_here()
+    if not tokens:
+        return {}
+    if len(tokens) > 1:
+        raise RuntimeError(f"fleet_headers(): this process runs {len(tokens)} fleets; pass the head server's port")
+    return {auth.TOKEN_HEADER: tokens[0]}
 
 
 def nemo_gym_examples(env: str) -> Path:

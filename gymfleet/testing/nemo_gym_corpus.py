@@ -183,9 +183,13 @@ def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env
         result.start = "yes"
         import httpx
 
-        published = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", timeout=30).json())
+        from gymfleet import auth
+
+        token = auth.head_headers("127.0.0.1", port)  # the token file ng_run wrote for its head address
+        published = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", headers=token,
+                                             timeout=30).json())
         fields = published[servers[0]]["resources_servers"][folder.name]
-        _replay(folder, f"http://{fields['host']}:{fields['port']}", result)
+        _replay(folder, f"http://{fields['host']}:{fields['port']}", result, token)
     finally:
         _stop(process)
 
@@ -303,7 +307,7 @@ def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any]:
     return reply.status_code, reply.text, total
 
 
-def _replay(folder: Path, url: str, result: FolderResult) -> None:
+def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str] | None = None) -> None:
     import httpx
 
     gymnasium = is_gymnasium(folder)
@@ -317,7 +321,7 @@ def _replay(folder: Path, url: str, result: FolderResult) -> None:
         orphans += not task
         request = replay_request(row, task)
         try:
-            with httpx.Client(base_url=url, timeout=120) as client:
+            with httpx.Client(base_url=url, timeout=120, headers=headers) as client:
                 if gymnasium:
                     status, text, got = _episode(client, row, task)
                     if status != 200:

@@ -25,13 +25,16 @@ No fields of its own (`domain: agent`).
   unknown city answers `{"error": "..."}` listing the known cities, which the model can read and retry.
 
 A `get_weather` call or `/verify` whose session was seeded before this server crashed and was restarted answers
-HTTP 410 `session_lost` (the calls it recorded are gone; `gymfleet.serving.sessions`), which the agent ends as a failure
-row, not a reward of 0.0.
+HTTP 410 `session_lost` (the calls it recorded are gone; `gymfleet.serving.sessions`), which the agent ends as a
+failure row, not a reward of 0.0; so does a `/verify` whose session is not open (never seeded, or evicted past
+`MAX_SESSIONS` open sessions).
 
 ## Version history
 - v1: initial.
 - v2: an answer that names any other forecast condition besides the right one scores 0.0 (a policy looking up
   every city and listing every condition was paid; found by `tests/test_reward_probes.py`).
+- v3: `/verify` on a session that is not open (evicted, never seeded) is a 410 `session_lost` failure instead of a
+  reward of 0.0 computed on no calls.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from collections import OrderedDict
 
 from pydantic import BaseModel, ConfigDict
 
+from gymfleet.errors import SessionLostError
 from gymfleet.grading.answers import normalize
 from gymfleet.serving.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
 from gymfleet.serving.sessions import session_id
@@ -57,7 +61,8 @@ FORECASTS: dict[str, tuple[str, int]] = {
 }
 """City (normalized) -> (condition, temperature in °C). Deterministic on purpose: the reward must be too."""
 MAX_SESSIONS = 100_000
-"""Sessions kept at once; the oldest are dropped first (a rollout that never reaches /verify must not leak)."""
+"""Sessions kept at once (a record stays after /verify, so verifying again scores it again); the oldest are dropped
+first, so rollouts that never reach /verify cannot grow memory without bound."""
 
 
 class GetWeatherRequest(BaseModel):
@@ -133,6 +138,11 @@ class ExampleWeatherServer(ResourcesServer):
         return {"city": body.city.strip(), "condition": condition, "temperature_c": temperature_c}
 
     async def verify(self, body: ExampleWeatherRequest) -> ExampleWeatherResponse:
-        cities = self._calls.pop(session_id(), [])
+        cities = self._calls.get(session_id())  # kept (the oldest evicted past MAX_SESSIONS): verify repeats
+        if cities is None:  # scoring an empty record would turn an evicted rollout's 1.0 into a silent 0.0
+            raise SessionLostError(
+                f"no record of this rollout's get_weather calls: its session was never seeded, or was evicted past "
+                f"{MAX_SESSIONS} open sessions; run it again from /seed_session"
+            )
         reward, reason = score(cities, final_answer(body.response), body.expected_city)
         return ExampleWeatherResponse.echo(body, reward=reward, tool_calls_made=len(cities), reason=reason)

@@ -96,6 +96,9 @@ deadline; the next rollouts of the same key start a new group.
   `group_answer_length_penalty_coeff`, `group_style_penalty_coeff` (0; all >= 0).
 - `default_score` (3.0), `default_ranking` (3.5), `genrm_parse_retries` (3), `genrm_parse_retry_sleep_s` (0.2),
   `debug_logging` (false: log each group's rewards at INFO).
+- `max_open_groups` (4096): groups pending at once (`/verify` groups short of members plus `/compare` calls being
+  judged); a `/verify` that would open one more, or a `/compare`, is a 429 `busy` with `Retry-After` (nothing
+  judged; clients retry). `max_compare_responses` (64): a `/compare` with more responses is a 413.
 - `num_workers` must be 1: a group's members must reach the same process.
 
 ## Tools
@@ -132,7 +135,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet.errors import JudgeError, ServerRefError
+from gymfleet.errors import BusyError, JudgeError, ServerRefError
 from gymfleet.grading.judge import JudgeClient, JudgeReply, chat_text, load_prompt, prompt_version
 from gymfleet.grading.judge_input import screen, screen_form
 from gymfleet.grading.think import strip_think
@@ -205,6 +208,12 @@ class GenRMCompareConfig(ResourcesServerConfig):
     debug_logging: bool = False
     genrm_parse_retries: int = Field(default=3, ge=0)
     genrm_parse_retry_sleep_s: float = Field(default=0.2, ge=0)
+    max_open_groups: int = Field(default=4096, ge=1)
+    """Groups pending at once (`/verify` groups still short of members, plus `/compare` calls being judged): one
+    more is a 429 with Retry-After, so callers cannot grow the registry or the GenRM's queue without bound."""
+    max_compare_responses: int = Field(default=64, ge=2)
+    """Responses one `/compare` may hold: more is a 413 (its GenRM calls grow with their number, or its square
+    with `all_pairs`)."""
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -280,6 +289,8 @@ class GenRMCompareServer(ResourcesServer):
                                              "genrm_roles")
         self.cohorts: dict[str, Cohort] = {}
         """Pending groups by key (full and expired ones are dropped)."""
+        self.comparing = 0
+        """`/compare` calls being judged (they count against `max_open_groups` too)."""
 
     async def startup(self) -> None:
         await super().startup()
@@ -302,12 +313,21 @@ class GenRMCompareServer(ResourcesServer):
 
         async def compare_route(request: Request) -> StarletteResponse:
             body = validate(CompareRequest, await read_json(request))
+            limit = self.config.max_compare_responses
+            if len(body.response_objs) > limit:
+                detail = (f"{self.config.name}: /compare got {len(body.response_objs)} responses, more than "
+                          f"max_compare_responses={limit}; send groups of at most {limit}")
+                return JSONResponse({"detail": detail, "error_type": "request_too_large"}, status_code=413)
+            self._admit_group("a /compare")
+            self.comparing += 1
             try:
                 return JSONResponse(await self._compare(body))
             except JudgeError as exc:
                 self.metrics.failures.labels("judge_failed").inc()
                 log.warning("/compare failed (judge_failed): %s", exc)
                 return JSONResponse({"detail": str(exc), "error_type": "judge_failed"}, status_code=503)
+            finally:
+                self.comparing -= 1
 
         add_route(app, "/compare", compare_route)
 
@@ -323,6 +343,7 @@ class GenRMCompareServer(ResourcesServer):
         key = _cohort_key(body, conversation)
         cohort = self.cohorts.get(key)
         if cohort is None:
+            self._admit_group(f"group {key}")
             cohort = self.cohorts[key] = self._new_cohort(key, size, conversation, self._principle(body.principle))
             cohort.timer = asyncio.get_running_loop().call_later(config.cohort_timeout_s, self._expire, key, cohort)
         try:
@@ -339,6 +360,15 @@ class GenRMCompareServer(ResourcesServer):
         except CohortTimeout as exc:
             return self._failure("cohort_timeout", str(exc))
         return GenRMCompareResponse.echo(body, **outcome[slot])
+
+    def _admit_group(self, what: str) -> None:
+        """Refuse a new group (`BusyError`: 429) while `max_open_groups` are pending."""
+        limit = self.config.max_open_groups
+        if len(self.cohorts) + self.comparing >= limit:
+            raise BusyError(f"{what} would open group {limit + 1}: max_open_groups={limit} groups are pending "
+                            f"(groups still waiting for their {self.config.num_rollouts_per_prompt} rollouts, and "
+                            "/compare calls being judged); retry later, or raise max_open_groups",
+                            retry_after_s=5.0)
 
     def _expire(self, key: str, cohort: Cohort) -> None:
         if self.cohorts.get(key) is cohort:

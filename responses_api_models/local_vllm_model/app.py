@@ -84,10 +84,10 @@ from fastapi import FastAPI, Request
 from pydantic import Field, field_validator, model_validator
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet import http
+from gymfleet import auth, http
 from gymfleet.errors import ConfigError, GymfleetError, TransportError, UpstreamError
 from gymfleet.serving.model import ModelServer
-from gymfleet.serving.server import FLEET_TOKEN_ENV, JSONResponse, ServerConfig, add_route
+from gymfleet.serving.server import JSONResponse, ServerConfig, add_route
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
 __all__ = ["LocalVLLMModel", "LocalVLLMModelConfig", "LocalVLLMStartError"]
@@ -460,7 +460,7 @@ class LocalVLLMModel(VLLMModel):
 
     def _fail(self, reason: str) -> None:
         self.state, self.failure = "failed", reason
-        if os.environ.get(FLEET_TOKEN_ENV):
+        if auth.fleet_token():
             log.error("vLLM cannot be brought back; stopping this server, so the fleet restarts it or stops: %s",
                       reason)
             os.kill(os.getpid(), signal.SIGTERM)

@@ -54,18 +54,17 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
-import os
 import time
 from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response as StarletteResponse
 
-from gymfleet import http
-from gymfleet.serving.convert import chat_to_response
+from gymfleet import auth, http
 from gymfleet.errors import TransportError, UpstreamError
+from gymfleet.serving.convert import chat_to_response
 from gymfleet.serving.model import ModelServer
-from gymfleet.serving.server import FLEET_TOKEN_ENV, JSONResponse, add_route
+from gymfleet.serving.server import JSONResponse, add_route
 from gymfleet.serving.sessions import session_id
 from gymfleet.wire import ResponseCreateParams
 from responses_api_models.vllm_model.config import VLLMModelConfig
@@ -193,12 +192,12 @@ class VLLMModel(ModelServer):
 def _probe_timeout_s(global_config: dict[str, Any]) -> float:
     """How long the start-up probe reports "waiting for upstream" before "upstream unreachable"; 0: no probe.
 
-    In a fleet (`ng_run` sets `GYMFLEET_FLEET_TOKEN`) the fleet's `model_endpoint_readiness_timeout_seconds`
+    In a fleet (`ng_run` sets a fleet token) the fleet's `model_endpoint_readiness_timeout_seconds`
     (default 600); a server built in-process (tests, library use) probes only when its global config sets the key.
     """
     value = global_config.get("model_endpoint_readiness_timeout_seconds")
     if value is None:
-        return 600.0 if os.environ.get(FLEET_TOKEN_ENV) else 0.0
+        return 600.0 if auth.fleet_token() else 0.0
     return max(0.0, float(value))
 
 

@@ -7,6 +7,7 @@ from `/metrics`, never from how long a test took.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import time
@@ -158,3 +159,70 @@ async def test_a_waiter_that_goes_away_leaves_the_line():
     release()  # a second call gives nothing back twice
     (await behind)()
     assert (admission.running, admission.admitted_mb, admission.waiting_for_memory) == (0, 0, 0)
+
+
+async def test_a_request_not_admitted_within_admission_timeout_s_is_a_429_and_never_runs():
+    """A queued run past its admission deadline is refused (429, Retry-After) and its program never starts."""
+    server = SandboxServer({"name": "sandbox", "memory_budget_mb": BUDGET_MB, "default_memory_mb": 64,
+                            "max_concurrent_runs": 1, "admission_timeout_s": 0.5})
+    marker = "print('the late run ran')"
+    with serve(server.create_app()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            holder = asyncio.create_task(run_span(client, 64, 3))
+            await wait_for_metrics(client, lambda text: gauge(text, "gymfleet_sandbox_running") == 1, "a run")
+            late = await client.post("/run", json={"code": marker})
+            assert late.status_code == 429, late.text
+            assert late.json()["error_type"] == "overloaded" and "admission_timeout_s" in late.json()["detail"]
+            assert int(late.headers["Retry-After"]) >= 1
+            await holder
+            metrics = (await client.get("/metrics")).text
+    assert gauge(metrics, "gymfleet_sandbox_queue_depth") == 0
+    assert 'reason="admission_timeout"' in metrics
+    assert server.admission.running == 0 and server.admission.admitted_mb == 0
+
+
+def _runs(metrics: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("gymfleet_sandbox_runs_total{"))
+
+
+async def test_fifty_abandoned_requests_run_nothing():
+    """Callers that hang up while their run waits for admission leave the line: none of their programs runs."""
+    server = SandboxServer({"name": "sandbox", "memory_budget_mb": BUDGET_MB, "default_memory_mb": 64})
+    with serve(server.create_app()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            session = await client.post("/sessions", json={"memory_mb": BUDGET_MB})  # holds the whole budget
+            assert session.status_code == 200, session.text
+            before = _runs((await client.get("/metrics")).text)  # the start-up self-test counts as one
+
+            async def abandon() -> None:
+                async with httpx.AsyncClient(base_url=url) as impatient:
+                    with contextlib.suppress(httpx.TimeoutException):
+                        await impatient.post("/run", json={"code": "print(1)"}, timeout=httpx.Timeout(120, read=0.3))
+
+            await asyncio.gather(*(abandon() for _ in range(50)))
+            await wait_for_metrics(client, lambda text: gauge(text, "gymfleet_sandbox_queue_depth") == 0,
+                                   "the abandoned requests leaving the line")
+            assert (await client.delete(f"/sessions/{session.json()['session_id']}")).status_code == 200
+            await run_span(client, 64, 0)  # first come, first served: anything still queued would run before it
+            metrics = (await client.get("/metrics")).text
+    assert _runs(metrics) == before + 1, "only the last run ran"
+    assert 'gymfleet_requests_total{method="POST",route="/run",status="499"} 50.0' in metrics
+
+
+async def test_an_idle_session_cannot_hold_the_memory_budget():
+    """A caller that opens a session holding the whole budget and goes quiet loses it after
+    `session_idle_timeout_s`: the run waiting for that memory then runs, and the session is gone (404)."""
+    server = SandboxServer({"name": "sandbox", "memory_budget_mb": BUDGET_MB, "default_memory_mb": 64,
+                            "session_idle_timeout_s": 1.0})
+    with serve(server.create_app()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            created = await client.post("/sessions", json={"memory_mb": BUDGET_MB})
+            assert created.status_code == 200, created.text
+            waiting = asyncio.create_task(client.post("/run", json={"code": "print('ran')", "memory_mb": 64}))
+            answer = await waiting
+            assert answer.status_code == 200 and answer.json()["stdout"] == "ran\n", answer.text
+            gone = await client.post(f"/sessions/{created.json()['session_id']}/exec", json={"code": "1"})
+            assert gone.status_code == 404, gone.text
+            metrics = (await client.get("/metrics")).text
+    assert 'reason="admission_timeout"' not in metrics

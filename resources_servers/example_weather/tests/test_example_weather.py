@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from gymfleet.testing import make_response, serve
+from resources_servers.example_weather import app
 from resources_servers.example_weather.app import ExampleWeatherServer, score
 
 ROW = json.loads((Path(__file__).parents[1] / "data/example.jsonl").read_text().splitlines()[0])  # Paris
@@ -62,7 +63,7 @@ def test_tool_answers_forecasts_and_readable_errors(url):
     assert "invalid arguments for tool 'get_weather'" in outputs[2]["error"]
 
 
-def test_sessions_are_separate_and_dropped_at_verify(url):
+def test_sessions_are_separate_and_verify_is_repeatable(url):
     with httpx.Client(base_url=url, timeout=30) as first, httpx.Client(base_url=url, timeout=30) as second:
         for client in (first, second):
             client.post("/seed_session", json=ROW)
@@ -70,7 +71,20 @@ def test_sessions_are_separate_and_dropped_at_verify(url):
         body = {**ROW, "response": make_response("Sunny.")}
         assert second.post("/verify", json=body).json()["tool_calls_made"] == 0
         assert first.post("/verify", json=body).json()["reward"] == 1.0
-        assert first.post("/verify", json=body).json()["tool_calls_made"] == 0, "record removed by the first verify"
+        assert first.post("/verify", json=body).json()["reward"] == 1.0, "verifying again scores the same record"
+
+
+def test_a_session_evicted_past_the_cap_is_session_lost_never_a_reward_on_no_calls(monkeypatch):
+    monkeypatch.setattr(app, "MAX_SESSIONS", 5)
+    server = ExampleWeatherServer({"name": "example_weather", "domain": "agent"})
+    with serve(server.create_app()) as url, httpx.Client(base_url=url, timeout=30) as victim:
+        victim.post("/seed_session", json=ROW)
+        victim.post("/get_weather", json={"city": "Paris"})
+        for _ in range(app.MAX_SESSIONS):  # a flood of other rollouts' seeds pushes the victim's session out
+            assert httpx.post(url + "/seed_session", json=ROW, timeout=30).status_code == 200
+        answer = victim.post("/verify", json={**ROW, "response": make_response("Sunny.")})
+    assert answer.status_code == 410 and answer.json()["error_type"] == "session_lost", answer.text
+    assert "evicted" in answer.json()["detail"]
 
 
 @pytest.mark.parametrize(

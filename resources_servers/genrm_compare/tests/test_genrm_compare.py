@@ -311,6 +311,31 @@ def test_a_group_missing_a_rollout_fails_by_its_deadline(genrm_url):
     assert all("3 of 4 rollouts" in r["failure"] and r["reward"] == 0.0 for r in results)
 
 
+def test_open_groups_are_capped_with_a_429_and_compare_size_with_a_413(genrm_url):
+    """Past `max_open_groups` pending groups, a `/verify` opening another and a `/compare` are 429s with
+    Retry-After, judged nothing; members of a pending group still join it; an oversized `/compare` is a 413."""
+    fields = {"num_rollouts_per_prompt": 2, "max_open_groups": 2, "max_compare_responses": 3}
+    with _env(genrm_url, **fields) as (url, server):
+        pending = [_group(url, OUR_ROWS[0], ["[Q5] a"], task=task, wait=False) for task in (1, 2)]
+        deadline = time.monotonic() + 60
+        while len(server.cohorts) < 2:  # a bound against a hang, not a timing assertion
+            assert time.monotonic() < deadline and not any(p.done() for p in pending)
+            time.sleep(0.05)
+        row = {**OUR_ROWS[0], "response": _answer("[Q1] x"), "_ng_task_index": 3, "_ng_rollout_index": 0}
+        refused = httpx.post(f"{url}/verify", json=row, timeout=30)
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "5", refused.text
+        assert refused.json()["error_type"] == "busy" and "max_open_groups=2" in refused.json()["detail"]
+        busy = _compare(url, ["[Q1] x", "[Q2] y"], status=429)
+        assert "max_open_groups" in busy["detail"]
+        assert len(server.cohorts) == 2, "a refused request opened nothing"
+        partners = [_group(url, OUR_ROWS[0], ["[Q2] b"], task=task, first_index=1) for task in (1, 2)]
+        assert [p[0]["reward"] for p in partners] == [2.0, 2.0] and server.cohorts == {}
+        assert [p.result()[0]["reward"] for p in pending] == [5.0, 5.0]
+        big = _compare(url, ["[Q1] a", "[Q2] b", "[Q3] c", "[Q4] d"], status=413)
+        assert big["error_type"] == "request_too_large" and "max_compare_responses=3" in big["detail"]
+        assert [round(r) for r in _compare(url, ["[Q1] a", "[Q2] b", "[Q3] c"])["rewards"]] == [1, 2, 3]
+
+
 def test_a_repeated_verify_joins_its_rollout_and_a_different_response_conflicts(genrm_url):
     with _env(genrm_url, num_rollouts_per_prompt=2) as (url, server):
         first = _group(url, OUR_ROWS[4], ["[Q4] a"], wait=False)

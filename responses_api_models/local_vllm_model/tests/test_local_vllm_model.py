@@ -20,7 +20,7 @@ import pytest
 from pydantic import ValidationError
 
 from gymfleet.errors import ConfigError
-from gymfleet.testing import free_port, serve
+from gymfleet.testing import fleet_headers, free_port, serve
 from responses_api_models.local_vllm_model import app as local_app
 from responses_api_models.local_vllm_model.app import STAND_IN, LocalVLLMModel, LocalVLLMModelConfig
 
@@ -226,9 +226,10 @@ def test_ng_run_starts_and_stops_it(tmp_path):
                  lambda: log.read_text()[-3000:], deadline_s=FLEET_DEADLINE_S)
         assert fleet.poll() is None, log.read_text()[-3000:]
         url = f"http://127.0.0.1:{port}"
-        answer = httpx.post(url + "/v1/responses", json=QUESTION, timeout=30)
+        token = fleet_headers(head_port)  # the token file ng_run wrote for its head address
+        answer = httpx.post(url + "/v1/responses", json=QUESTION, timeout=30, headers=token)
         assert answer.status_code == 200 and answer.json()["output"][-1]["content"][0]["text"] == "\\boxed{4}"
-        vllm_pid = httpx.get(url + "/vllm_status").json()["pid"]
+        vllm_pid = httpx.get(url + "/vllm_status", headers=token).json()["pid"]
         worker_pid = int((tmp_path / "worker.pid").read_text())
         fleet.send_signal(signal.SIGINT)
         assert fleet.wait(timeout=60) == 0, log.read_text()[-3000:]
