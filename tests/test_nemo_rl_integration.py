@@ -13,6 +13,7 @@ import copy
 import importlib.util
 import json
 import logging
+import pkgutil
 import re
 import sys
 import time
@@ -467,8 +468,10 @@ NEMO_GYM_MODULES = [
 ]
 GYMFLEET_SOURCES = (
     "fleet.config", "fleet.config_instances", "rollouts.collect_inputs", "rollouts.rollout_helper", "fleet.run_helper",
-    "serving.server", "errors", "serving.nemo_gym_types", "serving.nemo_gym_server", "serving.nemo_gym_client",
-    "serving.nemo_gym_metrics", "serving.nemo_gym_prompt", "testing.verifier_fixture",
+    "serving.server", "errors", "testing.verifier_fixture",
+    # every serving.nemo_gym_* module: NeMo-Gym's surface, written in gymfleet
+    *sorted(f"serving.{m.name}" for m in pkgutil.iter_modules([str(Path(repository_root()) / "gymfleet" / "serving")])
+            if m.name.startswith("nemo_gym_")),
 )
 
 
