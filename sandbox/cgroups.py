@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import signal
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ OWNER = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-")
 KILL_ROUNDS = 100
 REMOVE_TRIES = 50
 REMOVE_PAUSE_S = 0.02
+SWEEP_WAIT_S = 5.0
 LIMIT_SLACK_BYTES = 1 << 20
 """A v1 peak this close to the limit means the limit was reached (a charge that did not fit is never counted)."""
 
@@ -107,8 +109,7 @@ class Hierarchy:
             if match is None or not path.is_dir() or _start_time(int(match[1])) == match[2]:
                 continue
             try:
-                kill_all(path, self.version)
-                path.rmdir()
+                _kill_and_remove(path, self.version)
                 removed += 1
             except OSError as exc:
                 log.warning("could not remove the leftover sandbox cgroup %s: %s", path, exc)
@@ -213,6 +214,24 @@ class RunCgroup:
             await asyncio.sleep(REMOVE_PAUSE_S)
         log.warning("the sandbox cgroup %s is still busy: removing it later", self.path)
         self.hierarchy._stale.add(self.path)
+
+
+def _kill_and_remove(path: Path, version: int, wait_s: float = SWEEP_WAIT_S) -> None:
+    """Kill the cgroup's processes and remove it once they have exited (waiting up to `wait_s`, in this thread).
+
+    Raises:
+        OSError: it could not be removed.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        kill_all(path, version)
+        try:
+            path.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(REMOVE_PAUSE_S)
 
 
 def kill_all(path: Path, version: int) -> None:

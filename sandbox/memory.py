@@ -75,6 +75,8 @@ class MemoryWatch:
         """Kill the program's processes if together they hold more than `limit_bytes`; returns whether it did."""
         if process.popen.returncode is not None or process.memory_exceeded_bytes:
             return False
+        if process.cgroup is not None and not process.cgroup.ran_out(peek=True):
+            return False
         pids = _tree(process.popen.pid)  # before the pending check: a case started after it is not in the list
         if process.cgroup is not None:
             if process.result_pending() or not process.cgroup.ran_out():

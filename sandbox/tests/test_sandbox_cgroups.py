@@ -130,6 +130,7 @@ def test_the_cgroups_of_a_service_that_died_are_swept(cgroup_server):
         assert hierarchy.ours() == [live.path]
     finally:
         survivor.kill()
+        survivor.wait()
         if leftover.exists():
             leftover.rmdir()
         live.path.rmdir()
@@ -163,3 +164,24 @@ def test_without_a_memory_cgroup_auto_falls_back_with_one_line_and_cgroup_refuse
     with pytest.raises(cgroups.CgroupUnavailable, match="v1 memory hierarchy"):
         cgroups.detect("cgroup", proc=proc)
     assert cgroups.detect("rss", proc=Path("/proc/self")) is None
+
+
+@pytest.mark.parametrize("layout", ["v2", "v1-container"])
+def test_the_service_finds_its_own_cgroup_in_either_hierarchy(tmp_path, layout):
+    # The parsing only (this host has one layout): a v2 host whose service cgroup has the memory controller and
+    # enables it for its children; a v1 container whose memory mount shows only its own cgroup (mount root != "/").
+    mount = tmp_path / "cgroup"
+    if layout == "v2":
+        own = mount / "system.slice" / "sandbox.service"
+        own.mkdir(parents=True)
+        (own / "cgroup.controllers").write_text("cpu io memory pids\n")
+        (own / "cgroup.subtree_control").write_text("memory\n")
+        proc = write_proc(tmp_path / "proc", "0::/system.slice/sandbox.service\n",
+                          f"30 25 0:26 / {mount} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    else:
+        own = mount
+        own.mkdir()
+        proc = write_proc(tmp_path / "proc", "5:memory:/docker/abc\n0::/\n",
+                          f"35 31 0:32 /docker/abc {mount} rw,relatime - cgroup cgroup rw,memory\n")
+    hierarchy = cgroups._find(proc)
+    assert (hierarchy.version, hierarchy.parent) == ((2, own) if layout == "v2" else (1, own))
