@@ -94,6 +94,9 @@ def test_a_batch_goes_on_after_a_case_ran_out(client):
 def test_a_sessions_memory_is_its_cgroups(client):
     session = client.post("/sessions", json={"timeout_s": 5}).json()["session_id"]
     try:
+        metrics = client.get("/metrics").text  # what the session's cgroup holds, measured (its kernel at least)
+        used = [line for line in metrics.splitlines() if line.startswith("gymfleet_sandbox_memory_used_bytes ")]
+        assert used and 0 < float(used[0].split()[1]) <= LIMIT_MB << 20, used
         result = client.post(f"/sessions/{session}/exec", json={"code": GAPS["sysv-shm-detached"]}).json()
         assert ran_out(result, LIMIT_MB) and "the session has ended" in result["message"], result
     finally:
