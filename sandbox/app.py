@@ -8,7 +8,9 @@ Routes (JSON in and out; shapes in `sandbox.models`):
   the sandbox from outside (infrastructure, `sandbox.models`). `timeout_s` is CPU time per process; the
   wall-clock limit is `wall_time_factor` times it, so runs slowed down by their neighbours are not timed out for it.
   `memory_mb` bounds each process's address space and all the memory of the run's processes together, files in
-  its tmpfs and memfds included (`sandbox.memory`).
+  its tmpfs and memfds included: counted by a memory cgroup of the run's own where the service can make one
+  (kernel buffers, SysV shared memory and memfds in flight in sockets too; `sandbox.cgroups`), else by sampling
+  its processes (`sandbox.memory`; `memory_accounting` chooses).
   `archive` is a base64 tar (a repository snapshot) unpacked into the workspace before `files` are written.
 - `POST /run_batch`: one program, many `cases` (`stdin`, `args`), optional `stop_on_failure` and Python `prelude`
   -> `{results: [...]}`; all cases share one sandbox, each runs in a fresh process.
@@ -48,7 +50,7 @@ from starlette.responses import Response
 from gymfleet.errors import ConfigError
 from gymfleet.serving.bodies import read_json, validate
 from gymfleet.serving.server import JSONResponse, Server, ServerConfig, add_route, dump
-from sandbox import isolation
+from sandbox import cgroups, isolation
 from sandbox.admission import Admission, Overloaded, machine_memory_budget_mb
 from sandbox.metrics import SandboxMetrics
 from sandbox.models import BatchRequest, BatchResult, ExecRequest, RunRequest, SessionCreated, SessionRequest
@@ -105,6 +107,10 @@ class SandboxConfig(ServerConfig):
     session_idle_timeout_s: float = 600.0
     session_cpu_s: int = 3600
     """CPU seconds a whole session may use."""
+    memory_accounting: Literal["auto", "cgroup", "rss"] = "auto"
+    """How a run's `memory_mb` is counted: `cgroup` (a memory cgroup per run and session, v2 or v1: everything
+    counted, kernel buffers included; a start-up error where none can be made), `rss` (sampling the processes,
+    their tmpfs files and memfds; `sandbox.memory`), `auto` (cgroup where possible, else rss, logged)."""
 
 
 class SandboxServer(Server):
@@ -144,7 +150,14 @@ class SandboxServer(Server):
             isolation.prepare, config.isolation, python=config.python, bwrap=config.bwrap,
             workspace_mb=config.workspace_mb, sandbox_uid=config.sandbox_uid, site_packages=config.site_packages,
         )  # fmt: skip
-        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics)
+        try:
+            hierarchy = await asyncio.to_thread(cgroups.detect, config.memory_accounting)
+        except cgroups.CgroupUnavailable as exc:
+            prepared.close()
+            raise ConfigError(f"memory_accounting: cgroup, but {exc}",
+                              hint="run the service where it can make memory cgroups, or use auto or rss") from exc
+        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy)
+        self.sandbox_metrics.count_cgroups(hierarchy)
         self.sessions = Sessions(self.runner)
         try:
             await self._check_isolation()
@@ -217,6 +230,7 @@ class SandboxServer(Server):
             "isolation": self.runner.isolation.mode, "python": self.runner.isolation.python,
             "max_concurrent_runs": self.admission.max_running, "queue_length": self.admission.max_queued,
             "memory_budget_mb": self.admission.memory_budget_mb,
+            "memory_accounting": str(self.runner.cgroups or "rss"),
             **{name: getattr(self.config, name) for name in fields},
         })  # fmt: skip
 

@@ -250,7 +250,18 @@ def _child(request, program, case, fds, argv):
 
 
 def set_limits(request, cpu_s=None):
-    """Address space, CPU seconds, processes, file size and open files, for this process and its children."""
+    """Address space, CPU seconds, processes, file size and open files, for this process and its children; and the
+    OOM killer's first choice: an OOM in the run's memory cgroup (`sandbox.cgroups`), or the host's, takes the
+    program before its supervisor or the sandbox's init (raising the score needs no privilege)."""
+    try:
+        fd = posix.open("/proc/self/oom_score_adj", posix.O_WRONLY)
+        try:
+            posix.write(fd, b"1000")
+        finally:
+            posix.close(fd)
+    except OSError:
+        pass
+
     def limit(which, value):
         resource.setrlimit(which, (value, value))
 

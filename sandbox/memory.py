@@ -20,9 +20,15 @@ a session survives; in direct mode the launcher is the program, and goes too.
 What it kills does not free the files the program left in its tmpfs: a batch's next case that starts over the limit
 is killed at once.
 
-Not counted (only a cgroup memory controller would see them; none can be delegated on hosts with cgroup v1): SysV
-shared memory that no process has attached, memfds whose only reference is in flight in a unix socket, pipe and
-socket buffers, kernel memory. Memory allocated faster than the sampling sees it is caught at the next sample.
+Not counted by this sampling: SysV shared memory that no process has attached, memfds whose only reference is in
+flight in a unix socket, pipe and socket buffers, kernel memory. Memory allocated faster than the sampling sees it
+is caught at the next sample.
+
+Where the service could make memory cgroups (`sandbox.cgroups`), a sandbox in one is not sampled: the kernel counts
+all of the above and holds the cgroup to the limit itself, killing a process (the program's, by their
+`oom_score_adj`) when it cannot. The watch then only polls the cgroup's OOM-kill counter and ends the rest of the
+program's processes as above, so an OOM ends a case whole; it leaves a kill to the result being reported when the
+launcher has already written one (that case is over, and the next one may be running).
 """
 
 from __future__ import annotations
@@ -69,10 +75,17 @@ class MemoryWatch:
         """Kill the program's processes if together they hold more than `limit_bytes`; returns whether it did."""
         if process.popen.returncode is not None or process.memory_exceeded_bytes:
             return False
-        pids = _tree(process.popen.pid)
-        held = held_bytes(pids, pidns=process.pidns, over=limit_bytes)
-        if held <= limit_bytes:
+        if process.cgroup is not None and not process.cgroup.ran_out(peek=True):
             return False
+        pids = _tree(process.popen.pid)  # before the pending check: a case started after it is not in the list
+        if process.cgroup is not None:
+            if process.result_pending() or not process.cgroup.ran_out():
+                return False
+            held = process.cgroup.peak_bytes()
+        else:
+            held = held_bytes(pids, pidns=process.pidns, over=limit_bytes)
+            if held <= limit_bytes:
+                return False
         process.memory_exceeded_bytes = held
         spared = _infrastructure(process, pids, spare_launcher=not direct)
         for pid in pids:
@@ -80,6 +93,15 @@ class MemoryWatch:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         return True
+
+    @staticmethod
+    def take(process: SandboxProcess) -> int:
+        """What the program's processes held when they ran out of memory since the last result (0 if they did not),
+        for the result reported now; counted once."""
+        if process.cgroup is not None and not process.memory_exceeded_bytes and process.cgroup.ran_out():
+            process.memory_exceeded_bytes = process.cgroup.peak_bytes()
+        held, process.memory_exceeded_bytes = process.memory_exceeded_bytes, 0
+        return held
 
 
 def held_bytes(pids: list[int], *, pidns: bool, over: int = 0) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sandbox.admission import Admission
+from sandbox.cgroups import Hierarchy
 
 RUN_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -47,6 +48,14 @@ class SandboxMetrics:
             "gymfleet_sandbox_rejected", "Requests refused with 429", ["reason"], registry=registry
         )
         self.sessions = Gauge("gymfleet_sandbox_sessions", "Open sessions", registry=registry)
+        self._registry = registry
+
+    def count_cgroups(self, hierarchy: Hierarchy | None) -> None:
+        """Export the memory the sandboxes' cgroups hold now (where there are cgroups: `sandbox.cgroups`)."""
+        if hierarchy is not None:
+            used = Gauge("gymfleet_sandbox_memory_used_bytes", "Memory the running sandboxes' cgroups hold now",
+                         registry=self._registry)
+            used.set_function(hierarchy.used_bytes)
 
     def observe(self, language: str, status: str, duration_s: float) -> None:
         self.runs.labels(language, status).inc()

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import marshal
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from sandbox.cgroups import RunCgroup
 from sandbox.isolation import Isolation
 from sandbox.launcher import EXITED, READY, SETUP_FAILED, SIGNALED
 from sandbox.pipes import PipeReader, PipeWriter, ProtocolError
@@ -75,12 +77,15 @@ class SandboxProcess:
         stdin: PipeWriter,
         host_dir: str | None,
         pidns: bool = True,
+        cgroup: RunCgroup | None = None,
     ):
         self.popen = popen
         self._stdout, self._stderr, *self._output = readers
         self._stdin = stdin
         self._host_dir = host_dir
         self.pidns = pidns
+        self.cgroup = cgroup
+        """The sandbox's memory cgroup (`sandbox.cgroups`), removed by `close()`; None where memory is sampled."""
         self.max_frame_bytes = 0
         self.memory_exceeded_bytes = 0
         """Set (to what they held) when the memory watch killed the program's processes (`sandbox.memory`)."""
@@ -89,9 +94,11 @@ class SandboxProcess:
 
     @classmethod
     async def start(
-        cls, isolation: Isolation, request: dict[str, Any], *, timeout_s: float, direct: bool = False
+        cls, isolation: Isolation, request: dict[str, Any], *, timeout_s: float, direct: bool = False,
+        cgroup: RunCgroup | None = None,
     ) -> SandboxProcess:
-        """Start a sandbox, send it the launcher and `request`, and wait for its ready line.
+        """Start a sandbox (in `cgroup`, before it is sent any code), send it the launcher and `request`, and wait
+        for its ready line.
 
         Raises:
             SandboxStartError: it did not come up within `timeout_s` (the message carries bwrap's stderr).
@@ -117,6 +124,8 @@ class SandboxProcess:
         except OSError as exc:
             for fd in (fd for pipe in pipes for fd in pipe):
                 os.close(fd)
+            if cgroup is not None:
+                await cgroup.remove()
             raise SandboxStartError(f"cannot start the sandbox ({isolation.argv[0]}): {exc}") from exc
         for fd in child_ends:
             os.close(fd)
@@ -126,8 +135,16 @@ class SandboxProcess:
             PipeReader(loop, pipes[2][0], max_buffer=STDERR_KEEP_BYTES, keep_head=True),
             *(PipeReader(loop, read_end, max_buffer=max_output, keep_head=True) for read_end, _ in pipes[3:]),
         ]
-        process = cls(popen, readers, PipeWriter(loop, pipes[0][1]), host_dir, isolation.pidns)
+        process = cls(popen, readers, PipeWriter(loop, pipes[0][1]), host_dir, isolation.pidns, cgroup)
         process.max_frame_bytes = 2 * max_output
+        if cgroup is not None:
+            try:
+                await asyncio.to_thread(cgroup.adopt, popen.pid)  # v1: waits for an RCU grace period
+            except BaseException as exc:
+                await process.close()
+                if isinstance(exc, OSError):
+                    raise SandboxStartError(f"cannot move the sandbox into its cgroup {cgroup.path}: {exc}") from exc
+                raise
         process.send(isolation.launcher_code)
         process.send(request)
         problem = "exited before it was ready"
@@ -147,6 +164,15 @@ class SandboxProcess:
     def stderr_text(self) -> str:
         """What the launcher and bwrap wrote to stderr (kept for diagnostics, truncated)."""
         return bytes(self._stderr.buffer).decode("utf-8", "replace").strip()
+
+    def result_pending(self) -> bool:
+        """Whether the launcher wrote something not read yet (a result frame: the case it reports has ended)."""
+        if self._stdout.buffer or self._stdout.eof:
+            return True
+        try:
+            return bool(select.select([self._stdout.fd], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True
 
     def send(self, payload: Any) -> None:
         self._stdin.write(encode(payload))
@@ -236,6 +262,8 @@ class SandboxProcess:
                 reader.close()
             if self._host_dir is not None:
                 shutil.rmtree(self._host_dir, ignore_errors=True)
+            if self.cgroup is not None:
+                await self.cgroup.remove()
 
 
 def _children(pid: int) -> list[int]:

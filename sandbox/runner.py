@@ -18,6 +18,7 @@ from typing import Any
 
 from gymfleet.errors import BadRequestError
 from sandbox.admission import Admission
+from sandbox.cgroups import Hierarchy
 from sandbox.isolation import Isolation
 from sandbox.memory import MemoryWatch
 from sandbox.metrics import SandboxMetrics
@@ -32,7 +33,7 @@ from sandbox.models import (
     killed_from_outside,
     to_result,
 )
-from sandbox.process import Frame, ProtocolError, SandboxProcess
+from sandbox.process import Frame, ProtocolError, SandboxProcess, SandboxStartError
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,11 @@ def decode_archive(archive: str | None) -> bytes | None:
 class Runner:
     """Starts sandboxes for requests and turns their frames into results."""
 
-    def __init__(self, config: Any, isolation: Isolation, admission: Admission, metrics: SandboxMetrics):
+    def __init__(self, config: Any, isolation: Isolation, admission: Admission, metrics: SandboxMetrics,
+                 cgroups: Hierarchy | None = None):
         self.config = config
+        self.cgroups = cgroups
+        """Where each sandbox gets a memory cgroup of its own (`sandbox.cgroups`); None: the sampling watch."""
         self.isolation = isolation
         self.admission = admission
         self.metrics = metrics
@@ -105,8 +109,19 @@ class Runner:
         }
 
     async def start(self, payload: dict[str, Any], direct: bool = False) -> SandboxProcess:
+        """A started sandbox, in a memory cgroup of its own limited to the payload's memory where cgroups are used.
+
+        Raises:
+            SandboxStartError: it could not be started, or its cgroup made.
+        """
+        cgroup = None
+        if self.cgroups is not None:
+            try:
+                cgroup = self.cgroups.create(payload["memory_bytes"])
+            except OSError as exc:
+                raise SandboxStartError(f"cannot make the sandbox's memory cgroup: {exc}") from exc
         return await SandboxProcess.start(self.isolation, payload, timeout_s=self.config.startup_timeout_s,
-                                          direct=direct)
+                                          direct=direct, cgroup=cgroup)
 
     async def direct_result(self, process: SandboxProcess, limits: Limits) -> RunResult:
         """The result of a direct-mode run (see `sandbox.process`): the wall-clock limit is enforced here."""
@@ -127,18 +142,22 @@ class Runner:
     async def outside_kill(self, process: SandboxProcess, duration_s: float = 0.0) -> RunResult | None:
         """A `sandbox_failed` result when the host killed the sandbox (its channel closed), else None."""
         signal_name = await process.killed_from_outside()
-        if signal_name is None:
-            return None
+        if signal_name is None or process.cgroup is not None and process.cgroup.ran_out(peek=True):
+            return None  # the kernel's OOM killer, for the run's own limit: `memory_verdict` says `oom`
         log.warning("sandbox %d was killed from outside by %s: reported as sandbox_failed", process.popen.pid,
                     signal_name)
         return killed_from_outside(signal_name, duration_s)
 
     def memory_verdict(self, process: SandboxProcess, result: RunResult, limits: Limits) -> RunResult:
         """`result`, or `oom` when the memory watch killed the program's processes meanwhile (`sandbox.memory`)."""
-        held, process.memory_exceeded_bytes = process.memory_exceeded_bytes, 0
+        held = self.memory.take(process)
         if not held:
             return result
-        message = f"ran out of memory: its processes together held {held >> 20} MiB (limit {limits.memory_mb} MiB)"
+        if process.cgroup is None:
+            message = f"ran out of memory: its processes together held {held >> 20} MiB (limit {limits.memory_mb} MiB)"
+        else:
+            message = (f"ran out of memory: its processes, files and kernel buffers together reached {held >> 20} MiB "
+                       f"(limit {limits.memory_mb} MiB, counted by its memory cgroup)")
         return result.model_copy(update={"status": "oom", "message": message})
 
     async def run(self, request: RunRequest) -> RunResult:

@@ -39,6 +39,14 @@ def run(client: httpx.Client, code: str, **fields) -> dict:
     return answer.json()
 
 
+def ran_out(result: dict, memory_mb: int) -> bool:
+    """Whether `result` is an `oom` of the run's memory as a whole (counted by its cgroup, or by the sampling watch
+    where there is none), not of one process's address space."""
+    message = result["message"] or ""
+    counted = "counted by its memory cgroup" in message or "processes together held" in message
+    return result["status"] == "oom" and counted and f"(limit {memory_mb} MiB" in message
+
+
 def sandbox_processes() -> list[psutil.Process]:
     """Processes running as the sandbox uid (there must be none once a run is over): those under this test process,
     and orphans (nothing but sandboxed processes between them and init). Those a parallel pytest worker's sandbox
