@@ -210,13 +210,14 @@ class SandboxServer(Server):
 
     async def _create_session(self, request: Request) -> Response:
         body = validate(SessionRequest, await read_json(request))
-        session = await self.sessions.create(body)
-        created = SessionCreated(session_id=session.id, idle_timeout_s=self.config.session_idle_timeout_s)
-        return JSONResponse(dump(created))
+        idle_s = self.config.session_idle_timeout_s
+        return await _while_connected(request, self.sessions.create(body), lambda session: JSONResponse(
+            dump(SessionCreated(session_id=session.id, idle_timeout_s=idle_s))))
 
     async def _exec(self, request: Request) -> Response:
         body = validate(ExecRequest, await read_json(request))
-        return JSONResponse(dump(await self.sessions.exec(request.path_params["session_id"], body)))
+        return await _while_connected(request, self.sessions.exec(request.path_params["session_id"], body),
+                                      lambda result: JSONResponse(dump(result)))
 
     async def _delete_session(self, request: Request) -> Response:
         if not await self.sessions.delete(request.path_params["session_id"]):
@@ -250,8 +251,10 @@ class SandboxServer(Server):
 
 
 async def _while_connected(request: Request, work: Any, answer: Callable[[Any], Response]) -> Response:
-    """Run `work` (a run, waiting for admission first) unless its caller hangs up first: then it is cancelled, so a
-    run still queued never starts and a running one is killed (`sandbox.runner` tears its sandbox down)."""
+    """Run `work` (a run, a session's start or command, waiting for admission first) unless its caller hangs up
+    first: then it is cancelled, so a run still queued never starts, a running one is killed (`sandbox.runner` tears
+    its sandbox down), a session still starting is never opened and one whose command is cut off is closed
+    (`sandbox.sessions`)."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnected(request))
     try:

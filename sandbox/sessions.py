@@ -114,6 +114,12 @@ class Sessions:
                 self.runner.memory.watch(session.process, limits.memory_mb << 20, direct=False)
                 try:
                     result, frame = await self.runner.next_result(session.process, limits)
+                except asyncio.CancelledError:
+                    # The caller went away mid-command: the kernel runs code whose result nobody will read, and
+                    # the next command would read it. The session ends (and its memory is freed) now.
+                    log.info("session %s: its caller went away during a command; closing it", session_id)
+                    await asyncio.shield(self.delete(session_id))
+                    raise
                 finally:
                     self.runner.memory.unwatch(session.process)
             session.last_used = time.monotonic()

@@ -210,6 +210,42 @@ async def test_fifty_abandoned_requests_run_nothing():
     assert 'gymfleet_requests_total{method="POST",route="/run",status="499"} 50.0' in metrics
 
 
+async def test_abandoned_session_starts_open_nothing_and_a_command_cut_off_closes_its_session():
+    """Callers that hang up while their session waits for memory leave the line (no session is opened for them);
+    one that hangs up during a session's command ends that session (its kernel is killed, its memory freed), so
+    the next command cannot read the abandoned one's result."""
+    server = SandboxServer({"name": "sandbox", "memory_budget_mb": BUDGET_MB, "default_memory_mb": 64})
+    with serve(server.create_app()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            holder = await client.post("/sessions", json={"memory_mb": BUDGET_MB})  # holds the whole budget
+            assert holder.status_code == 200, holder.text
+
+            async def hang_up(path: str, body: dict, after_s: float) -> None:
+                async with httpx.AsyncClient(base_url=url) as impatient:
+                    with contextlib.suppress(httpx.TimeoutException):
+                        await impatient.post(path, json=body, timeout=httpx.Timeout(120, read=after_s))
+
+            await asyncio.gather(*(hang_up("/sessions", {"memory_mb": 64}, 0.3) for _ in range(20)))
+            await wait_for_metrics(client, lambda text: gauge(text, "gymfleet_sandbox_queue_depth") == 0,
+                                   "the abandoned session starts leaving the line")
+            holder_id = holder.json()["session_id"]
+            assert (await client.delete(f"/sessions/{holder_id}")).status_code == 200
+            assert server.sessions._open == {}, "a session was opened for a caller that had hung up"
+
+            opened = await client.post("/sessions", json={"memory_mb": 64})
+            session_id = opened.json()["session_id"]
+            kernel = psutil.Process(server.sessions._open[session_id].process.popen.pid)
+            await hang_up(f"/sessions/{session_id}/exec", {"code": "import time\ntime.sleep(60)\nprint('late')"}, 0.5)
+            await wait_for_metrics(client, lambda text: gauge(text, "gymfleet_sandbox_sessions") == 0,
+                                   "the session whose command was cut off closing")
+            after = await client.post(f"/sessions/{session_id}/exec", json={"code": "print(1)"})
+            assert after.status_code == 404, after.text
+            with contextlib.suppress(psutil.NoSuchProcess):
+                kernel.wait(timeout=30)  # killed as the session closed (raises TimeoutExpired if it lives on)
+            metrics = (await client.get("/metrics")).text
+    assert 'gymfleet_requests_total{method="POST",route="/sessions",status="499"} 20.0' in metrics
+
+
 async def test_an_idle_session_cannot_hold_the_memory_budget():
     """A caller that opens a session holding the whole budget and goes quiet loses it after
     `session_idle_timeout_s`: the run waiting for that memory then runs, and the session is gone (404)."""
