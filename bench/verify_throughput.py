@@ -1,12 +1,19 @@
 """`/verify` throughput and latency: mcqa beside a bare FastAPI endpoint, at several concurrencies, in one run.
 
-Each server runs alone in its own process (one uvicorn worker, as `ng_run` starts it); the load generator is this
-process, using gymfleet's own HTTP client (aiohttp). The bare endpoint parses the same JSON body and returns a
-constant, so the gap between the two columns is what gymfleet's middleware, validation and mcqa's grading cost.
+Both servers run at once, each alone in its own process (one uvicorn worker, as `ng_run` starts it); the load
+generator is this process, using gymfleet's own HTTP client (aiohttp). The bare endpoint parses the same JSON body
+and returns a constant, so the gap between the two columns is what gymfleet's middleware, validation and mcqa's
+grading cost. Every request carries mcqa's session cookie, as an agent's `/verify` does.
 
-    python bench/verify_throughput.py [--concurrency 1 16 256 4096] [--seconds 8]
+Rounds alternate between the servers (bare, mcqa, then mcqa, bare, ...) so that other work on the machine weighs on
+both alike; each cell is the median round. A first line gives the CPU each app spends per request when called in
+process (ASGI, no network, no client): the cleanest number, and the one least moved by a loaded machine.
 
-Prints one table: requests/s, p50 and p99 latency, and the server's peak RSS, for both servers at each concurrency.
+    python bench/verify_throughput.py [--concurrency 1 16 256 4096] [--seconds 4] [--rounds 3] [--baseline DIR]
+
+Prints one table: requests/s, p50 and p99 latency, and the server's RSS, for both servers at each concurrency, and
+mcqa's share of bare's requests/s. `--baseline DIR` adds a third server, mcqa as another checkout serves it (say a
+`git worktree` of the commit to compare with), to the same rounds: a before/after under the same load.
 """
 
 from __future__ import annotations
@@ -18,17 +25,20 @@ import os
 import sys
 from pathlib import Path
 
+import orjson
 import psutil
 from fastapi import FastAPI, Request
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import closed_loop  # noqa: E402
+from bench._common import asgi_us_per_request, closed_loop, median_round  # noqa: E402
+from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
 
 ROW = json.loads((ROOT / "resources_servers/mcqa/data/example.jsonl").read_text().splitlines()[0])
 ANSWER = "Mercury has the shortest year, about 88 days. " * 20 + "\n\n\\boxed{B}"
+KINDS = ("bare", "mcqa")
 
 
 def _bare_app():
@@ -48,21 +58,34 @@ def _mcqa_app():
     return MCQAServer({"name": "mcqa", "domain": "knowledge"}).create_app()
 
 
+def build_app(kind: str):
+    return _bare_app() if kind == "bare" else _mcqa_app()
+
+
 def serve(kind: str, port: int) -> None:
     import logging
 
     import uvicorn
 
     logging.basicConfig(level=logging.ERROR)
-    app = _bare_app() if kind == "bare" else _mcqa_app()
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False, backlog=8192)
+    uvicorn.run(build_app(kind), host="127.0.0.1", port=port, log_level="error", access_log=False, backlog=8192)
+
+
+async def _session_cookies(url: str) -> dict[str, str]:
+    try:
+        return (await http.request("POST", url + "/seed_session", json=ROW)).cookies
+    finally:
+        await http.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 256, 4096])
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--serve", choices=["bare", "mcqa"], help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=4.0, help="length of one round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per server and concurrency (alternating)")
+    parser.add_argument("--asgi-requests", type=int, default=6000, help="in-process requests per app (0: skip)")
+    parser.add_argument("--baseline", type=Path, help="a checkout whose mcqa is served as a third column")
+    parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -74,31 +97,76 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65535), hard))
     body = {**ROW, "response": make_response(ANSWER)}
-    print(f"body {len(json.dumps(body))} bytes; {args.seconds:g}s per cell; {os.cpu_count()} cores")
-    results: dict[tuple[str, int], dict] = {}
-    for kind in ("bare", "mcqa"):
-        port = free_port()
-        process, url = spawn_server([sys.executable, __file__, "--serve", kind, "--port", str(port)], port)
-        proc = psutil.Process(process.pid)
-        try:
-            asyncio.run(closed_loop(url + "/verify", body, 16, 1.0, timeout_s=120))  # warm-up
-            for concurrency in args.concurrency:
-                result = asyncio.run(closed_loop(url + "/verify", body, concurrency, args.seconds, timeout_s=120))
-                result["rss_mb"] = proc.memory_info().rss / 2**20
-                results[kind, concurrency] = result
-        finally:
+    if args.asgi_requests:
+        apps = {kind: build_app(kind) for kind in KINDS}
+        cookies = asyncio.run(asgi_cookie(apps["mcqa"]))
+        asgi = asyncio.run(asgi_us_per_request(apps, "/verify", orjson.dumps(body), cookies, args.asgi_requests))
+        print(f"in process (ASGI, no network; fastest of alternating blocks): bare {asgi['bare']:.0f} µs/request, "
+              f"mcqa {asgi['mcqa']:.0f} µs/request (bare/mcqa {asgi['bare'] / asgi['mcqa']:.2f})")
+
+    kinds = [*KINDS, "baseline"] if args.baseline else list(KINDS)
+    servers = {}
+    try:
+        for kind in kinds:
+            port = free_port()
+            script, env = Path(__file__), None
+            if kind == "baseline":
+                script = args.baseline.resolve() / "bench/verify_throughput.py"
+                env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
+            argv = [sys.executable, str(script), "--serve", "mcqa" if kind == "baseline" else kind, "--port", str(port)]
+            servers[kind] = spawn_server(argv, port, env=env)
+        cookies = asyncio.run(_session_cookies(servers["mcqa"][1]))
+        baseline_cookies = asyncio.run(_session_cookies(servers["baseline"][1])) if args.baseline else {}
+        for kind, (_, url) in servers.items():  # warm-up
+            asyncio.run(closed_loop(url + "/verify", body, 16, 1.0, timeout_s=120,
+                                    cookies=baseline_cookies if kind == "baseline" else cookies))
+        results: dict[tuple[str, int], list[dict]] = {}
+        for concurrency in args.concurrency:
+            for round_ in range(args.rounds):
+                for kind in (kinds if round_ % 2 == 0 else kinds[::-1]):
+                    process, url = servers[kind]
+                    result = asyncio.run(closed_loop(
+                        url + "/verify", body, concurrency, args.seconds, timeout_s=120,
+                        cookies=baseline_cookies if kind == "baseline" else cookies,
+                    ))
+                    result["rss_mb"] = psutil.Process(process.pid).memory_info().rss / 2**20
+                    results.setdefault((kind, concurrency), []).append(result)
+    finally:
+        for process, _ in servers.values():
             process.terminate()
             process.wait(10)
 
-    header = f"{'conc':>5} | {'bare req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7} | " \
-             f"{'mcqa req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7} | {'mcqa/bare':>9} {'errors':>6}"
+    print(f"body {len(json.dumps(body))} bytes; median of {args.rounds} alternating rounds of {args.seconds:g}s per "
+          f"cell; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    header = f"{'conc':>5} | " + " | ".join(
+        f"{kind + ' req/s':>14} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7}" for kind in kinds
+    ) + " | " + " ".join(f"{kind + '/bare':>13}" for kind in kinds[1:]) + f" {'errors':>6}"
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency:
-        bare, mcqa = results["bare", concurrency], results["mcqa", concurrency]
-        print(f"{concurrency:>5} | {bare['rps']:>10.0f} {bare['p50_ms']:>8.2f} {bare['p99_ms']:>8.2f} "
-              f"{bare['rss_mb']:>7.0f} | {mcqa['rps']:>10.0f} {mcqa['p50_ms']:>8.2f} {mcqa['p99_ms']:>8.2f} "
-              f"{mcqa['rss_mb']:>7.0f} | {mcqa['rps'] / bare['rps']:>9.2f} {bare['errors'] + mcqa['errors']:>6}")
+        cells = {kind: median_round(results[kind, concurrency]) for kind in kinds}
+        errors = sum(r["errors"] for kind in kinds for r in results[kind, concurrency])
+        print(f"{concurrency:>5} | " + " | ".join(
+            f"{c['rps']:>14.0f} {c['p50_ms']:>8.2f} {c['p99_ms']:>8.2f} {c['rss_mb']:>7.0f}" for c in cells.values()
+        ) + " | " + " ".join(f"{cells[kind]['rps'] / cells['bare']['rps']:>13.2f}" for kind in kinds[1:])
+              + f" {errors:>6}")
+
+
+async def asgi_cookie(app) -> list[tuple[bytes, bytes]]:
+    """The `cookie` header of a session `app` started (its `/seed_session` called in process)."""
+    started = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            started.extend(value.split(b";")[0] for key, value in message["headers"] if key == b"set-cookie")
+
+    scope = {"type": "http", "method": "POST", "path": "/seed_session", "raw_path": b"/seed_session", "headers": [],
+             "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1"}
+    await app(scope, receive, send)
+    return [(b"cookie", started[0])]
 
 
 if __name__ == "__main__":
