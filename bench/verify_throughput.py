@@ -113,7 +113,8 @@ def main() -> None:
             if kind == "baseline":
                 script = args.baseline.resolve() / "bench/verify_throughput.py"
                 env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
-            argv = [sys.executable, str(script), "--serve", "mcqa" if kind == "baseline" else kind, "--port", str(port)]
+            serve_kind = "mcqa" if kind == "baseline" else kind
+            argv = [sys.executable, str(script), "--serve", serve_kind, "--port", str(port)]
             servers[kind] = spawn_server(argv, port, env=env)
         cookies = asyncio.run(_session_cookies(servers["mcqa"][1]))
         baseline_cookies = asyncio.run(_session_cookies(servers["baseline"][1])) if args.baseline else {}

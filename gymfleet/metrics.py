@@ -169,6 +169,8 @@ class ServerMetrics:
         self._results: Counter | None = None
         self._tasks: dict[str, BoundedLabel] = {}
         self._outcomes = BoundedLabel(MAX_FAILURE_CLASSES)
+        self._scored: dict[tuple[str, str], tuple[Any, Any]] = {}
+        """The children a scored row counts in, by (environment, task label): no `.labels()` lookup per row."""
 
     def record_verify(self, environment: str, row: dict[str, Any]) -> None:
         """Count one `/verify` answer: its reward if scored, its `_ng_failure_class` if a failure row."""
@@ -190,8 +192,13 @@ class ServerMetrics:
         if failure_class:
             self._results.labels(environment, task, self._outcomes(str(failure_class))).inc()
             return
-        self._results.labels(environment, task, SCORED).inc()
-        self._rewards.labels(environment, task).observe(row["reward"])
+        children = self._scored.get((environment, task))
+        if children is None:
+            children = self._scored[environment, task] = (
+                self._results.labels(environment, task, SCORED), self._rewards.labels(environment, task)
+            )
+        children[0].inc()
+        children[1].observe(row["reward"])
 
     async def endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

@@ -46,7 +46,7 @@ docstring's `## Version history`; its judge, if any, is found from `self.judge` 
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import inspect
 import logging
 import math
@@ -62,6 +62,7 @@ from gymfleet.errors import MAX_REPORTED_ERRORS, JudgeError, SandboxError, Trans
 from gymfleet.metrics import LOCAL_HOP, target_of
 from gymfleet.serving.aggregate import aggregate_metrics
 from gymfleet.serving.bodies import read_json, validate
+from gymfleet.serving.deadline import deadline_in
 from gymfleet.serving.provenance import PROVENANCE_KEY
 from gymfleet.serving.provenance import reward_provenance as compute_provenance
 from gymfleet.serving.server import (
@@ -280,7 +281,7 @@ class ResourcesServer(Server):
 
     async def _verify_row(self, body: VerifyRequest, raw: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         try:
-            async with asyncio.timeout(timeout_s):
+            async with deadline_in(timeout_s):
                 result = await self.verify(body)
         except TimeoutError:
             return self._failure_row(raw, "verify_timeout", f"verify took longer than {timeout_s:g}s", LOCAL_HOP)
@@ -326,13 +327,19 @@ def _merge_result(raw: dict[str, Any], result: BaseModel | dict[str, Any], reque
     if isinstance(result, dict):
         added = result
     else:
-        declared = set(type(result).model_fields) - set(request_cls.model_fields)
-        extra = set(result.__pydantic_extra__ or {}) - set(raw)
-        added = result.model_dump(mode="json", include=declared | extra | {"reward"})
+        include = _added_fields(type(result), request_cls)
+        extra = [key for key in result.__pydantic_extra__ or () if key not in raw]
+        added = result.model_dump(mode="json", include=include.union(extra) if extra else include)
     reward = added.get("reward")
     if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
         raise ValueError(f"verify returned a non-finite or non-numeric reward: {reward!r}")
     return {**raw, **added}
+
+
+@functools.cache
+def _added_fields(result_cls: type[BaseModel], request_cls: type) -> frozenset[str]:
+    """The fields a verify answer adds to its request: `reward` and those its class declares beyond the request's."""
+    return frozenset(result_cls.model_fields).difference(request_cls.model_fields).union({"reward"})
 
 
 def _body_model(function: Any, default: type[BaseModel] | None) -> type[BaseModel] | None:

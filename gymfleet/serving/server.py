@@ -64,6 +64,7 @@ from gymfleet.errors import (
 )
 from gymfleet.masking import is_secret_key, redact
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
+from gymfleet.serving.deadline import Deadline
 from gymfleet.serving.guard import FleetAuthMiddleware, RequestBodyTooLarge, RequestGuardMiddleware
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
 
@@ -248,9 +249,11 @@ class Server:
         @asynccontextmanager
         async def lifespan(app: FastAPI):
             await self.startup()
+            gc.freeze()  # what start-up built lives as long as the server: out of every later collection's scan
             try:
                 yield
             finally:
+                gc.unfreeze()
                 await self.shutdown()
 
         app = FastAPI(
@@ -461,7 +464,7 @@ class BodyDeadlineMiddleware:
             if body_done:
                 return await receive()
             try:
-                async with asyncio.timeout_at(deadline):
+                async with Deadline(deadline):
                     message = await receive()
             except TimeoutError:
                 raise RequestBodyTimeout(
