@@ -4,7 +4,10 @@ those it remembers (signed or verified once) are still checked for age and proce
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
+import uuid
 
 import itsdangerous
 import pytest
@@ -101,3 +104,31 @@ def test_the_remembered_cookies_are_bounded(monkeypatch):
     assert len(middleware._known) <= 8
     for scope, cookie in cookies:  # forgotten ones verify afresh, to the same session
         assert _call(middleware, cookie)[0]["session_id"] == scope["session_id"]
+
+
+def test_session_ids_are_version_4_uuids_and_their_payload_is_json_dumps():
+    ids = {sessions.new_session_id() for _ in range(500)}
+    assert len(ids) == 500
+    for value in ids:
+        parsed = uuid.UUID(value)
+        assert str(parsed) == value and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert sessions._fresh_payload(value) == json.dumps({"session_id": value}).encode()
+
+
+def test_a_session_the_app_changed_is_signed_with_its_new_contents():
+    middleware = SessionCookieMiddleware(None, NAME)
+
+    async def app(scope, receive, send):
+        scope["session"]["step"] = 3
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    answered = []
+
+    async def send(message):
+        answered.extend(value for key, value in message["headers"] if key == b"set-cookie")
+
+    middleware.app = app
+    asyncio.run(middleware({"type": "http", "headers": []}, None, send))
+    cookie = answered[0].split(b";")[0].split(b"=", 1)[1]
+    payload = itsdangerous.TimestampSigner(NAME).unsign(cookie)
+    assert json.loads(base64.b64decode(payload))["step"] == 3

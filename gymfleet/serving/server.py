@@ -65,6 +65,7 @@ from gymfleet.errors import (
 from gymfleet.masking import is_secret_key, redact
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
 from gymfleet.serving.deadline import Deadline
+from gymfleet.serving.fastpath import fastapi_options, own_routes_first
 from gymfleet.serving.guard import FleetAuthMiddleware, RequestBodyTooLarge, RequestGuardMiddleware
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
 
@@ -262,6 +263,7 @@ class Server:
             lifespan=lifespan,
             docs_url="/docs",
             redoc_url=None,
+            **fastapi_options(),
         )
         app.state.server = self
         app.openapi = lambda: openapi_schema(app)
@@ -271,7 +273,9 @@ class Server:
             return JSONResponse({"status": "ok"}, headers=self.fleet_identity(request))
 
         app.add_route("/metrics", self.metrics.endpoint, include_in_schema=False)
+        framework = list(app.router.routes)
         self.routes(app)
+        own_routes_first(app, framework)
         app.add_exception_handler(RequestValidationError, self._on_validation_error)
         app.add_exception_handler(TransportError, self._on_transport_error)
         app.add_exception_handler(BadRequestError, self._on_bad_request)
