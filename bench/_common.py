@@ -6,9 +6,11 @@ Imported after the script has put the repository root on `sys.path` (each script
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -164,3 +166,10 @@ async def asgi_us_per_request(apps: dict[str, Any], path: str, body: bytes, head
                 await app(dict(scope), receive, send)
             timings[kind].append((time.process_time() - start) / per_block * 1e6)
     return {kind: min(values) for kind, values in timings.items()}
+
+
+def write_plots(path: Path | None, plots: list[dict[str, Any]]) -> None:
+    """Write a bench's numbers for `bench/report.py` (`--json PATH`; nothing without a path). Each plot is
+    `{"title", "x_label", "y_label", "series": {name: [[x, y], ...]}}`; string x values make a bar chart."""
+    if path is not None:
+        path.write_text(json.dumps({"plots": plots}, indent=1))

@@ -4,9 +4,9 @@ Starts `configs/nano3_rlvr.yaml` as a user does (`ng_run` as a subprocess) with 
 model (a `scripted_llm` instance in the fleet, as `configs/quickstart.yaml` has: no GPU, no network), once per mode
 and repeat, alternating: `server_start: spawn` (every server is `python -m gymfleet.fleet.launch`, importing its stack
 anew) and `server_start: zygote` (every server forked from one pre-imported `python -m gymfleet.fleet.zygote_main`).
-For each start it takes the time from `ng_run`'s launch to its `All N / N servers ready` line, then (after `--settle-s`) the
-memory of every process of the fleet (the supervisor, the zygote, every server and its workers) with psutil's
-`memory_full_info`:
+For each start it takes the time from `ng_run`'s launch to its `All N / N servers ready` line, then (after
+`--settle-s`) the memory of every process of the fleet (the supervisor, the zygote, every server and its workers)
+with psutil's `memory_full_info`:
 
 - RSS counts every page a process maps, shared ones included, so forked servers sharing the zygote's imports
   (copy-on-write) are counted once per server: the RSS sum double-counts. It is what `top` shows.
@@ -160,6 +160,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--settle-s", type=float, default=2.0, help="wait after ready before measuring memory")
     parser.add_argument("--modes", default="spawn,zygote")
+    parser.add_argument("--json", type=Path, help="also write the numbers there (for bench/report.py)")
     args = parser.parse_args()
     modes = args.modes.split(",")
     results = []
@@ -171,6 +172,18 @@ def main() -> None:
                       f"RSS {result['total'][0]:.0f} MiB, PSS {result['total'][1]:.0f} MiB", flush=True)
                 results.append(result)
     print(table(results))
+    sys.path.insert(0, str(ROOT))
+    from bench._common import write_plots
+
+    medians = {mode: [r for r in results if r["mode"] == mode] for mode in modes}
+    write_plots(args.json, [
+        {"title": "Nano 3 fleet: time to ready (median)", "x_label": "server start", "y_label": "seconds",
+         "series": {"ready": [[mode, statistics.median(r["ready_s"] for r in runs)]
+                              for mode, runs in medians.items()]}},
+        {"title": "Nano 3 fleet: memory of all its processes (median)", "x_label": "server start", "y_label": "MiB",
+         "series": {kind: [[mode, statistics.median(r["total"][i] for r in runs)] for mode, runs in medians.items()]
+                    for i, kind in enumerate(("RSS (double-counts shared)", "PSS", "USS"))}},
+    ])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import closed_loop  # noqa: E402
+from bench._common import asgi_us_per_request, closed_loop, median_round, write_plots  # noqa: E402
 from gymfleet import metrics  # noqa: E402
 from gymfleet.metrics import MetricsMiddleware  # noqa: E402
 from gymfleet.serving.server import JSONResponse, Server, add_route  # noqa: E402
@@ -59,35 +58,6 @@ def serve(kind: str, port: int) -> None:
                 backlog=8192)
 
 
-async def _asgi_us_per_request(apps: dict[str, object], n: int, blocks: int = 10) -> dict[str, float]:
-    """µs of CPU per request for each app, calling them in alternating blocks; the median block of each."""
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/ping", "raw_path": b"/ping", "root_path": "", "query_string": b"", "headers": [],
-        "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 5000),
-    }  # fmt: skip
-
-    async def receive():
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    async def send(message):
-        pass
-
-    per_block = max(1, n // blocks)
-    timings: dict[str, list[float]] = {kind: [] for kind in apps}
-    for app in apps.values():  # warm-up (builds the middleware stacks)
-        for _ in range(200):
-            await app(dict(scope), receive, send)
-    for block in range(blocks):
-        for kind in (list(apps) if block % 2 == 0 else list(reversed(apps))):
-            app = apps[kind]
-            start = time.process_time()
-            for _ in range(per_block):
-                await app(dict(scope), receive, send)
-            timings[kind].append((time.process_time() - start) / per_block * 1e6)
-    return {kind: statistics.median(values) for kind, values in timings.items()}
-
-
 def _client_us_per_call(n: int) -> float:
     url = "http://127.0.0.1:8000/v1/chat/completions"
     start = time.process_time()
@@ -96,16 +66,13 @@ def _client_us_per_call(n: int) -> float:
     return (time.process_time() - start) / n * 1e6
 
 
-def _median_round(rounds: list[dict]) -> dict:
-    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--asgi-requests", type=int, default=20_000)
+    parser.add_argument("--json", type=Path, help="also write the numbers there (for bench/report.py)")
     parser.add_argument("--serve", choices=["on", "off"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -113,7 +80,8 @@ def main() -> None:
         serve(args.serve, args.port)
         return
 
-    asgi = asyncio.run(_asgi_us_per_request({"off": build_app(False), "on": build_app(True)}, args.asgi_requests))
+    asgi = asyncio.run(asgi_us_per_request({"off": build_app(False), "on": build_app(True)}, "/ping", b"{}",
+                                           n=args.asgi_requests))
     client_us = _client_us_per_call(args.asgi_requests)
 
     servers = {}
@@ -136,7 +104,7 @@ def main() -> None:
             process.terminate()
             process.wait(10)
 
-    print(f"in process (ASGI, no network; median of alternating blocks): metrics off {asgi['off']:.1f} µs/request,"
+    print(f"in process (ASGI, no network; fastest of alternating blocks): metrics off {asgi['off']:.1f} µs/request,"
           f" on {asgi['on']:.1f} µs/request -> metrics cost {asgi['on'] - asgi['off']:.1f} µs/request")
     print(f"client side (gymfleet.http, per call attempt): recording gymfleet_upstream_* costs {client_us:.1f} µs")
     print(f"over HTTP: median of {args.rounds} alternating rounds of {args.seconds:g}s per cell; "
@@ -147,11 +115,18 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency:
-        off, on = _median_round(results["off", concurrency]), _median_round(results["on", concurrency])
+        off, on = median_round(results["off", concurrency]), median_round(results["on", concurrency])
         extra_us = (1 / on["rps"] - 1 / off["rps"]) * 1e6  # per-request server time added, at saturation
         print(f"{concurrency:>5} | {off['rps']:>9.0f} {off['p50_ms']:>7.2f} {off['p99_ms']:>7.2f} | {on['rps']:>9.0f} "
               f"{on['p50_ms']:>7.2f} {on['p99_ms']:>7.2f} | {on['rps'] / off['rps']:>6.3f} {extra_us:>7.1f} "
               f"{off['errors'] + on['errors']:>6.0f}")
+    medians = {key: median_round(rounds) for key, rounds in results.items()}
+    write_plots(args.json, [{
+        "title": "A trivial route with gymfleet's metrics on and off", "x_label": "requests in flight",
+        "y_label": "requests/s", "log_x": True,
+        "series": {f"metrics {kind}": [[c, medians[kind, c]["rps"]] for c in args.concurrency]
+                   for kind in ("off", "on")},
+    }])
 
 
 if __name__ == "__main__":

@@ -30,8 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from verify_throughput import _load  # noqa: E402
-
+from bench._common import closed_loop  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from gymfleet.testing.nemo_gym_corpus import _ng_run, _prompt_key, folder_config, recorded_rows, task_rows  # noqa: E402
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_wheel  # noqa: E402
@@ -91,8 +90,8 @@ def measure(start, body: dict, concurrency: int, seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         process, url, _ = start(Path(scratch))
         try:
-            asyncio.run(_load(url, 4, 1.0, body))  # warm-up
-            return asyncio.run(_load(url, concurrency, seconds, body))
+            asyncio.run(closed_loop(url + "/verify", body, 4, 1.0, timeout_s=120))  # warm-up
+            return asyncio.run(closed_loop(url + "/verify", body, concurrency, seconds, timeout_s=120))
         finally:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(30)

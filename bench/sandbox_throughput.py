@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import write_plots  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, spawn_server  # noqa: E402
 
@@ -78,7 +79,7 @@ async def main_async(args: argparse.Namespace, url: str, python: str) -> list[st
     for _ in range(3):  # warm-up
         await sandbox_once()
         await bare_once()
-    rows = []
+    rows, plots = [], {"sandbox": [], "bare": []}
     for concurrency in args.concurrency:
         sandbox, bare = Cell(), Cell()
         for _ in range(args.slices):
@@ -87,9 +88,12 @@ async def main_async(args: argparse.Namespace, url: str, python: str) -> list[st
         ratio = bare.row()[0] / sandbox.row()[0]
         for name, cell in (("sandbox", sandbox), ("bare", bare)):
             rate, p50, p99 = cell.row()
+            plots[name].append([concurrency, rate])
             extra = f"{ratio:9.2f}x" if name == "sandbox" else ""
             rows.append(f"{concurrency:>11} {name:>8} {rate:>8.1f} {p50 * 1e3:>9.1f} {p99 * 1e3:>9.1f} {extra}")
     await http.close()
+    write_plots(args.json, [{"title": f"One-shot runs of {args.code!r}: sandbox beside a bare interpreter",
+                             "x_label": "runs in flight", "y_label": "runs/s", "log_x": True, "series": plots}])
     return rows
 
 
@@ -99,6 +103,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=9.0, help="per mode and concurrency")
     parser.add_argument("--slices", type=int, default=6, help="alternating slices the seconds are split into")
     parser.add_argument("--code", default="print(1)")
+    parser.add_argument("--json", type=Path, help="also write the numbers there (for bench/report.py)")
     parser.add_argument("--python", default="/usr/bin/python3", help="interpreter of the bare runs (the sandbox's)")
     args = parser.parse_args()
     port = free_port()

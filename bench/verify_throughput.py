@@ -32,7 +32,7 @@ from fastapi import FastAPI, Request
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import asgi_us_per_request, closed_loop, median_round  # noqa: E402
+from bench._common import asgi_us_per_request, closed_loop, median_round, write_plots  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
 
@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per server and concurrency (alternating)")
     parser.add_argument("--asgi-requests", type=int, default=6000, help="in-process requests per app (0: skip)")
     parser.add_argument("--baseline", type=Path, help="a checkout whose mcqa is served as a third column")
+    parser.add_argument("--json", type=Path, help="also write the numbers there (for bench/report.py)")
     parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -97,6 +98,7 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65535), hard))
     body = {**ROW, "response": make_response(ANSWER)}
+    asgi: dict[str, float] = {}
     if args.asgi_requests:
         apps = {kind: build_app(kind) for kind in KINDS}
         cookies = asyncio.run(asgi_cookie(apps["mcqa"]))
@@ -151,6 +153,16 @@ def main() -> None:
             f"{c['rps']:>14.0f} {c['p50_ms']:>8.2f} {c['p99_ms']:>8.2f} {c['rss_mb']:>7.0f}" for c in cells.values()
         ) + " | " + " ".join(f"{cells[kind]['rps'] / cells['bare']['rps']:>13.2f}" for kind in kinds[1:])
               + f" {errors:>6}")
+    medians = {key: median_round(rounds) for key, rounds in results.items()}
+    in_process = [{"title": "CPU per /verify, in process (ASGI, no network)", "x_label": "app", "y_label": "µs",
+                   "series": {"µs per request": [[kind, asgi[kind]] for kind in KINDS]}}] if asgi else []
+    write_plots(args.json, in_process + [
+        {"title": "/verify requests/s, mcqa beside a bare FastAPI endpoint", "x_label": "requests in flight",
+         "y_label": "requests/s", "log_x": True,
+         "series": {kind: [[c, medians[kind, c]["rps"]] for c in args.concurrency] for kind in kinds}},
+        {"title": "/verify p99 latency", "x_label": "requests in flight", "y_label": "p99 ms", "log_x": True,
+         "series": {kind: [[c, medians[kind, c]["p99_ms"]] for c in args.concurrency] for kind in kinds}},
+    ])
 
 
 async def asgi_cookie(app) -> list[tuple[bytes, bytes]]:

@@ -1,4 +1,4 @@
-"""`gymfleet.serving.deadline.Deadline` behaves as `asyncio.timeout_at`: a timeout, an outside cancel, no deadline hit."""
+"""`gymfleet.serving.deadline.Deadline` behaves as `asyncio.timeout_at`: a timeout, an outside cancel, no hit."""
 
 from __future__ import annotations
 
