@@ -13,7 +13,7 @@ import itsdangerous
 import pytest
 
 from gymfleet.serving import sessions
-from gymfleet.serving.sessions import MAX_AGE_S, SESSION_LOST, SessionCookieMiddleware, session_id
+from gymfleet.serving.sessions import MAX_AGE_S, SESSION_LOST, SessionCookieMiddleware, session_id, session_key
 
 NAME = "DemoServer___demo"
 
@@ -47,8 +47,8 @@ def test_cookies_are_signed_as_itsdangerous_signs_them(monkeypatch):
     middleware = SessionCookieMiddleware(None, NAME)
     _, cookie = _call(middleware)
     payload = cookie.rsplit(b".", 2)[0]
-    assert cookie == itsdangerous.TimestampSigner(NAME).sign(payload)
-    value, signed_at = itsdangerous.TimestampSigner(NAME).unsign(cookie, return_timestamp=True)
+    assert cookie == itsdangerous.TimestampSigner(session_key(NAME)).sign(payload)
+    value, signed_at = itsdangerous.TimestampSigner(session_key(NAME)).unsign(cookie, return_timestamp=True)
     assert value == payload and signed_at.timestamp() == 1_800_000_123
 
 
@@ -130,5 +130,5 @@ def test_a_session_the_app_changed_is_signed_with_its_new_contents():
     middleware.app = app
     asyncio.run(middleware({"type": "http", "headers": []}, None, send))
     cookie = answered[0].split(b";")[0].split(b"=", 1)[1]
-    payload = itsdangerous.TimestampSigner(NAME).unsign(cookie)
+    payload = itsdangerous.TimestampSigner(session_key(NAME)).unsign(cookie)
     assert json.loads(base64.b64decode(payload))["step"] == 3

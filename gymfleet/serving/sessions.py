@@ -9,7 +9,9 @@ outside a fleet (a bare app in a test) it is random per Python process. A forged
 fails its signature and gets a fresh session, never another's. The value is Starlette's format
 (itsdangerous-signed base64 JSON `{"session_id": "<uuid4>"}`). Every response re-sends the cookie; a request
 without a valid cookie gets a fresh session id. Handlers read the id with `session_id()` (a context variable) or
-`request.session["session_id"]`.
+`request.session["session_id"]`. A cookie this process signed, or verified once, is remembered (up to
+`KNOWN_COOKIES`): its session's later requests skip the HMAC and the decoding, and its age and process are still
+checked on each of them.
 
 A session lives in the memory of the process that started it. A cookie signed before this process started (its
 itsdangerous timestamp, whole seconds, is older than this process) was issued by an earlier process of the same server,
