@@ -139,7 +139,8 @@ async def asgi_us_per_request(apps: dict[str, Any], path: str, body: bytes, head
                               n: int = 10_000, blocks: int = 10) -> dict[str, float]:
     """µs of CPU per `POST path` for each ASGI app called directly (no network), in alternating blocks of `n /
     blocks` requests: the fastest block of each (other work on the machine only ever makes a block slower)."""
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()), *headers]
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
         "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"", "headers": headers,

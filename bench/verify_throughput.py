@@ -176,9 +176,12 @@ async def asgi_cookie(app) -> list[tuple[bytes, bytes]]:
         if message["type"] == "http.response.start":
             started.extend(value.split(b";")[0] for key, value in message["headers"] if key == b"set-cookie")
 
-    scope = {"type": "http", "method": "POST", "path": "/seed_session", "raw_path": b"/seed_session", "headers": [],
-             "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1"}
+    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), (b"content-length", b"2")]
+    scope = {"type": "http", "method": "POST", "path": "/seed_session", "raw_path": b"/seed_session",
+             "headers": headers, "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1"}
     await app(scope, receive, send)
+    if not started:
+        raise RuntimeError("/seed_session answered no session cookie")
     return [(b"cookie", started[0])]
 
 
