@@ -159,7 +159,7 @@ def test_a_caller_that_leaves_while_waiting_gives_up_its_place_and_nothing_runs_
         body = json.dumps(_row(3)).encode()
         port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as leaver:
-            leaver.sendall(b"POST /run HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            leaver.sendall(b"POST /run HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             _wait_until(lambda: _queued(url) == (2, 2), "the leaver waits behind 2")
         _wait_until(lambda: _metrics(url).get("gymfleet_rollouts_abandoned_total") == 1, "the leaver is given up")

@@ -27,6 +27,7 @@ import httpx
 import pytest
 import yaml
 
+from gymfleet import auth
 from gymfleet.testing import free_port, serve
 from resources_servers.swebench.containers import connect, docker_host
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -134,12 +135,17 @@ def test_compose_up_serves_a_code_gen_rollout_with_the_sandbox_service(engine, t
             print(f"up and healthy: {time.perf_counter() - started:.1f}s")
 
             head = f"http://127.0.0.1:{head_port}"
-            published = yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", timeout=30).json())
+            assert httpx.get(head + "/global_config_dict_yaml", timeout=30).status_code == 401  # the fleet's token
+            # A user on the host reads the token ng_run wrote in the fleet's container, as docs/security.md says.
+            read = containers["fleet"].exec_run(["sh", "-c", "cat ~/.cache/gymfleet/tokens/head-*.token"])
+            assert read.exit_code == 0, read.output
+            token = {auth.TOKEN_HEADER: read.output.decode().strip()}
+            published = yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", headers=token, timeout=30).json())
             assert published["code_gen"]["resources_servers"]["code_gen"]["sandbox_url"] == env["SANDBOX_URL"]
             agent = published["code_gen_simple_agent"]["responses_api_agents"]["simple_agent"]
             result = httpx.post(f"http://{agent['host']}:{agent['port']}/run",
                                 content=CODE_GEN_ROW.read_text().splitlines()[0], timeout=300,
-                                headers={"content-type": "application/json"}).json()
+                                headers={"content-type": "application/json", **token}).json()
             assert "_ng_failure_class" not in result, result.get("failure")
             assert result["reward"] == 1.0, "the program passed its tests in the sandbox service"
             metrics = httpx.get(env["SANDBOX_URL"] + "/metrics", timeout=30).text
