@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.serving.agent import Admission
 from gymfleet.serving.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
-from gymfleet.testing import serve
+from gymfleet.testing.fleets import agent_fleet
 from responses_api_models.scripted_model.app import ScriptedModel
 
 HANG_BOUND_S = 60.0
@@ -68,16 +68,9 @@ RULES = [{"match": "(?i)slow", "text": "a slow answer", "delay_s": 0.2}]
 def _fleet(max_concurrent_rollouts, *, gated: bool = True):
     env = GatedServer({"name": "gated", "domain": "other"}, gated=gated)
     model = ScriptedModel({"name": "llm", "rules": RULES, "default": {"text": "an answer"}})
-    with serve(env.create_app()) as env_url, serve(model.create_app()) as model_url:
-        def block(kind, impl, url):
-            return {kind: {impl: {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1])}}}
-
-        config = {"gated": block("resources_servers", "gated", env_url),
-                  "llm": block("responses_api_models", "scripted_model", model_url)}
-        agent = SimpleAgent({"name": "agent", "resources_server": "gated", "model_server": "llm",
-                             "max_concurrent_rollouts": max_concurrent_rollouts}, config)
-        with serve(agent.create_app()) as agent_url, ThreadPoolExecutor(16) as pool:
-            yield agent_url, env, pool
+    with agent_fleet(SimpleAgent, env, model, env_name="gated", max_concurrent_rollouts=max_concurrent_rollouts) \
+            as agent_url, ThreadPoolExecutor(16) as pool:
+        yield agent_url, env, pool
 
 
 def _row(idx: int, text: str = "hello") -> dict:

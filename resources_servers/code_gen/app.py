@@ -65,20 +65,18 @@ None.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gymfleet.errors import ConfigError, SandboxError, ServerRefError
+from gymfleet.errors import SandboxError
 from gymfleet.grading import answers
 from gymfleet.grading.canary import case_canaries
-from gymfleet.grading.sandbox_client import RunResult, SandboxClient
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from gymfleet.serving.server import ServerRef
+from gymfleet.grading.sandbox_client import RunResult
+from gymfleet.serving.resources import VerifyRequest, VerifyResponse
+from gymfleet.serving.sandboxed import SandboxedConfig, SandboxedServer, concurrency_slots
 from gymfleet.wire import Response
 from resources_servers.code_gen.checker import (
     MAX_JSON_DEPTH,
@@ -93,13 +91,9 @@ from resources_servers.code_gen.checker import (
 )
 
 
-class CodeGenConfig(ResourcesServerConfig):
+class CodeGenConfig(SandboxedConfig):
     """code_gen's fields."""
 
-    sandbox: ServerRef = "sandbox"
-    """The sandbox instance that runs the tests."""
-    sandbox_url: str | None = None
-    """A sandbox outside the fleet (`http://host:port`); wins over `sandbox`."""
     unit_test_timeout_secs: float = 10.0
     memory_mb: int = 4096
     reasoning_format_penalty: float = 0.0
@@ -184,27 +178,18 @@ class CodeGenResponse(VerifyResponse):
     difficulty: Any = None
 
 
-class CodeGenServer(ResourcesServer):
+class CodeGenServer(SandboxedServer):
     """Grades programs by running them in the sandbox."""
 
     config: CodeGenConfig
     ray_resources_default = {"num_cpus": 2}  # Ray placement: grading fans out many sandbox calls per rollout
     reverify_mode = "stateless"
     reward_libraries = ()
+    env_name = "code_gen"
 
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)
-        self.sandbox = SandboxClient(self.config.sandbox, url=self.config.sandbox_url, config=self.client)
-        limit = self.config.num_processes
-        self._slots = asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
-
-    async def startup(self) -> None:
-        if self.config.sandbox_url is None and self.global_config:  # in a fleet: a missing sandbox fails now
-            try:
-                self.client.url_of(self.config.sandbox)
-            except ServerRefError as exc:
-                hint = "Add sandbox/configs/sandbox.yaml to config_paths, or set sandbox_url."
-                raise ConfigError(f"code_gen needs a sandbox instance: {exc}", hint=hint) from exc
+        self._slots = concurrency_slots(self.config.num_processes)
 
     async def verify(self, body: CodeGenRequest) -> CodeGenResponse:
         text = body.response.output_text

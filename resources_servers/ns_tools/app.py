@@ -106,11 +106,11 @@ from gymfleet.http import RetryPolicy
 from gymfleet.serving.bodies import read_json
 from gymfleet.serving.resources import (
     ResourcesServer,
-    ResourcesServerConfig,
     SeedSessionRequest,
     VerifyRequest,
     VerifyResponse,
 )
+from gymfleet.serving.sandboxed import SandboxedConfig
 from gymfleet.serving.server import JSONResponse, ServerRef, add_route
 from gymfleet.serving.session_store import SessionStore
 from gymfleet.serving.sessions import session_id
@@ -130,7 +130,7 @@ KERNEL_FRAME = re.compile(r'^  File "<gymfleet-[a-z]+>", line \d+, in \S+\n', re
 read `  File "<cell 3>", line 1, in <module>` and stay)."""
 
 
-class NsToolsConfig(ResourcesServerConfig):
+class NsToolsConfig(SandboxedConfig):
     """ns_tools' fields (the module docstring explains each)."""
 
     default_verifier: str = "math_with_judge"
@@ -139,10 +139,6 @@ class NsToolsConfig(ResourcesServerConfig):
     """Verifier name -> resources server instance (NeMo-Gym's key)."""
     verifier_timeout_s: float = Field(default=280.0, gt=0)
     """Deadline for one delegated `/verify` attempt."""
-    sandbox: ServerRef = "sandbox"
-    """The sandbox instance that runs the tool's code."""
-    sandbox_url: str | None = None
-    """A sandbox outside the fleet (`http://host:port`); wins over `sandbox`."""
     exec_timeout_s: float = Field(default=10.0, gt=0)
     """CPU seconds per tool call (wall clock: the sandbox's `wall_time_factor` times this)."""
     memory_mb: int = Field(default=512, ge=16)

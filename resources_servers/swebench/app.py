@@ -115,18 +115,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from gymfleet.errors import ConfigError, SandboxError
+from gymfleet.errors import SandboxError
 from gymfleet.grading.canary import make_canaries
 from gymfleet.grading.sandbox_client import SandboxClient, SandboxSession, SessionGoneError
 from gymfleet.grading.text import clip_middle
 from gymfleet.serving.resources import (
-    ResourcesServer,
-    ResourcesServerConfig,
     SeedSessionRequest,
     VerifyRequest,
     VerifyResponse,
 )
-from gymfleet.serving.server import ServerRef
+from gymfleet.serving.sandboxed import SandboxedConfig, SandboxedServer
 from gymfleet.serving.session_store import SessionStore
 from gymfleet.serving.sessions import session_id
 from resources_servers.swebench import grading, repos
@@ -152,13 +150,9 @@ def _test_ids(value: Any) -> Any:
 TestIds = Annotated[list[str], BeforeValidator(_test_ids)]
 
 
-class SWEBenchConfig(ResourcesServerConfig):
+class SWEBenchConfig(SandboxedConfig):
     """swebench's fields (the module docstring explains each)."""
 
-    sandbox: ServerRef = "sandbox"
-    """The sandbox instance."""
-    sandbox_url: str | None = None
-    """A sandbox outside the fleet (`http://host:port`); wins over `sandbox`."""
     backend: Literal["bwrap", "docker"] = "bwrap"
     """Where grading runs: the bubblewrap sandbox service, or a fresh container per grading (`containers.py`)."""
     base_image: str = "localhost/gymfleet-base:bookworm"
@@ -308,17 +302,17 @@ DIFF_COMMAND = (
 )
 
 
-class SWEBenchServer(ResourcesServer):
+class SWEBenchServer(SandboxedServer):
     """Repositories in sandbox sessions, edited through tools, graded in a fresh sandbox."""
 
     config: SWEBenchConfig
     ray_resources_default = {"num_cpus": 2}  # Ray placement: repository archives and diffs per rollout
     reverify_mode = "unsupported"  # the diff lives in the session, which /verify closes
     reward_libraries = ()
+    env_name = "swebench"
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.sandbox = SandboxClient(self.config.sandbox, url=self.config.sandbox_url, config=self.client)
         self.containers: ContainerRunner | None = None
         self.grader: SandboxClient | ContainerRunner = self.sandbox
         if self.config.backend == "docker":
@@ -330,15 +324,9 @@ class SWEBenchServer(ResourcesServer):
             busy=lambda workspace: workspace.lock.locked())
 
     async def startup(self) -> None:
-        await super().startup()
+        await super().startup()  # a missing sandbox instance fails here
         if self.containers is not None:
             await asyncio.to_thread(self.containers.start)
-        if self.config.sandbox_url is None and self.global_config:  # in a fleet: a missing sandbox fails now
-            try:
-                self.client.url_of(self.config.sandbox)
-            except ConfigError as exc:
-                hint = "Add sandbox/configs/sandbox.yaml to config_paths, or set sandbox_url."
-                raise ConfigError(f"swebench needs a sandbox instance: {exc}", hint=hint) from exc
         self.workspaces.start_sweeping()
 
     async def shutdown(self) -> None:

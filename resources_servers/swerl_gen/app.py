@@ -106,7 +106,6 @@ None.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -115,11 +114,11 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from gymfleet.errors import ConfigError, SandboxError, ServerRefError
+from gymfleet.errors import SandboxError
 from gymfleet.grading.canary import interleave, make_canaries, tampered
-from gymfleet.grading.sandbox_client import RunResult, SandboxClient
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from gymfleet.serving.server import ServerRef
+from gymfleet.grading.sandbox_client import RunResult
+from gymfleet.serving.resources import VerifyRequest, VerifyResponse
+from gymfleet.serving.sandboxed import SandboxedConfig, SandboxedServer, concurrency_slots
 from gymfleet.wire import Response
 from resources_servers.swerl_gen import edits, repro
 from resources_servers.swerl_gen.task import Task, parse_task
@@ -147,13 +146,9 @@ MODEL_PATCH_FAILED, TASK_PATCH_FAILED = 10, 11
 FULL, PARTIAL, NO = "RESOLVED_FULL", "RESOLVED_PARTIAL", "RESOLVED_NO"
 
 
-class SwerlGenConfig(ResourcesServerConfig):
+class SwerlGenConfig(SandboxedConfig):
     """swerl_gen's fields (the module docstring explains each)."""
 
-    sandbox: ServerRef = "sandbox"
-    """The sandbox instance that runs the tests."""
-    sandbox_url: str | None = None
-    """A sandbox outside the fleet (`http://host:port`); wins over `sandbox`."""
     test_timeout_s: float = Field(default=60.0, gt=0)
     """CPU seconds for each step run in the sandbox."""
     memory_mb: int = Field(default=2048, ge=64)
@@ -201,7 +196,7 @@ class SwerlGenResponse(VerifyResponse):
     verification_time: float | None = None
 
 
-class SwerlGenServer(ResourcesServer):
+class SwerlGenServer(SandboxedServer):
     """Grades SEARCH/REPLACE fixes and reproduction scripts by running the task's repository in the sandbox."""
 
     config: SwerlGenConfig
@@ -210,20 +205,11 @@ class SwerlGenServer(ResourcesServer):
     ray_resources_default = {"num_cpus": 2}  # Ray placement: repository archives and patches per rollout
     reverify_mode = "stateless"
     reward_libraries = ()
+    env_name = "swerl_gen"
 
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)
-        self.sandbox = SandboxClient(self.config.sandbox, url=self.config.sandbox_url, config=self.client)
-        limit = self.config.num_processes
-        self._slots = asyncio.Semaphore(limit) if limit else contextlib.nullcontext()
-
-    async def startup(self) -> None:
-        if self.config.sandbox_url is None and self.global_config:  # in a fleet: a missing sandbox fails now
-            try:
-                self.client.url_of(self.config.sandbox)
-            except ServerRefError as exc:
-                hint = "Add sandbox/configs/sandbox.yaml to config_paths, or set sandbox_url."
-                raise ConfigError(f"swerl_gen needs a sandbox instance: {exc}", hint=hint) from exc
+        self._slots = concurrency_slots(self.config.num_processes)
 
     async def verify(self, body: SwerlGenRequest) -> SwerlGenResponse:
         text = edits.visible_text(_assistant_text(body.response))

@@ -13,7 +13,6 @@ import asyncio
 import json
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -24,6 +23,8 @@ from gymfleet.errors import ServerRefError
 from gymfleet.grading.judge import load_prompt, render_prompt
 from gymfleet.grading.judge_input import quote
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing.fleets import judge_fleet
+from gymfleet.testing.fleets import post_verify as verify
 from gymfleet.wire import Response, ResponseCreateParams
 from resources_servers.equivalence_llm_judge.app import (
     EquivalenceLlmJudgeServer,
@@ -86,11 +87,6 @@ def shipped(config_file: str) -> tuple[str, dict]:
     raise AssertionError(f"{config_file} declares no equivalence_llm_judge server")
 
 
-def judge_fleet(judge_url: str) -> dict:
-    parts = urlsplit(judge_url)
-    return {"judge_model": {"responses_api_models": {"scripted_model": {"host": parts.hostname, "port": parts.port}}}}
-
-
 def make_server(config_file: str, judge_url: str, **overrides) -> EquivalenceLlmJudgeServer:
     name, fields = shipped(config_file)
     fields = {**fields, "name": name, "judge_model_server": "judge_model", "judge_timeout_s": 2,
@@ -132,10 +128,6 @@ def retrying(judge):
         yield url
 
 
-def verify(url: str, row: dict, text: str | None, status: int = 200) -> dict:
-    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=60)
-    assert answer.status_code == status, answer.text
-    return answer.json()
 
 
 def prompts(result: dict) -> list[str]:

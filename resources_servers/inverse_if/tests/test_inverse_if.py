@@ -2,17 +2,16 @@ r"""inverse_if as a real server with a scripted judge: verdict kinds, per-row pr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.testing import make_response, nemo_gym_examples, serve
+from gymfleet.testing import fleets, nemo_gym_examples, serve
+from gymfleet.testing.fleets import post_verify as verify
 from resources_servers.inverse_if.app import InverseIfServer, read_pass_fail
 from resources_servers.multichallenge.rubric import injection_reasons
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -57,15 +56,10 @@ JUDGE_RULES = [
 ]
 
 
-@contextlib.contextmanager
 def judged(rules=JUDGE_RULES, **config):
     """The environment with a scripted judge (`judge_model`) behind it; yields the environment's URL."""
-    with serve(ScriptedModel({"name": "judge_model", "rules": rules}).create_app()) as judge:
-        parts = urlsplit(judge)
-        fleet = {"judge_model": {"responses_api_models": {"scripted_model": {"host": parts.hostname,
-                                                                               "port": parts.port}}}}
-        with serve(InverseIfServer({**BASE, **config}, fleet).create_app()) as url:
-            yield url
+    judge = ScriptedModel({"name": "judge_model", "rules": rules})
+    return fleets.judged(InverseIfServer, {**BASE, **config}, judge)
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +73,6 @@ def impatient_url():
     """The same judge with a 0.5 s deadline per attempt."""
     with judged(judge_timeout_s=0.5, judge_max_attempts=2) as base:
         yield base
-
-
-def verify(url: str, row: dict, text: str | None, status: int = 200) -> dict:
-    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=60)
-    assert answer.status_code == status, answer.text
-    return answer.json()
 
 
 @pytest.mark.parametrize(
@@ -253,14 +241,10 @@ def test_rollout_through_simple_agent():
                      "text": "pear; mango; apple"}]
     with serve(ScriptedModel({"name": "policy", "rules": policy_rules}).create_app()) as policy_url, \
             serve(ScriptedModel({"name": "judge_model", "rules": JUDGE_RULES}).create_app()) as judge_url:
-        def block(kind, impl, url):
-            parts = urlsplit(url)
-            return {kind: {impl: {"host": parts.hostname, "port": parts.port}}}
-
-        fleet = {"judge_model": block("responses_api_models", "scripted_model", judge_url),
-                 "policy_model": block("responses_api_models", "scripted_model", policy_url)}
+        fleet = {**fleets.judge_fleet(judge_url),
+                 "policy_model": fleets.server_block("responses_api_models", "scripted_model", policy_url)}
         with serve(InverseIfServer(BASE, fleet).create_app()) as env_url:
-            fleet["inverse_if"] = block("resources_servers", "inverse_if", env_url)
+            fleet["inverse_if"] = fleets.server_block("resources_servers", "inverse_if", env_url)
             agent = SimpleAgent({"name": "agent", "resources_server": "inverse_if", "model_server": "policy_model",
                                  "model_timeout_s": 30}, fleet)
             with serve(agent.create_app()) as agent_url:

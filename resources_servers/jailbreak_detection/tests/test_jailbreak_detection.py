@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing import free_port, nemo_gym_examples, serve
+from gymfleet.testing.fleets import judge_fleet, judged, post_verify
 from resources_servers.jailbreak_detection.app import (
     HERE,
     JailbreakDetectionServer,
@@ -118,11 +119,6 @@ JUDGE_RULES = [
 ]
 
 
-def judge_fleet(judge_url: str) -> dict:
-    port = int(judge_url.rsplit(":", 1)[1])
-    return {"judge_model": {"responses_api_models": {"scripted_model": {"host": "127.0.0.1", "port": port}}}}
-
-
 CONFIG = {"name": "jailbreak_detection", "domain": "safety", "judge_model_server": "judge_model",
           "judge_timeout_s": 1.5, "judge_max_attempts": 2,
           "judge_responses_create_params": {"input": [], "temperature": 0.0, "max_output_tokens": 1024, "seed": 7}}
@@ -137,14 +133,12 @@ def judge_url():
 
 @pytest.fixture(scope="module")
 def url(judge_url):
-    with serve(JailbreakDetectionServer(CONFIG, judge_fleet(judge_url)).create_app()) as base:
+    with judged(JailbreakDetectionServer, CONFIG, judge_url) as base:
         yield base
 
 
 def verify(url: str, row: dict, text: str | None) -> dict:
-    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=30)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
+    return post_verify(url, row, text, timeout=30)
 
 
 LEGACY_CASES = [

@@ -3,18 +3,17 @@ r"""multichallenge as a real server with a scripted judge: verdict kinds, judge 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import JudgeError, ServerRefError
-from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing import fleets, free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing.fleets import post_verify as verify
 from resources_servers.multichallenge.app import MultichallengeServer, read_yes_no, render_context
 from resources_servers.multichallenge.rubric import (
     aggregate,
@@ -60,15 +59,10 @@ JUDGE_RULES = [
 ]
 
 
-@contextlib.contextmanager
 def judged(rules=JUDGE_RULES, **config):
     """The environment with a scripted judge (`judge_model`) behind it; yields the environment's URL."""
-    with serve(ScriptedModel({"name": "judge_model", "rules": rules}).create_app()) as judge:
-        parts = urlsplit(judge)
-        fleet = {"judge_model": {"responses_api_models": {"scripted_model": {"host": parts.hostname,
-                                                                               "port": parts.port}}}}
-        with serve(MultichallengeServer({**BASE, **config}, fleet).create_app()) as url:
-            yield url
+    judge = ScriptedModel({"name": "judge_model", "rules": rules})
+    return fleets.judged(MultichallengeServer, {**BASE, **config}, judge)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +76,6 @@ def impatient_url():
     """The same judge with a 0.5 s deadline per attempt."""
     with judged(judge_timeout_s=0.5, judge_max_attempts=2) as base:
         yield base
-
-
-def verify(url: str, row: dict, text: str | None, status: int = 200) -> dict:
-    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=60)
-    assert answer.status_code == status, answer.text
-    return answer.json()
 
 
 # ---------------------------------------------------------------------------------------------- pure functions
@@ -359,7 +347,7 @@ def test_judge_failure_is_a_tagged_row_not_a_zero(impatient_url, text):
 
 
 def test_judge_down_is_a_tagged_row_and_a_bad_name_fails_at_startup():
-    fleet = {"judge_model": {"responses_api_models": {"scripted_model": {"host": "127.0.0.1", "port": free_port()}}}}
+    fleet = fleets.judge_fleet(f"http://127.0.0.1:{free_port()}")
     with serve(MultichallengeServer(BASE, fleet).create_app()) as base:
         result = verify(base, ROWS[0], "Certified gluten-free oats.")
         assert result["_ng_failure_class"] == "judge_failed" and "cannot reach" in result["failure"]
@@ -398,14 +386,10 @@ def test_rollout_through_simple_agent():
                      "Overnight oats with certified gluten-free oats and berries: five minutes, no cooking."}]
     with serve(ScriptedModel({"name": "policy", "rules": policy_rules}).create_app()) as policy_url, \
             serve(ScriptedModel({"name": "judge_model", "rules": JUDGE_RULES}).create_app()) as judge_url:
-        def block(kind, impl, url):
-            parts = urlsplit(url)
-            return {kind: {impl: {"host": parts.hostname, "port": parts.port}}}
-
-        fleet = {"judge_model": block("responses_api_models", "scripted_model", judge_url),
-                 "policy_model": block("responses_api_models", "scripted_model", policy_url)}
+        fleet = {**fleets.judge_fleet(judge_url),
+                 "policy_model": fleets.server_block("responses_api_models", "scripted_model", policy_url)}
         with serve(MultichallengeServer({**BASE}, fleet).create_app()) as env_url:
-            fleet["multichallenge"] = block("resources_servers", "multichallenge", env_url)
+            fleet["multichallenge"] = fleets.server_block("resources_servers", "multichallenge", env_url)
             agent = SimpleAgent({"name": "agent", "resources_server": "multichallenge",
                                  "model_server": "policy_model", "model_timeout_s": 30}, fleet)
             with serve(agent.create_app()) as agent_url:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.testing import serve
+from gymfleet.testing.fleets import agent_fleet, server_block
 from resources_servers.math_with_judge.app import MathWithJudgeServer
 from resources_servers.ns_tools.app import NsToolsServer
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -44,26 +44,17 @@ def script(row: dict) -> list[dict]:
                      "text": FINAL_TEXTS[row["id"]]}]
 
 
-def block(kind: str, impl: str, url: str) -> dict:
-    return {kind: {impl: {"host": "127.0.0.1", "port": urlsplit(url).port}}}
-
-
 @pytest.fixture(scope="module")
 def fleet(sandbox_url):
     """math_with_judge, ns_tools, the scripted model and simple_agent (max_steps 50, as shipped); yields /run's URL."""
     math = MathWithJudgeServer({"name": "math_with_judge", "domain": "math"})
     rules = script(ROW) + script(WRONG_ROW)
     model = ScriptedModel({"name": "llm", "rules": rules, "default": {"text": "I could not run the code."}})
-    with serve(math.create_app()) as math_url, serve(model.create_app()) as model_url:
+    with serve(math.create_app()) as math_url:
         env = NsToolsServer({"name": "ns_tools", "domain": "agent", "sandbox_url": sandbox_url, "memory_mb": 256},
-                            {"math_with_judge": block("resources_servers", "math_with_judge", math_url)})
-        with serve(env.create_app()) as env_url:
-            config = {"ns_tools": block("resources_servers", "ns_tools", env_url),
-                      "llm": block("responses_api_models", "scripted_model", model_url)}
-            agent = SimpleAgent({"name": "agent", "resources_server": "ns_tools", "model_server": "llm",
-                                 "max_steps": 50, "model_timeout_s": 30}, config)
-            with serve(agent.create_app()) as agent_url:
-                yield agent_url + "/run", env
+                            {"math_with_judge": server_block("resources_servers", "math_with_judge", math_url)})
+        with agent_fleet(SimpleAgent, env, model, env_name="ns_tools", max_steps=50, model_timeout_s=30) as url:
+            yield url + "/run", env
 
 
 @pytest.mark.parametrize("row, reward", [(ROW, 1.0), (WRONG_ROW, 0.0)],

@@ -13,7 +13,8 @@ import yaml
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import ServerRefError
-from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing import free_port, nemo_gym_examples, serve
+from gymfleet.testing.fleets import judge_fleet, judged, post_verify
 from resources_servers.over_refusal_detection.app import OverRefusalDetectionServer, injection_reasons, score
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -52,11 +53,6 @@ CONFIG = {"name": "over_refusal_detection", "domain": "safety", "judge_model_ser
           "judge_responses_create_params": {"input": [], "temperature": 0.0, "max_output_tokens": 1024, "seed": 3}}
 
 
-def judge_fleet(judge_url: str) -> dict:
-    port = int(judge_url.rsplit(":", 1)[1])
-    return {"judge_model": {"responses_api_models": {"scripted_model": {"host": "127.0.0.1", "port": port}}}}
-
-
 @pytest.fixture(scope="module")
 def judge_url():
     judge = ScriptedModel({"name": "judge_model", "model": "safety-judge", "rules": JUDGE_RULES})
@@ -66,14 +62,12 @@ def judge_url():
 
 @pytest.fixture(scope="module")
 def url(judge_url):
-    with serve(OverRefusalDetectionServer(CONFIG, judge_fleet(judge_url)).create_app()) as base:
+    with judged(OverRefusalDetectionServer, CONFIG, judge_url) as base:
         yield base
 
 
 def verify(url: str, row: dict, text: str | None) -> dict:
-    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=30)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
+    return post_verify(url, row, text, timeout=30)
 
 
 @pytest.mark.parametrize(

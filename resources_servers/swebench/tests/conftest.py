@@ -14,6 +14,7 @@ import pytest
 
 from agents.swe_agent.app import SWEAgent
 from gymfleet.testing import serve
+from gymfleet.testing.fleets import agent_fleet
 from resources_servers.swebench.app import SWEBenchServer
 from responses_api_models.scripted_model.app import ScriptedModel
 from sandbox.app import SandboxServer
@@ -44,16 +45,8 @@ def fleet(sandbox_url: str, rules: list[dict], *, model_fields: dict | None = No
     """Yields (`/run` URL, swebench server) for a scripted model following `rules`."""
     env = SWEBenchServer({"name": "swebench", "domain": "coding", "sandbox_url": sandbox_url, **(env_fields or {})})
     model = ScriptedModel({"name": "llm", "rules": rules, **(model_fields or {})})
-    with serve(env.create_app()) as env_url, serve(model.create_app()) as model_url:
-        def block(kind, impl, url):
-            return {kind: {impl: {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1])}}}
-
-        config = {"swebench": block("resources_servers", "swebench", env_url),
-                  "llm": block("responses_api_models", "scripted_model", model_url)}
-        agent = SWEAgent({"name": "agent", "resources_server": "swebench", "model_server": "llm",
-                          "model_timeout_s": 30, **(agent_fields or {})}, config)
-        with serve(agent.create_app()) as agent_url:
-            yield agent_url + "/run", env
+    with agent_fleet(SWEAgent, env, model, env_name="swebench", model_timeout_s=30, **(agent_fields or {})) as url:
+        yield url + "/run", env
 
 
 def sandbox_children() -> list[psutil.Process]:

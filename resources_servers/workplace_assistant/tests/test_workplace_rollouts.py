@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.testing import serve
+from gymfleet.testing.fleets import agent_fleet
 from resources_servers.workplace_assistant.tests.conftest import NEMO_GYM_ROWS, OWN_ROWS, WORKBENCH_CSV, make_server
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -32,16 +32,9 @@ def fleet(rules: list[dict], **env_fields):
     """Server, scripted model and simple_agent (max_steps 6, as shipped), each on its own port; yields /run's URL."""
     env = make_server(**env_fields)
     model = ScriptedModel({"name": "llm", "rules": rules})
-    with serve(env.create_app()) as env_url, serve(model.create_app()) as model_url:
-        def block(kind, impl, url):
-            return {kind: {impl: {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1])}}}
-
-        config = {"workplace_assistant": block("resources_servers", "workplace_assistant", env_url),
-                  "llm": block("responses_api_models", "scripted_model", model_url)}
-        agent = SimpleAgent({"name": "agent", "resources_server": "workplace_assistant", "model_server": "llm",
-                             "max_steps": 6, "model_timeout_s": 30}, config)
-        with serve(agent.create_app()) as agent_url:
-            yield agent_url + "/run", env
+    with agent_fleet(SimpleAgent, env, model, env_name="workplace_assistant", max_steps=6,
+                     model_timeout_s=30) as agent_url:
+        yield agent_url + "/run", env
 
 
 def run(url: str, row: dict) -> dict:

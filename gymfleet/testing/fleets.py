@@ -1,0 +1,60 @@
+"""Small in-process fleets for tests: real servers, each on its own port, wired by a `global_config` dict.
+
+`server_block` is the config block that names one served instance; `judge_fleet` names a judge model;
+`judged` serves an environment with a judge model behind it; `agent_fleet` serves a resources server and a
+model server with an agent in front of them; `post_verify` posts one `/verify` and checks its status. The
+servers are passed in (built by the test), so this module imports no environment, model or agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from gymfleet.testing import serve
+from gymfleet.wire import make_response
+
+
+def server_block(kind: str, impl: str, url: str) -> dict[str, Any]:
+    """`{kind: {impl: {host, port}}}`: one instance's block of a `global_config`, for a server served at `url`."""
+    parts = urlsplit(url)
+    return {kind: {impl: {"host": parts.hostname, "port": parts.port}}}
+
+
+def judge_fleet(judge_url: str, name: str = "judge_model") -> dict[str, Any]:
+    """A `global_config` naming the scripted model served at `judge_url` as the instance `name`."""
+    return {name: server_block("responses_api_models", "scripted_model", judge_url)}
+
+
+@contextmanager
+def judged(server_cls: Any, config: dict[str, Any], judge: Any, name: str = "judge_model") -> Iterator[str]:
+    """Serve a `server_cls(config)` environment that reaches `judge` as the instance `name`; yields its URL.
+    `judge` is a model server (served here, for as long as the environment) or the URL of one already served."""
+    with ExitStack() as stack:
+        judge_url = judge if isinstance(judge, str) else stack.enter_context(serve(judge.create_app()))
+        yield stack.enter_context(serve(server_cls(config, judge_fleet(judge_url, name)).create_app()))
+
+
+@contextmanager
+def agent_fleet(agent_cls: Any, env: Any, model: Any, *, env_name: str, **agent_fields: Any) -> Iterator[str]:
+    """Serve `env` (a resources server, instance `env_name`), `model` (a scripted model, instance `llm`) and an
+    `agent_cls` agent over both (its config: `agent_fields`); yields the agent's URL."""
+    with serve(env.create_app()) as env_url, serve(model.create_app()) as model_url:
+        config = {env_name: server_block("resources_servers", env_name, env_url),
+                  "llm": server_block("responses_api_models", "scripted_model", model_url)}
+        agent = agent_cls({"name": "agent", "resources_server": env_name, "model_server": "llm", **agent_fields},
+                          config)
+        with serve(agent.create_app()) as agent_url:
+            yield agent_url
+
+
+def post_verify(url: str, row: dict[str, Any], text: str | None, status: int = 200, *,
+                timeout: float = 60) -> dict[str, Any]:
+    """POST `row` with a response saying `text` to `url`/verify; asserts the HTTP `status`, returns the body."""
+    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=timeout)
+    assert answer.status_code == status, answer.text
+    return answer.json()
