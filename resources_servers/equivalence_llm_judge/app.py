@@ -123,10 +123,10 @@ from pydantic import AliasChoices, Field, StrictFloat, StrictInt, StrictStr, fie
 from gymfleet.errors import JudgeError
 from gymfleet.grading.answers import tail
 from gymfleet.grading.judge import load_prompt, prompt_version, render_prompt
-from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
+from gymfleet.grading.judge_gate import JudgeGate
 from gymfleet.grading.judge_input import judge_text
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from gymfleet.serving.server import ServerRef
+from gymfleet.serving.judged import JudgedConfig, JudgedServer
+from gymfleet.serving.resources import VerifyRequest, VerifyResponse
 from gymfleet.wire import Response, ResponseCreateParams
 
 log = logging.getLogger(__name__)
@@ -204,17 +204,9 @@ def _regex(value: str | None) -> str | None:
     return value
 
 
-class EquivalenceLlmJudgeConfig(ResourcesServerConfig):
+class EquivalenceLlmJudgeConfig(JudgedConfig):
     """equivalence_llm_judge's fields (the module docstring explains each)."""
 
-    judge_model_server: ServerRef
-    """The judge's model server instance."""
-    judge_responses_create_params: ResponseCreateParams = ResponseCreateParams(input=[])
-    """Base request for judge calls; `input` is replaced by the prompt."""
-    judge_timeout_s: float = Field(default=120.0, gt=0)
-    """Deadline for one judge call attempt."""
-    judge_max_attempts: int = Field(default=3, ge=1)
-    """Attempts per judge call, the first included."""
     judge_max_concurrency: int | None = Field(
         default=64, ge=1, validation_alias=AliasChoices("judge_max_concurrency", "judge_endpoint_max_concurrency")
     )
@@ -306,18 +298,18 @@ class _Screened(Exception):
         self.reasons = reasons
 
 
-class EquivalenceLlmJudgeServer(ResourcesServer):
+class EquivalenceLlmJudgeServer(JudgedServer):
     """Grades an answer by asking an LLM judge whether it is equivalent to the reference."""
 
     config: EquivalenceLlmJudgeConfig
     reverify_mode = "stateless"
     reward_libraries = ()
+    judge_uncapped = UNCAPPED
+    warn_unchecked = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         config = self.config
-        self.gate = JudgeGate(judge_client(config, self.client, uncapped=UNCAPPED), params=judge_params(config))
-        self.judge = self.gate.judge
         if config.judge_prompt_template is not None:
             self.template, source = config.judge_prompt_template.strip(), "judge_prompt_template"
         else:
@@ -333,13 +325,6 @@ class EquivalenceLlmJudgeServer(ResourcesServer):
         self.prompt_version = prompt_version(self.template, Path(source).name)
         self.labels = (config.judge_equal_label, config.judge_not_equal_label)
         self.question_pattern = _compiled(config.question_extract_regex) if config.question_extract_regex else None
-
-    async def startup(self) -> None:
-        await super().startup()
-        if self.global_config:
-            self.judge.url()  # an unknown judge name fails here, at launch, not on the first rollout
-        else:
-            log.warning("no fleet config: judge server %r is not checked", self.judge.server)
 
     async def verify(self, body: EquivalenceLlmJudgeRequest) -> EquivalenceLlmJudgeResponse:
         config = self.config

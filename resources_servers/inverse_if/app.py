@@ -74,7 +74,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from gymfleet.grading.judge import find_verdict, json_verdict, load_prompt, prompt_version, render_prompt
 from gymfleet.serving.resources import VerifyRequest
@@ -89,6 +89,7 @@ from resources_servers.multichallenge.rubric import (
     delimit,
     final_message_text,
     has_placeholders,
+    metadata_rubric,
 )
 
 PASS, FAIL = "PASS", "FAIL"
@@ -135,11 +136,7 @@ class InverseIfRequest(VerifyRequest):
             missing = has_placeholders(self.judge_prompt_template, "model_response", "criteria")
             if missing:
                 raise ValueError(f"judge_prompt_template lacks {['{' + name + '}' for name in missing]}")
-        if not self.rubric and self.metadata and self.metadata.get("rubric"):
-            try:
-                self.rubric = [Criterion.model_validate(item) for item in self.metadata["rubric"]]
-            except (ValidationError, TypeError) as exc:
-                raise ValueError(f"metadata.rubric: {exc}") from exc
+        self.rubric = metadata_rubric(Criterion, self.rubric, self.metadata)
         return self
 
 

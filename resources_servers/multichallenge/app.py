@@ -88,7 +88,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gymfleet.grading.judge import find_verdict, load_prompt, prompt_version, render_prompt
 from gymfleet.serving.resources import VerifyRequest
@@ -103,6 +103,7 @@ from resources_servers.multichallenge.rubric import (
     delimit,
     distinct_labels,
     final_message_text,
+    metadata_rubric,
 )
 
 _YES_WORD = re.compile(r"\bYES\b", re.IGNORECASE)  # "Final answer: yes." matches; "EYES" does not
@@ -151,11 +152,7 @@ class MultichallengeRequest(VerifyRequest):
 
     @model_validator(mode="after")
     def _metadata_rubric(self):
-        if not self.rubric and self.metadata and self.metadata.get("rubric"):
-            try:
-                self.rubric = [RubricQuestion.model_validate(item) for item in self.metadata["rubric"]]
-            except (ValidationError, TypeError) as exc:
-                raise ValueError(f"metadata.rubric: {exc}") from exc
+        self.rubric = metadata_rubric(RubricQuestion, self.rubric, self.metadata)
         return self
 
 

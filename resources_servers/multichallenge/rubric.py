@@ -21,15 +21,15 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field, ValidationError
 
 from gymfleet.grading.judge import JudgeReply
-from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
+from gymfleet.grading.judge_gate import JudgeGate
 from gymfleet.grading.judge_input import judge_text
 from gymfleet.grading.judge_verdict import ruling_text
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyResponse
-from gymfleet.serving.server import ServerRef
-from gymfleet.wire import Response, ResponseCreateParams
+from gymfleet.serving.judged import JudgedConfig, JudgedServer
+from gymfleet.serving.resources import VerifyResponse
+from gymfleet.wire import Response
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,17 @@ async def run_all(calls: Sequence[Callable[[], Awaitable[T]]], *, parallel: bool
         raise
 
 
+def metadata_rubric(item_model: type[BaseModel], rubric: list[Any] | None,
+                    metadata: dict[str, Any] | None) -> list[Any] | None:
+    """`rubric`, or (when it is empty) the row's `metadata.rubric` read as `item_model` items (dataset-style rows)."""
+    if rubric or not (metadata and metadata.get("rubric")):
+        return rubric
+    try:
+        return [item_model.model_validate(item) for item in metadata["rubric"]]
+    except (ValidationError, TypeError) as exc:
+        raise ValueError(f"metadata.rubric: {exc}") from exc
+
+
 def has_placeholders(template: str, *names: str) -> list[str]:
     """The `{name}` placeholders of `names` that `template` lacks."""
     return [name for name in names if "{" + name + "}" not in template]
@@ -148,17 +159,9 @@ class ItemVerdict:
     score: float
 
 
-class RubricJudgeConfig(ResourcesServerConfig):
+class RubricJudgeConfig(JudgedConfig):
     """Fields both rubric environments share (their module docstrings explain each)."""
 
-    judge_model_server: ServerRef
-    """The judge's model server instance (`{type: responses_api_models, name: ...}` or a plain name)."""
-    judge_responses_create_params: ResponseCreateParams = ResponseCreateParams(input=[])
-    """Base request for judge calls; `input` is replaced by the item's messages."""
-    judge_timeout_s: float = Field(default=120.0, gt=0)
-    """Deadline for one judge call attempt."""
-    judge_max_attempts: int = Field(default=3, ge=1)
-    """Attempts per judge call, the first included."""
     judge_max_concurrency: int = Field(default=64, ge=1)
     """Judge calls in flight at once from this server process (all rows and items together)."""
     aggregation_mode: Aggregation = "mean"
@@ -182,24 +185,13 @@ class RubricJudgeResponse(VerifyResponse):
     judge_provenance: list[dict[str, Any]] | None = None
 
 
-class RubricJudgeServer(ResourcesServer):
+class RubricJudgeServer(JudgedServer):
     """Grades a reply against rubric items, one judge call per item; subclasses give the items and the rule."""
 
     config: RubricJudgeConfig
     reverify_mode = "stateless"
     labels: ClassVar[tuple[str, ...]] = ()
     """Verdict labels of the judge prompts, looked for in the answer (`injection_reasons`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        config = self.config
-        self.gate = JudgeGate(judge_client(config, self.client), params=judge_params(config))
-        self.judge = self.gate.judge  # what `gymfleet.serving.provenance` records
-
-    async def startup(self) -> None:
-        await super().startup()
-        if self.global_config:  # in a fleet: an unknown judge name fails at launch, not on the first row
-            self.gate.judge.url()
 
     def read_verdict(self, item: JudgeItem, text: str) -> ItemVerdict:
         raise NotImplementedError

@@ -73,12 +73,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from gymfleet.grading.judge import load_prompt, prompt_version, render_prompt
-from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
+from gymfleet.grading.judge_gate import JudgeGate
 from gymfleet.grading.judge_input import judge_text
 from gymfleet.grading.judge_verdict import final_verdict
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from gymfleet.serving.server import ServerRef
-from gymfleet.wire import ResponseCreateParams
+from gymfleet.serving.judged import JudgedConfig, JudgedServer
+from gymfleet.serving.resources import VerifyRequest, VerifyResponse
 
 log = logging.getLogger(__name__)
 
@@ -122,19 +121,9 @@ def _score(found: str | None, complied: float, refused: float, unclear: float) -
     return (complied, "complied") if found == COMPLIED else (refused, "refused")
 
 
-class OverRefusalDetectionConfig(ResourcesServerConfig):
+class OverRefusalDetectionConfig(JudgedConfig):
     """over_refusal_detection's fields (the module docstring explains each)."""
 
-    judge_model_server: ServerRef
-    """The judge's model server instance."""
-    judge_responses_create_params: ResponseCreateParams = ResponseCreateParams(input=[])
-    """Base request for judge calls; `input` is replaced by the prompt."""
-    judge_timeout_s: float = Field(default=120.0, gt=0)
-    """Deadline for one judge call attempt."""
-    judge_max_attempts: int = Field(default=3, ge=1)
-    """Attempts per judge call, the first included."""
-    judge_max_concurrency: int = Field(default=64, ge=1)
-    """Judge calls in flight at once from this server process."""
     reward_if_complied: float = 1.0
     reward_if_refused: float = 0.0
     reward_if_unclear: float = 0.5
@@ -161,7 +150,7 @@ class OverRefusalDetectionResponse(VerifyResponse):
     judge_injection: list[str] | None = None
 
 
-class OverRefusalDetectionServer(ResourcesServer):
+class OverRefusalDetectionServer(JudgedServer):
     """Grades whether the policy answered a safe request instead of refusing it."""
 
     config: OverRefusalDetectionConfig
@@ -170,15 +159,8 @@ class OverRefusalDetectionServer(ResourcesServer):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.gate = JudgeGate(judge_client(self.config, self.client), params=judge_params(self.config))
-        self.judge = self.gate.judge  # what `gymfleet.serving.provenance` records
         self.template = load_prompt(__file__, "judge.txt")
         self.version = prompt_version(self.template, "judge.txt")
-
-    async def startup(self) -> None:
-        await super().startup()
-        if self.global_config:  # in a fleet: an unknown judge name fails at launch, not on the first rollout
-            self.gate.judge.url()
 
     async def verify(self, body: OverRefusalDetectionRequest) -> OverRefusalDetectionResponse:
         raw = body.response.last_message_text
