@@ -235,8 +235,8 @@ def _children_cpu_s():
     return usage.ru_utime + usage.ru_stime
 
 
-def _read_tail(fd, buffer):
-    """Read what `fd` (non-blocking) holds now, keeping the last `REPORT_MAX_BYTES` of `buffer`; False at its end."""
+def _drain(fd, take):
+    """Hand each chunk `fd` (non-blocking) holds now to `take`; False at its end."""
     while True:
         try:
             data = posix.read(fd, CHUNK)
@@ -244,23 +244,27 @@ def _read_tail(fd, buffer):
             return True
         if not data:
             return False
-        buffer += data
+        take(data)
+
+
+def _read_tail(fd, buffer):
+    """Read what `fd` (non-blocking) holds now, keeping the last `REPORT_MAX_BYTES` of `buffer`; False at its end."""
+    def take(data):
+        buffer.extend(data)
         del buffer[:-REPORT_MAX_BYTES]
+
+    return _drain(fd, take)
 
 
 def _read_into(fd, buffer, limit, truncated):
     """Read what `fd` (non-blocking) holds now into `buffer`, keeping at most `limit` bytes; False at its end."""
-    while True:
-        try:
-            data = posix.read(fd, CHUNK)
-        except BlockingIOError:
-            return True
-        if not data:
-            return False
+    def take(data):
         room = limit - len(buffer)
         if len(data) > room:
             truncated.add(fd)
-        buffer += data[: max(room, 0)]
+        buffer.extend(data[: max(room, 0)])
+
+    return _drain(fd, take)
 
 
 def _become_worker(request, program, launcher, fds):

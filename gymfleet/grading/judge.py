@@ -30,9 +30,10 @@ import asyncio
 import dataclasses
 import functools
 import hashlib
+import json
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -343,6 +344,7 @@ def _canonical(choices: Sequence[str]) -> dict[str, str]:
 
 
 _FENCED_JSON = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+_DECODER = json.JSONDecoder()
 _MAX_JSON_SCAN_CHARS = 200_000  # a judge's runaway output is scanned only this far from its end
 
 
@@ -369,11 +371,22 @@ def json_verdict(text: str | None, key: str, choices: Sequence[str]) -> str | No
         return None
     text = text[-_MAX_JSON_SCAN_CHARS:]
     candidates = [block.strip() for block in _FENCED_JSON.findall(text)]
-    decoder = _json_decoder()
+    decoder = _DECODER
     for candidate in candidates:
         value = _value_of(decoder, candidate, key)
         if isinstance(value, str) and value.strip().casefold() in canonical:
             return canonical[value.strip().casefold()]
+    for obj in json_objects(text, decoder):
+        value = obj.get(key) if isinstance(obj, dict) else None
+        if isinstance(value, str) and value.strip().casefold() in canonical:
+            return canonical[value.strip().casefold()]
+    return None
+
+
+def json_objects(text: str, decoder: json.JSONDecoder | None = None) -> Iterator[Any]:
+    """The top-level JSON values that open with `{` in `text`, left to right (one nested in a decoded value is not
+    visited again; a `{` that opens no valid JSON is skipped)."""
+    decoder = decoder or json.JSONDecoder()
     start = text.find("{")
     while start != -1:
         try:
@@ -381,11 +394,8 @@ def json_verdict(text: str | None, key: str, choices: Sequence[str]) -> str | No
         except ValueError:
             start = text.find("{", start + 1)
             continue
-        value = obj.get(key) if isinstance(obj, dict) else None
-        if isinstance(value, str) and value.strip().casefold() in canonical:
-            return canonical[value.strip().casefold()]
+        yield obj
         start = text.find("{", end)
-    return None
 
 
 def _value_of(decoder: Any, candidate: str, key: str) -> Any:
@@ -464,13 +474,6 @@ def injection_signals(text: str | None, labels: Sequence[str] = ()) -> list[str]
     if overrides and _ADDRESSES_JUDGE.search(text):
         signals.append("instruction override aimed at the grader")
     return signals
-
-
-@functools.cache
-def _json_decoder() -> Any:
-    import json
-
-    return json.JSONDecoder()
 
 
 def load_prompt(anchor: str | Path, name: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from gymfleet.errors import DataError, GymfleetError
+from gymfleet.rollouts.rows import json_object
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,8 @@ def read_results(path: Path) -> list[dict[str, Any]]:
         start, offset = offset, offset + len(line) + 1
         if not line.strip():
             continue
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            row = None
-        if isinstance(row, dict):
+        row = json_object(line)
+        if row is not None:
             rows.append(row)
             continue
         if any(rest.strip() for rest in lines[lineno:]):

@@ -128,6 +128,15 @@ def placeholder_response() -> Response:
     return Response.model_validate(make_response(""))
 
 
+def json_object(line: bytes | str) -> dict[str, Any] | None:
+    """The JSON object `line` holds; None when it holds another JSON value or no valid JSON."""
+    try:
+        row = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
 def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """`(line number, object)` for every non-blank line.
 
@@ -144,11 +153,8 @@ def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
             progress.update(len(line))
             if not line.strip():
                 continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                row = None
-            if not isinstance(row, dict):
+            row = json_object(line)
+            if row is None:
                 raise DataError("not a JSON object", file=str(path), line=lineno)
             rows.append((lineno, row))
     return rows

@@ -42,6 +42,7 @@ class JudgedServer(ResourcesServer):
     the judge's name."""
 
     config: JudgedConfig
+    reverify_mode = "stateless"  # the reward reads the row and the response; no session state
     judge_uncapped: ClassVar[int] = 1 << 20
     warn_unchecked: ClassVar[bool] = False
 

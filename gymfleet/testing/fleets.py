@@ -2,7 +2,8 @@
 
 `server_block` is the config block that names one served instance; `judge_fleet` names a judge model;
 `judged` serves an environment with a judge model behind it; `agent_fleet` serves a resources server and a
-model server with an agent in front of them; `post_verify` posts one `/verify` and checks its status. The
+model server with an agent in front of them; `post_verify` posts one `/verify` and checks its status;
+`buffer_body` lets an ASGI wrapper in front of a stand-in read a request's body and still pass it on. The
 servers are passed in (built by the test), so this module imports no environment, model or agent.
 """
 
@@ -58,3 +59,24 @@ def post_verify(url: str, row: dict[str, Any], text: str | None, status: int = 2
     answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=timeout)
     assert answer.status_code == status, answer.text
     return answer.json()
+
+
+async def buffer_body(receive: Any) -> tuple[bytes, Any]:
+    """Read an ASGI request's whole body from `receive`; returns it and a `receive` for the wrapped app, which
+    hands the body on once and then defers to the original (for the disconnect)."""
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return body, replay

@@ -302,8 +302,6 @@ class EquivalenceLlmJudgeServer(JudgedServer):
     """Grades an answer by asking an LLM judge whether it is equivalent to the reference."""
 
     config: EquivalenceLlmJudgeConfig
-    reverify_mode = "stateless"
-    reward_libraries = ()
     judge_uncapped = UNCAPPED
     warn_unchecked = True
 

@@ -29,8 +29,10 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
+
+from gymfleet.grading.judge import json_objects
 
 RANKING_MIDPOINT = 3.5
 SCORE_RANGE = (1.0, 5.0)
@@ -99,27 +101,14 @@ def parse_verdict(text: str | None, default_score: float = 3.0, default_ranking:
     text = text[-MAX_PARSED_CHARS:]
     decoder = json.JSONDecoder()
     for block in _FENCED_JSON.findall(text):
-        for obj in _objects(decoder, block):
+        for obj in json_objects(block, decoder):
             found = _verdict_of(obj, default_score, default_ranking)
             if found is not None:
                 return found
     last = None
-    for obj in _objects(decoder, text):
+    for obj in json_objects(text, decoder):
         last = _verdict_of(obj, default_score, default_ranking) or last
     return last
-
-
-def _objects(decoder: json.JSONDecoder, text: str) -> Iterable[Any]:
-    """Top-level JSON objects in `text`, left to right (an object inside a decoded one is not visited again)."""
-    start = text.find("{")
-    while start != -1:
-        try:
-            obj, end = decoder.raw_decode(text, start)
-        except ValueError:
-            start = text.find("{", start + 1)
-            continue
-        yield obj
-        start = text.find("{", end)
 
 
 def _verdict_of(obj: Any, default_score: float, default_ranking: float) -> Verdict | None:

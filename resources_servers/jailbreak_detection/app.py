@@ -306,8 +306,6 @@ class JailbreakDetectionServer(JudgedServer):
     """Grades answers to adversarial prompts with a safety judge (and refusal-quality or policy verifiers)."""
 
     config: JailbreakDetectionConfig
-    reverify_mode = "stateless"
-    reward_libraries = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -189,7 +189,6 @@ class RubricJudgeServer(JudgedServer):
     """Grades a reply against rubric items, one judge call per item; subclasses give the items and the rule."""
 
     config: RubricJudgeConfig
-    reverify_mode = "stateless"
     labels: ClassVar[tuple[str, ...]] = ()
     """Verdict labels of the judge prompts, looked for in the answer (`injection_reasons`)."""
 

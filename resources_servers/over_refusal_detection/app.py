@@ -154,8 +154,6 @@ class OverRefusalDetectionServer(JudgedServer):
     """Grades whether the policy answered a safe request instead of refusing it."""
 
     config: OverRefusalDetectionConfig
-    reverify_mode = "stateless"
-    reward_libraries = ()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -15,6 +15,7 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_con
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.launch import build_server
 from gymfleet.testing import serve
+from gymfleet.testing.fleets import buffer_body
 from gymfleet.wire import Response
 from responses_api_models.openai_model.app import OpenAIModel, OpenAIModelConfig
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -54,12 +55,7 @@ class Recorder:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        body, replay = await buffer_body(receive)
         headers = {name.decode(): value.decode() for name, value in scope["headers"]}
         self.requests.append({"path": scope["path"], "headers": headers, "body": json.loads(body) if body else None})
         if self.faults:
@@ -68,15 +64,6 @@ class Recorder:
             await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-type", b"application/json")]})
             return await send({"type": "http.response.body", "body": data})
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
         await self.app(scope, replay, send)
 
     @property

@@ -23,6 +23,7 @@ from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import BadRequestError
 from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.testing import free_port, serve
+from gymfleet.testing.fleets import buffer_body
 from gymfleet.wire import TOKEN_FIELDS, Response
 from responses_api_models.scripted_model.app import ScriptedModel
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
@@ -63,22 +64,8 @@ class Tap:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        raw = b"".join(chunks)
+        raw, replay = await buffer_body(receive)
         self.requests.append((scope["path"], json.loads(raw) if raw else None))
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-
         if self.rewrite is None:
             return await self.app(scope, replay, send)
         start, parts = {}, []
