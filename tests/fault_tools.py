@@ -41,7 +41,40 @@ KNOWN_FAILURE_CLASSES = frozenset({
 REQUEST_LINE = re.compile(rb"(?:^|\r\n)(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) (\S+) HTTP/1\.[01]\r\n")
 
 
-class CuttingProxy:
+class _Listener:
+    """A TCP listener on `url` (127.0.0.1, a free port) whose `_accept` runs in a daemon thread until `close()`."""
+
+    def __init__(self, name: str, backlog: int) -> None:
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(backlog)
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, name=name, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        for sock in self._sockets():
+            _close(sock)
+
+    def _sockets(self) -> list[socket.socket]:
+        """The connections `close()` closes too."""
+        return []
+
+    def _accept(self) -> None:
+        raise NotImplementedError
+
+
+class CuttingProxy(_Listener):
     """`http://127.0.0.1:<port>` forwarding to `target`; cuts the answers to requests whose path contains `cut_path`.
 
     Args:
@@ -61,28 +94,12 @@ class CuttingProxy:
         """Requests seen, by path (query string included)."""
         self.cuts = 0
         self._lock = threading.Lock()
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(128)
-        self.port = self._listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
         self._open: set[socket.socket] = set()
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, name="cutting-proxy", daemon=True).start()
+        super().__init__("cutting-proxy", 128)
 
-    def __enter__(self) -> CuttingProxy:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
+    def _sockets(self) -> list[socket.socket]:
         with self._lock:
-            for sock in list(self._open):
-                _close(sock)
+            return list(self._open)
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -154,32 +171,16 @@ def _close(sock: socket.socket) -> None:
         sock.close()
 
 
-class StalledServer:
+class StalledServer(_Listener):
     """Accepts TCP connections on `url`, reads what comes, never answers (until `close()`)."""
 
     def __init__(self) -> None:
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(1024)
-        self.port = self._listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
         self.connections = 0
         self._held: list[socket.socket] = []
-        self._closed = threading.Event()
-        threading.Thread(target=self._accept, name="stalled-server", daemon=True).start()
+        super().__init__("stalled-server", 1024)
 
-    def __enter__(self) -> StalledServer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
-        for sock in self._held:
-            _close(sock)
+    def _sockets(self) -> list[socket.socket]:
+        return self._held
 
     def _accept(self) -> None:
         while not self._closed.is_set():

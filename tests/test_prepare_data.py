@@ -6,11 +6,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.fleet.config_instances import repository_root
 from gymfleet.rollouts.prepare_data import dataset_metrics, metric_differences
 from gymfleet.testing import nemo_gym_examples
+from gymfleet.testing.fleets import datasets_config
 
 ROOT = repository_root()
 NEMO_GYM_ROWS = nemo_gym_examples("mcqa")
@@ -35,13 +37,8 @@ def lines(path: str | Path) -> list[dict]:
 
 def agent_config(tmp_path: Path, datasets: str) -> str:
     """A config with mcqa's servers and the given `datasets:` YAML on its agent."""
-    (tmp_path / "cfg.yaml").write_text(textwrap.dedent("""\
-        config_paths: [resources_servers/mcqa/configs/mcqa.yaml]
-        mcqa_simple_agent:
-          responses_api_agents:
-            simple_agent:
-              datasets:
-        """) + textwrap.indent(textwrap.dedent(datasets), " " * 8))
+    datasets_config(tmp_path / "cfg.yaml", "resources_servers/mcqa/configs/mcqa.yaml", "mcqa_simple_agent",
+                    "simple_agent", yaml.safe_load(textwrap.dedent(datasets)))
     return "cfg.yaml"
 
 

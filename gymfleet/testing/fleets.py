@@ -1,20 +1,23 @@
 """Small in-process fleets for tests: real servers, each on its own port, wired by a `global_config` dict.
 
-`server_block` is the config block that names one served instance; `judge_fleet` names a judge model;
-`judged` serves an environment with a judge model behind it; `agent_fleet` serves a resources server and a
-model server with an agent in front of them; `post_verify` posts one `/verify` and checks its status;
-`buffer_body` lets an ASGI wrapper in front of a stand-in read a request's body and still pass it on. The
-servers are passed in (built by the test), so this module imports no environment, model or agent.
+`served` serves a built server; `server_block` is the config block that names one served instance;
+`judge_fleet` names a judge model; `judged` serves an environment with a judge model behind it; `agent_fleet`
+serves a resources server and a model server with an agent in front of them; `post_verify` posts one `/verify`
+and checks its status; `datasets_config` writes a config giving a recipe's agent its datasets; `buffer_body` lets
+an ASGI wrapper in front of a stand-in read a request's body and still pass it on. The servers are passed in
+(built by the test), so this module imports no environment, model or agent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import yaml
 
 from gymfleet.testing import serve
 from gymfleet.wire import make_response
@@ -29,6 +32,13 @@ def server_block(kind: str, impl: str, url: str) -> dict[str, Any]:
 def judge_fleet(judge_url: str, name: str = "judge_model") -> dict[str, Any]:
     """A `global_config` naming the scripted model served at `judge_url` as the instance `name`."""
     return {name: server_block("responses_api_models", "scripted_model", judge_url)}
+
+
+@contextmanager
+def served(server: Any) -> Iterator[str]:
+    """Serve `server` (a built gymfleet server: its `create_app()`); yields its URL."""
+    with serve(server.create_app()) as url:
+        yield url
 
 
 @contextmanager
@@ -53,10 +63,19 @@ def agent_fleet(agent_cls: Any, env: Any, model: Any, *, env_name: str, **agent_
             yield agent_url
 
 
-def post_verify(url: str, row: dict[str, Any], text: str | None, status: int = 200, *,
-                timeout: float = 60) -> dict[str, Any]:
-    """POST `row` with a response saying `text` to `url`/verify; asserts the HTTP `status`, returns the body."""
-    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=timeout)
+def datasets_config(path: Path, recipe: str, agent: str, impl: str, datasets: list[dict[str, Any]]) -> Path:
+    """Write at `path` a config that loads `recipe` and gives its agent instance `agent` (implementation `impl`)
+    `datasets` (each `{name, type, jsonl_fpath, ...}`, as `ng_prepare_data` reads them); returns `path`."""
+    config = {"config_paths": [recipe], agent: {"responses_api_agents": {impl: {"datasets": datasets}}}}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def post_verify(url: str, row: dict[str, Any], text: str | None, status: int = 200, *, timeout: float = 60,
+                **response: Any) -> dict[str, Any]:
+    """POST `row` with a response saying `text` (`make_response(text, **response)`) to `url`/verify; asserts the
+    HTTP `status`, returns the body."""
+    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text, **response)}, timeout=timeout)
     assert answer.status_code == status, answer.text
     return answer.json()
 

@@ -14,7 +14,8 @@ import httpx
 import psutil
 import pytest
 
-from gymfleet.testing import make_response, serve
+from gymfleet.testing import make_response
+from gymfleet.testing.fleets import served
 from resources_servers.code_gen.app import CodeGenServer
 from sandbox.tests.conftest import assert_no_leftovers
 
@@ -87,9 +88,8 @@ def test_the_sandbox_limits_still_say_timeout_and_oom(sandbox_url):
 
 @pytest.fixture(scope="module")
 def code_gen_url(sandbox_url):
-    server = CodeGenServer({"name": "code_gen", "domain": "coding", "sandbox_url": sandbox_url,
-                            "unit_test_timeout_secs": 30, "memory_mb": 512})
-    with serve(server.create_app()) as url:
+    with served(CodeGenServer({"name": "code_gen", "domain": "coding", "sandbox_url": sandbox_url,
+                               "unit_test_timeout_secs": 30, "memory_mb": 512})) as url:
         yield url
 
 

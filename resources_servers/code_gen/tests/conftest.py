@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from gymfleet.testing import make_response, serve
+from gymfleet.testing import fleets
+from gymfleet.testing.fleets import post_verify
 from resources_servers.code_gen.app import CodeGenServer
 
 
 def served(sandbox_url: str, cls: type[CodeGenServer] = CodeGenServer):
     """A code_gen server of `cls` over the sandbox, served on an ephemeral port (a context manager of its URL)."""
-    server = cls({"name": "code_gen", "domain": "coding", "sandbox_url": sandbox_url, "unit_test_timeout_secs": 2,
-                  "memory_mb": 1024})
-    return serve(server.create_app())
+    return fleets.served(cls({"name": "code_gen", "domain": "coding", "sandbox_url": sandbox_url,
+                              "unit_test_timeout_secs": 2, "memory_mb": 1024}))
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +23,7 @@ def code_gen_url(sandbox_url):
 
 def verify(url: str, row: dict, text: str, **response) -> dict:
     """POST /verify with `text` as the model's answer; asserts HTTP 200."""
-    answer = httpx.post(f"{url}/verify", json={**row, "response": make_response(text, **response)}, timeout=120)
-    assert answer.status_code == 200, answer.text
-    return answer.json()
+    return post_verify(url, row, text, timeout=120, **response)
 
 
 def fenced(code: str, before: str = "Here is my solution.") -> str:

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.grading.sandbox_client import RunResult, SandboxClient
 from gymfleet.http import NO_RETRY
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing.fleets import datasets_config
 from resources_servers.math_with_judge.app import MathWithJudgeServer
 from resources_servers.ns_tools.app import RESTARTED, NsToolsServer, format_output
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -348,14 +348,8 @@ def test_ng_prepare_data_accepts_nemo_gym_rows(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # datasets and their metrics files resolve against cwd first
     (tmp_path / "data").mkdir()
     shutil.copy(nemo_gym_examples("ns_tools") / "example.jsonl", tmp_path / "data/nemo_gym.jsonl")
-    (tmp_path / "cfg.yaml").write_text(textwrap.dedent("""\
-        config_paths: [resources_servers/ns_tools/configs/ns_tools.yaml]
-        ns_tools_simple_agent:
-          responses_api_agents:
-            simple_agent:
-              datasets:
-                - {name: nemo_gym, type: example, jsonl_fpath: data/nemo_gym.jsonl}
-        """))
+    datasets_config(tmp_path / "cfg.yaml", "resources_servers/ns_tools/configs/ns_tools.yaml", "ns_tools_simple_agent",
+                    "simple_agent", [{"name": "nemo_gym", "type": "example", "jsonl_fpath": "data/nemo_gym.jsonl"}])
     with pytest.raises(SystemExit) as exited:
         prepare_main(["+config_paths=[cfg.yaml]", "+output_dirpath=out", "+mode=example_validation"])
     assert exited.value.code == 0

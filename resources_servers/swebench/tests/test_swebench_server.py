@@ -11,7 +11,6 @@ import logging
 import shutil
 import subprocess
 import tarfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from gymfleet import http
 from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.errors import ConfigError
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing.fleets import datasets_config
 from resources_servers.swebench import grading, repos
 from resources_servers.swebench.app import SWEBenchServer
 from resources_servers.swebench.tests.conftest import ROWS, assert_sessions_closed
@@ -145,14 +145,8 @@ def test_snapshot_errors_name_the_problem(tmp_path):
 def test_nemo_gym_rows_are_accepted_by_prepare_data(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     shutil.copy(nemo_gym_examples("swebench") / "example.jsonl", tmp_path / "nemo_gym.jsonl")
-    (tmp_path / "cfg.yaml").write_text(textwrap.dedent("""\
-        config_paths: [resources_servers/swebench/configs/swebench.yaml]
-        swebench_swe_agent:
-          responses_api_agents:
-            swe_agent:
-              datasets:
-                - {name: example, type: example, jsonl_fpath: nemo_gym.jsonl}
-        """))
+    datasets_config(tmp_path / "cfg.yaml", "resources_servers/swebench/configs/swebench.yaml", "swebench_swe_agent",
+                    "swe_agent", [{"name": "example", "type": "example", "jsonl_fpath": "nemo_gym.jsonl"}])
     with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as exited:
         prepare_main(["+config_paths=[cfg.yaml]", "+output_dirpath=out", "+mode=example_validation"])
     assert exited.value.code == 0

@@ -14,6 +14,7 @@ import pytest
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.testing import check_resources_server, make_response, nemo_gym_examples, serve
+from gymfleet.testing.fleets import post_verify, served
 from resources_servers.swerl_gen import edits
 from resources_servers.swerl_gen.app import SwerlGenServer
 from resources_servers.swerl_gen.examples import TASKS, rows
@@ -37,16 +38,13 @@ def block(path: str, search: str, replace: str) -> str:
 
 @pytest.fixture(scope="module")
 def url(sandbox_url):
-    server = SwerlGenServer({"name": "swerl_gen", "domain": "coding", "sandbox_url": sandbox_url,
-                             "test_timeout_s": 2, "memory_mb": 512})
-    with serve(server.create_app()) as served:
-        yield served
+    with served(SwerlGenServer({"name": "swerl_gen", "domain": "coding", "sandbox_url": sandbox_url,
+                                "test_timeout_s": 2, "memory_mb": 512})) as base:
+        yield base
 
 
 def verify(url: str, row: dict, text: str) -> dict:
-    result = httpx.post(f"{url}/verify", json={**row, "response": make_response(text)}, timeout=120)
-    assert result.status_code == 200, result.text
-    return result.json()
+    return post_verify(url, row, text, timeout=120)
 
 
 # ------------------------------------------------------------------------------------------------ pure functions
