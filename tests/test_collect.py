@@ -203,11 +203,14 @@ def test_resume_retries_failures_until_max_attempts(fleet, capsys):
 
 
 def test_dead_servers_become_failure_rows_not_aborts_or_hangs():
-    # restart_crashed_servers=0: the killed servers stay dead (by default the fleet would restart them)
-    with running_fleet([str(ROOT / "configs/quickstart.yaml")], {"restart_crashed_servers": 0}) as fleet:
+    # restart_crashed_servers=0: the killed servers stay dead (by default the fleet would restart them). Nothing
+    # comes back, so the agent and the collector ride over a restart for 1 s instead of 10 (`restart_ride_s`,
+    # `connect_retry_s`): the failures are the same, sooner.
+    short_ride = {AGENT: {"responses_api_agents": {"simple_agent": {"restart_ride_s": 1}}}}
+    with running_fleet([str(ROOT / "configs/quickstart.yaml")], {"restart_crashed_servers": 0, **short_ride}) as fleet:
         fleet.children["mcqa"].process.kill()
         fleet.children["mcqa"].process.wait(10)
-        assert collect("+limit=2", head=head_of(fleet), output="env_down.jsonl") == 1
+        assert collect("+limit=2", "+connect_retry_s=1", head=head_of(fleet), output="env_down.jsonl") == 1
         failures = lines("env_down_failures.jsonl")
         assert [f["_ng_failure_class"] for f in failures] == ["connection_error", "connection_error"]
         assert failures[0]["_ng_failure_status"] == 502 and "mcqa" in failures[0]["_ng_failure_detail"]
@@ -217,7 +220,7 @@ def test_dead_servers_become_failure_rows_not_aborts_or_hangs():
 
         fleet.children[AGENT].process.kill()
         fleet.children[AGENT].process.wait(10)
-        assert collect("+num_repeats=2", head=head_of(fleet), output="agent_down.jsonl") == 1
+        assert collect("+num_repeats=2", "+connect_retry_s=1", head=head_of(fleet), output="agent_down.jsonl") == 1
     failures = lines("agent_down_failures.jsonl")
     assert keys(failures) == [(task, rollout) for task in range(5) for rollout in range(2)]
     assert {f["_ng_failure_class"] for f in failures} == {"connection_error"}
@@ -376,7 +379,9 @@ def test_a_dead_fleet_stops_the_collection_with_one_message_and_resume_finishes_
     port = free_port()
     output = tmp_path / "out.jsonl"
     with ng_run(port, tmp_path / "ng_run.log") as supervisor:
-        command, collector = start_collector(port, tmp_path, "+num_repeats=40", "+num_samples_in_parallel=8")
+        # The fleet stays dead: a /run that cannot connect tries for 1 s, not 10 (`connect_retry_s`).
+        command, collector = start_collector(port, tmp_path, "+num_repeats=40", "+num_samples_in_parallel=8",
+                                             "+connect_retry_s=1")
         wait_for_results(output, 20)
         supervisor.kill()
         out, err = collector.communicate(timeout=120)

@@ -21,7 +21,10 @@ be reached; its 502s already come after its own bounded upstream retries, so the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
+
+from pydantic import Field
 
 from gymfleet.http import RetryPolicy
 from gymfleet.serving.agent import AgentServer, AgentServerConfig, RunRequest
@@ -60,6 +63,8 @@ class SimpleAgentConfig(AgentServerConfig):
     tool_timeout_s: float = 120.0
     verify_timeout_s: float = 900.0
     """Deadline for `/verify`; the resources server's own `verify_timeout_s` should be shorter."""
+    restart_ride_s: float = Field(default=RESTART_RIDE_S, ge=0)
+    """How long `/seed_session` and model calls that cannot connect keep trying (`RESTART_RIDE_S`)."""
 
 
 def conversation(params: dict[str, Any]) -> tuple[list[dict[str, Any]], set[str]]:
@@ -74,6 +79,11 @@ class SimpleAgent(AgentServer):
     """The default agent."""
 
     config: SimpleAgentConfig
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.seed_retry = replace(SEED_RETRY, connect_retry_s=self.config.restart_ride_s)
+        self.model_retry = replace(MODEL_RETRY, connect_retry_s=self.config.restart_ride_s)
 
     async def run(self, body: RunRequest, raw: dict[str, Any], cookies: dict[str, str]):
         env = self.config.resources_server
@@ -94,7 +104,7 @@ class SimpleAgent(AgentServer):
     async def seed(self, raw: dict[str, Any], cookies: dict[str, str]) -> dict[str, str]:
         """`POST /seed_session` with the whole row; returns the cookies with the session's added."""
         seeded = await self.client.post(self.config.resources_server, "/seed_session", json=raw, cookies=cookies,
-                                        timeout_s=60.0, retry=SEED_RETRY)
+                                        timeout_s=60.0, retry=self.seed_retry)
         seeded.raise_for_status()
         return {**cookies, **seeded.cookies}
 
@@ -107,7 +117,7 @@ class SimpleAgent(AgentServer):
             step += 1
             answer = await self.client.post(
                 self.config.model_server, "/v1/responses", json={**params, "input": original + produced},
-                cookies=cookies, timeout_s=self.config.model_timeout_s, retry=MODEL_RETRY,
+                cookies=cookies, timeout_s=self.config.model_timeout_s, retry=self.model_retry,
             )
             answer.raise_for_status()
             cookies = {**cookies, **answer.cookies}

@@ -28,7 +28,7 @@ import json
 import time
 from typing import Any
 
-from agents.simple_agent.app import MODEL_RETRY, SimpleAgent, SimpleAgentConfig, conversation
+from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig, conversation
 from gymfleet.errors import TransportError
 from gymfleet.grading.text import clip_middle
 from gymfleet.serving.agent import RunRequest
@@ -103,7 +103,7 @@ class SWEAgent(SimpleAgent):
                 break
             steps += 1
             answer = await self.client.post(self.config.model_server, "/v1/responses", json=request, cookies=cookies,
-                                            timeout_s=self.config.model_timeout_s, retry=MODEL_RETRY)
+                                            timeout_s=self.config.model_timeout_s, retry=self.model_retry)
             if not answer.ok:
                 error = _error(answer)
                 if is_context_overflow(error):

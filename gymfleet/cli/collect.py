@@ -7,7 +7,8 @@ Keys: `agent_name` (for rows without `agent_ref`), `limit`, `num_repeats` (n or 
 `"+responses_create_params={temperature: 0.6}"` (merged into every row's params), `resume_from_cache`
 (finish an earlier run: keep its rollouts, append), `overwrite` (replace an earlier run's four files),
 `max_attempts` (3; with resume), `disable_aggregation`, `request_timeout_s` (3600),
-`stop_after_connection_failures` (20; null: never stop), `"+head_server={host: 127.0.0.1, port: 11000}"` (where
+`stop_after_connection_failures` (20; null: never stop), `connect_retry_s` (10: how long a `/run` that cannot
+connect keeps trying), `"+head_server={host: 127.0.0.1, port: 11000}"` (where
 the fleet's head server is).
 
 Writes `<out>.jsonl` (results), `<out>_materialized_inputs.jsonl`, `<out>_failures.jsonl` and

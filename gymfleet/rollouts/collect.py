@@ -52,7 +52,7 @@ import logging
 import statistics
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,8 @@ log = logging.getLogger(__name__)
 
 RUN_RETRY = RetryPolicy(max_attempts=3, retry_statuses=frozenset(), connect_retry_s=10.0)
 """`/run` is retried on connection failures only: any answer, even a 5xx, may mean the rollout ran. One that cannot
-connect keeps trying for 10 s, so an agent its supervisor restarts costs only the rollouts in flight at its death."""
+connect keeps trying for 10 s (the config's `connect_retry_s`), so an agent its supervisor restarts costs only the
+rollouts in flight at its death."""
 DETAIL_MAX_CHARS = 2000
 FLEET_DOWN_EXIT_CODE = 3
 PROGRESS_EVERY_S = 10.0
@@ -109,12 +110,17 @@ def _result_of(row: dict[str, Any], response: HttpResponse) -> dict[str, Any]:
     return result
 
 
+def _run_retry(config: RolloutCollectionConfig) -> RetryPolicy:
+    return replace(RUN_RETRY, connect_retry_s=config.connect_retry_s)
+
+
 async def run_rollout(
     client: ServerClient,
     row: dict[str, Any],
     timeout_s: float,
     semaphore: asyncio.Semaphore | None = None,
     stop: asyncio.Event | None = None,
+    retry: RetryPolicy = RUN_RETRY,
 ) -> dict[str, Any] | None:
     """POST one row to its agent; return the result or a failure row (never raises for HTTP/transport failures).
 
@@ -125,7 +131,7 @@ async def run_rollout(
             if stop is not None and stop.is_set():
                 return None
             response = await client.post(row["agent_ref"]["name"], "/run", json=row, timeout_s=timeout_s,
-                                         retry=RUN_RETRY)
+                                         retry=retry)
     except TransportError as exc:
         return _failure_row(row, getattr(exc, "failure_class", None) or "connection_error", exc.status, str(exc))
     return _result_of(row, response)
@@ -240,7 +246,8 @@ async def collect(
         agents = {str(row["agent_ref"]["name"]) for row in rows if isinstance(row.get("agent_ref"), dict)}
         open_failures = [row for row in read_results(files["failures"]) if not row.get("_ng_superseded")
                          and isinstance(row.get("agent_ref"), dict) and row["agent_ref"].get("name") in agents]
-        summary.aggregate_metrics = await aggregate(client, _group_by_agent(results + open_failures))
+        summary.aggregate_metrics = await aggregate(client, _group_by_agent(results + open_failures),
+                                                    _run_retry(config))
         metrics_path = summary.output_paths["aggregate metrics"] = files["aggregate metrics"]
         replace_file(metrics_path, (json.dumps(summary.aggregate_metrics, indent=2) + "\n").encode())
     return summary
@@ -286,6 +293,7 @@ async def _dispatch(
     Once `watch` says the fleet is down, nothing more is sent (`summary.stopped`, `summary.not_finished`).
     """
     mode = "ab" if config.resume_from_cache else "wb"
+    retry = _run_retry(config)
     semaphore = asyncio.Semaphore(config.num_samples_in_parallel) if config.num_samples_in_parallel else None
     stop = asyncio.Event()
     results: list[dict[str, Any]] = []
@@ -294,7 +302,7 @@ async def _dispatch(
             JsonlFile(summary.output_paths["failures"], mode) as failed_file, \
             Progress(len(todo), "Rollouts", unit="rollout", file=sys.stderr, enabled=progress,
                      every_s=PROGRESS_EVERY_S) as bar:
-        pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop))
+        pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop, retry))
                    for row in todo]
         ticker = asyncio.ensure_future(_tick(bar))  # plain lines keep coming while no rollout finishes
         try:
@@ -360,13 +368,14 @@ def for_aggregation(result: dict[str, Any]) -> dict[str, Any]:
     return slim
 
 
-async def aggregate(client: ServerClient, by_agent: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+async def aggregate(client: ServerClient, by_agent: dict[str, list[dict[str, Any]]],
+                    retry: RetryPolicy = RUN_RETRY) -> list[dict[str, Any]]:
     """Each agent's `/aggregate_metrics` over its results; an agent that fails is logged and left out."""
     entries = []
     for agent, results in by_agent.items():
         body = {"verify_responses": [for_aggregation(result) for result in results]}
         try:
-            response = await client.post(agent, "/aggregate_metrics", json=body, timeout_s=600.0, retry=RUN_RETRY)
+            response = await client.post(agent, "/aggregate_metrics", json=body, timeout_s=600.0, retry=retry)
             metrics = response.raise_for_status().json()
         except (TransportError, orjson.JSONDecodeError) as exc:
             log.error("aggregate metrics of %s failed: %s", agent, exc)

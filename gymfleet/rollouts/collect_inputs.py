@@ -72,6 +72,9 @@ class RolloutCollectionConfig(BaseModel):
     """With `resume_from_cache`, a rollout that failed this many times is not tried again."""
     request_timeout_s: float = Field(default=3600.0, gt=0)
     """Deadline for one `/run` (a long agentic episode takes minutes)."""
+    connect_retry_s: float = Field(default=10.0, ge=0)
+    """How long a `/run` (or `/aggregate_metrics`) that cannot connect to its agent keeps trying: an agent its
+    supervisor restarts then costs only the rollouts in flight at its death. 0: three attempts, then a failure."""
 
     @field_validator("num_repeats")
     @classmethod
