@@ -14,6 +14,8 @@ a test that talks to a fleet's servers with httpx sends `fleet_headers()` (`flee
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import socket
 import threading
@@ -28,6 +30,50 @@ import uvicorn
 from gymfleet.wire import make_response  # noqa: F401  (tests build responses with it from here)
 
 
+class _ThreadServer(uvicorn.Server):
+    """uvicorn's server, stopped from the test's thread without uvicorn's fixed waits: `stop()` ends the main loop
+    at once (uvicorn looks at `should_exit` every 0.1 s), and shutdown polls for the connections to close every
+    5 ms (uvicorn pauses 0.1 s, then polls every 0.1 s). Every `serve()` of a test suite pays those waits once,
+    so they add up to minutes."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+
+    def stop(self) -> None:
+        self.should_exit = True
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed: nothing to wake
+                self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown (stop accepting, ask each connection to close, wait for them and for the app's
+        tasks up to `timeout_graceful_shutdown`, then the lifespan's shutdown), with short polls."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.timeout_graceful_shutdown
+        while (self.server_state.connections or self.server_state.tasks) and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        for task in self.server_state.tasks:
+            task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        for server in self.servers:
+            await server.wait_closed()
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+
 @contextmanager
 def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve `app` in a background thread; yields its base URL (`http://127.0.0.1:<port>`)."""
@@ -35,7 +81,7 @@ def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
+    server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -46,7 +92,7 @@ def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
     try:
         yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
-        server.should_exit = True
+        server.stop()
         thread.join(10)
         sock.close()
 

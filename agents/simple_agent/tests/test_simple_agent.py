@@ -63,7 +63,7 @@ def _row(text: str) -> dict:
 
 
 @contextlib.contextmanager
-def _fleet(max_steps=None, model_port=None):
+def _fleet(max_steps=None, model_port=None, **agent_fields):
     env = WeatherServer({"name": "weather", "domain": "agent"})
     model = ScriptedModel({"name": "llm", "rules": RULES})
     with serve(env.create_app()) as env_url, serve(model.create_app()) as model_url:
@@ -75,7 +75,8 @@ def _fleet(max_steps=None, model_port=None):
         if model_port is not None:
             config["llm"] = block("responses_api_models", "scripted_model", f"http://x:{model_port}")
         agent = SimpleAgent({"name": "agent", "resources_server": {"type": "resources_servers", "name": "weather"},
-                             "model_server": "llm", "max_steps": max_steps, "model_timeout_s": 10}, config)
+                             "model_server": "llm", "max_steps": max_steps, "model_timeout_s": 10, **agent_fields},
+                            config)
         with serve(agent.create_app()) as agent_url:
             yield agent_url, env
 
@@ -128,7 +129,8 @@ def test_max_steps_bounds_a_model_that_never_stops():
 
 
 def test_model_server_down_is_a_typed_502_not_a_hang():
-    with _fleet(model_port=free_port()) as (url, _):
+    # Nothing will ever listen there: ride over a restart for 1 s, not the default 10 (`restart_ride_s`).
+    with _fleet(model_port=free_port(), restart_ride_s=1) as (url, _):
         answer = httpx.post(f"{url}/run", json=_row("weather?"), timeout=60)
     assert answer.status_code == 502
     assert answer.json()["error_type"] == "connection_error"
