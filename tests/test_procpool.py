@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -117,8 +118,7 @@ async def test_start_is_lazy_and_can_be_forced(pool):
 
 
 async def test_timeout_kills_the_worker_and_the_pool_recovers():
-    pool = ProcessPool(spin, size=1, slow_after_s=None)
-    try:
+    with closing(ProcessPool(spin, size=1, slow_after_s=None)) as pool:
         await pool.start()
         (pid,) = [worker.pid for worker in pool._workers]
         with pytest.raises(ItemTimeout):  # without the deadline the item would spin for a minute and return
@@ -126,13 +126,10 @@ async def test_timeout_kills_the_worker_and_the_pool_recovers():
         assert await _wait_dead(pid)
         assert await pool.run(0.01, timeout_s=10) == "spun"
         assert pool.stats["timeouts"] == 1 and pool.stats["started"] == 2
-    finally:
-        pool.close()
 
 
 async def test_the_budget_is_cpu_time_so_a_starved_item_is_not_failed():
-    pool = ProcessPool(spin, size=1, slow_after_s=None, wall_factor=20)
-    try:
+    with closing(ProcessPool(spin, size=1, slow_after_s=None, wall_factor=20)) as pool:
         await pool.start()
         (pid,) = [worker.pid for worker in pool._workers]
         item = asyncio.ensure_future(pool.run(0.3, timeout_s=1))
@@ -142,32 +139,24 @@ async def test_the_budget_is_cpu_time_so_a_starved_item_is_not_failed():
         assert not item.done()
         os.kill(pid, signal.SIGCONT)
         assert await item == "spun"
-    finally:
-        pool.close()
 
 
 async def test_a_blocked_item_is_killed_at_the_wall_clock_backstop():
-    pool = ProcessPool(nap, size=1, wall_factor=3)
-    try:
+    with closing(ProcessPool(nap, size=1, wall_factor=3)) as pool:
         await pool.start()
         with pytest.raises(ItemTimeout):  # it uses no CPU, so only the wall-clock backstop can stop it
             await pool.run(60, timeout_s=0.2)
         assert pool.stats["timeouts"] == 1
         assert await pool.run(0, timeout_s=5) == "rested"
-    finally:
-        pool.close()
 
 
 async def test_a_hung_item_does_not_fail_or_stall_others():
-    pool = ProcessPool(spin, size=2, slow_after_s=None, initializer=slow_initializer)
-    try:
-        hung = asyncio.ensure_future(pool.run(timeout_s=4))
+    with closing(ProcessPool(spin, size=2, slow_after_s=None, initializer=slow_initializer)) as pool:
+        hung = asyncio.ensure_future(pool.run(timeout_s=2))  # 2 s of CPU: ten 1 ms items pass it many times over
         quick = await asyncio.gather(*(pool.run(0.001, timeout_s=10) for _ in range(10)))
         assert quick == ["spun"] * 10 and not hung.done()
         with pytest.raises(ItemTimeout):
             await hung
-    finally:
-        pool.close()
 
 
 async def test_starting_the_fork_server_does_not_block_the_event_loop(tmp_path, monkeypatch):
@@ -175,33 +164,28 @@ async def test_starting_the_fork_server_does_not_block_the_event_loop(tmp_path, 
     # loop would keep it from ever doing so (the initializer then gives up and reports it).
     signal_file = tmp_path / "the-loop-ran"
     monkeypatch.setenv("PROCPOOL_TEST_FILE", str(signal_file))
-    pool = ProcessPool(saw_file_while_starting, size=1, initializer=initializer_waiting_for_a_file)
-    try:
+    with closing(ProcessPool(saw_file_while_starting, size=1, initializer=initializer_waiting_for_a_file)) as pool:
         item = asyncio.ensure_future(pool.run(timeout_s=10))
         await asyncio.sleep(0.2)
         signal_file.touch()
         assert await item is True
-    finally:
-        pool.close()
 
 
 async def test_waiting_for_an_item_does_not_block_the_event_loop(tmp_path):
     signal_file = tmp_path / "the-loop-ran"
-    pool = ProcessPool(wait_for_file, size=1)
-    try:
+    with closing(ProcessPool(wait_for_file, size=1)) as pool:
         item = asyncio.ensure_future(pool.run(str(signal_file), timeout_s=60))
         await asyncio.sleep(0.2)
         signal_file.touch()  # the item ends only once this line has run while it waits
         assert await item is True
-    finally:
-        pool.close()
 
 
 async def test_slow_items_are_demoted_so_a_one_worker_pool_keeps_serving():
-    pool = ProcessPool(spin, size=1, slow_after_s=0.2)
-    try:
+    with closing(ProcessPool(spin, size=1, slow_after_s=0.2)) as pool:
         await pool.start()
-        hung = asyncio.ensure_future(pool.run(timeout_s=10))
+        # 5 s of CPU: ample for the demotion (0.2 s) and five short items to pass it, and the wait for its timeout
+        # at the end is half what 10 s was.
+        hung = asyncio.ensure_future(pool.run(timeout_s=5))
         for _ in range(600):  # demotion needs 0.2 s of CPU, which a busy machine may take a while to give
             await asyncio.sleep(0.05)
             if pool.stats["demoted"]:
@@ -214,64 +198,47 @@ async def test_slow_items_are_demoted_so_a_one_worker_pool_keeps_serving():
             await hung
         assert await _wait_dead(demoted.pid)
         assert pool.stats["demoted"] == 1
-    finally:
-        pool.close()
 
 
 async def test_caller_cancellation_kills_the_worker_and_frees_its_slot():
-    pool = ProcessPool(spin, size=1, slow_after_s=None)
-    try:
+    with closing(ProcessPool(spin, size=1, slow_after_s=None)) as pool:
         await pool.start()
         (pid,) = [worker.pid for worker in pool._workers]
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(pool.run(timeout_s=60), 0.3)
         assert await _wait_dead(pid)
         assert await pool.run(0.001, timeout_s=10) == "spun"
-    finally:
-        pool.close()
 
 
 async def test_target_exceptions_are_remote_errors_and_the_worker_survives():
-    pool = ProcessPool(fail, size=1)
-    try:
+    with closing(ProcessPool(fail, size=1)) as pool:
         with pytest.raises(RemoteError, match="ValueError: bad input"):
             await pool.run("bad input", timeout_s=10)
         with pytest.raises(RemoteError):
             await pool.run("again", timeout_s=10)
         assert pool.stats["started"] == 1
-    finally:
-        pool.close()
 
 
 async def test_a_worker_death_is_retried_once(tmp_path):
-    pool = ProcessPool(die, size=1)
-    try:
+    with closing(ProcessPool(die, size=1)) as pool:
         assert await pool.run(str(tmp_path / "marker"), timeout_s=10) == "survived"
         with pytest.raises(WorkerCrashed):
             await pool.run(timeout_s=10)
         assert pool.stats["crashes"] == 3
-    finally:
-        pool.close()
 
 
 async def test_memory_limit_turns_a_huge_allocation_into_an_error():
-    pool = ProcessPool(allocate, size=1, memory_mb=1024)
-    try:
+    with closing(ProcessPool(allocate, size=1, memory_mb=1024)) as pool:
         with pytest.raises(RemoteError, match="MemoryError"):
             await pool.run(4096, timeout_s=30)
         assert await pool.run(1, timeout_s=10) == 2**20
-    finally:
-        pool.close()
 
 
 async def test_a_worker_that_cannot_start_is_a_pool_error():
-    pool = ProcessPool(echo, size=1, initializer=broken_initializer, start_timeout_s=20)
-    try:
+    with closing(ProcessPool(echo, size=1, initializer=broken_initializer, start_timeout_s=20)) as pool:
         with pytest.raises(PoolError, match="cannot start a worker") as info:
             await pool.run("x", timeout_s=10)
         assert isinstance(info.value, SandboxError)
-    finally:
-        pool.close()
 
 
 async def test_close_kills_everything_and_refuses_new_items():
@@ -292,8 +259,7 @@ async def test_close_kills_everything_and_refuses_new_items():
 
 
 async def test_many_kills_leak_no_file_descriptors():
-    pool = ProcessPool(spin, size=2, slow_after_s=None)
-    try:
+    with closing(ProcessPool(spin, size=2, slow_after_s=None)) as pool:
         await pool.start()
         before = len(os.listdir("/proc/self/fd"))
         for _ in range(5):
@@ -301,5 +267,3 @@ async def test_many_kills_leak_no_file_descriptors():
                 await pool.run(timeout_s=0.05)
         await pool.start()
         assert len(os.listdir("/proc/self/fd")) <= before
-    finally:
-        pool.close()
