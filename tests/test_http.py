@@ -17,9 +17,10 @@ from agents.simple_agent.app import MODEL_RETRY, SimpleAgent
 from gymfleet import http
 from gymfleet.errors import JudgeError, SandboxError, ServerRefError, TransportError
 from gymfleet.grading.judge import JudgeClient
-from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.grading.sandbox_client import SandboxClient
+from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.testing import free_port, serve
+from gymfleet.testing.fleets import server_block
 
 FAST_RETRY = http.RetryPolicy(max_attempts=4, backoff_s=0.01, max_backoff_s=0.05)
 
@@ -276,16 +277,13 @@ class _Env(ResourcesServer):
 
 
 @contextlib.contextmanager
-def _agent(model_url: str):
-    """simple_agent in front of a trivial environment and the model server at `model_url`."""
+def _agent(model_url: str, **fields):
+    """simple_agent (its config: `fields`) in front of a trivial environment and the model server at `model_url`."""
     with serve(_Env({"name": "env"}).create_app()) as env_url:
-        def block(kind: str, impl: str, url: str) -> dict:
-            return {kind: {impl: {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1])}}}
-
-        fleet = {"env": block("resources_servers", "env", env_url),
-                 "llm": block("responses_api_models", "scripted_model", model_url)}
+        fleet = {"env": server_block("resources_servers", "env", env_url),
+                 "llm": server_block("responses_api_models", "scripted_model", model_url)}
         agent = SimpleAgent({"name": "agent", "resources_server": "env", "model_server": "llm",
-                             "model_timeout_s": 10}, fleet)
+                             "model_timeout_s": 10, **fields}, fleet)
         with serve(agent.create_app()) as agent_url:
             yield agent_url
 
@@ -303,7 +301,8 @@ async def test_the_agent_does_not_repeat_a_model_call_that_may_have_run():
 
 
 async def test_the_agent_retries_a_model_server_it_cannot_reach(caplog):
-    with _agent(f"http://127.0.0.1:{free_port()}") as agent_url:
+    # Nothing will ever listen there: ride over a restart for 1 s, not 10 (`restart_ride_s`).
+    with _agent(f"http://127.0.0.1:{free_port()}", restart_ride_s=1) as agent_url:
         answer = await http.request("POST", agent_url + "/run", json=ROW, retry=http.NO_RETRY)
     assert answer.status == 502 and answer.failure_class == "connection_error"
     retries = [r for r in caplog.records if r.name == "gymfleet.http" and r.levelno == logging.WARNING
