@@ -236,7 +236,9 @@ def test_agent_counts_a_dead_model_by_hop_and_upstream_target():
             "mcqa": {"resources_servers": {"mcqa": {"host": "127.0.0.1", "port": int(env.rsplit(":", 1)[1])}}},
             "policy_model": {"responses_api_models": {"vllm_model": {"host": "127.0.0.1", "port": free_port()}}},
         }
-        agent = SimpleAgent({"name": "agent", "resources_server": "mcqa", "model_server": "policy_model"}, fleet)
+        # Nothing will ever listen at the model's port: ride over a restart for 1 s, not 10 (`restart_ride_s`).
+        agent = SimpleAgent({"name": "agent", "resources_server": "mcqa", "model_server": "policy_model",
+                             "restart_ride_s": 1}, fleet)
         with serve(agent.create_app()) as url:
             answer = httpx.post(url + "/run", json=row, timeout=60)
             assert answer.status_code == 502 and answer.json()["error_type"] == "connection_error"
