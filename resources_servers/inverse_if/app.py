@@ -78,19 +78,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from gymfleet.grading.judge import find_verdict, json_verdict, load_prompt, prompt_version, render_prompt
 from gymfleet.serving.resources import VerifyRequest
-from resources_servers.multichallenge.rubric import (
-    ItemVerdict,
-    JudgeItem,
-    RubricJudgeConfig,
-    RubricJudgeResponse,
-    RubricJudgeServer,
-    clean_response,
-    config_check,
-    delimit,
-    final_message_text,
-    has_placeholders,
-    metadata_rubric,
-)
+from resources_servers.multichallenge import rubric as rubrics  # the plumbing both rubric environments share
 
 PASS, FAIL = "PASS", "FAIL"
 _LINE_LABELS = {"PASS": PASS, "PASSED": PASS, "PASSES": PASS, "FAIL": FAIL, "FAILED": FAIL, "FAILS": FAIL}
@@ -105,7 +93,7 @@ class Criterion(BaseModel):
     criteria: str
 
 
-class InverseIfConfig(RubricJudgeConfig):
+class InverseIfConfig(rubrics.RubricJudgeConfig):
     """inverse_if's fields (the module docstring explains each)."""
 
     default_judge_prompt_template: str | None = None
@@ -115,7 +103,7 @@ class InverseIfConfig(RubricJudgeConfig):
 
     @model_validator(mode="after")
     def _check_prompt(self):
-        config_check(self.default_judge_prompt_template, "model_response", "criteria",
+        rubrics.config_check(self.default_judge_prompt_template, "model_response", "criteria",
                      field="default_judge_prompt_template")
         return self
 
@@ -133,14 +121,14 @@ class InverseIfRequest(VerifyRequest):
     @model_validator(mode="after")
     def _resolve(self):
         if self.judge_prompt_template:
-            missing = has_placeholders(self.judge_prompt_template, "model_response", "criteria")
+            missing = rubrics.has_placeholders(self.judge_prompt_template, "model_response", "criteria")
             if missing:
                 raise ValueError(f"judge_prompt_template lacks {['{' + name + '}' for name in missing]}")
-        self.rubric = metadata_rubric(Criterion, self.rubric, self.metadata)
+        self.rubric = rubrics.metadata_rubric(Criterion, self.rubric, self.metadata)
         return self
 
 
-class InverseIfResponse(RubricJudgeResponse, InverseIfRequest):
+class InverseIfResponse(rubrics.RubricJudgeResponse, InverseIfRequest):
     """The graded row."""
 
 
@@ -175,7 +163,7 @@ def _last_user_text(body: InverseIfRequest) -> str:
     return ""
 
 
-class InverseIfServer(RubricJudgeServer):
+class InverseIfServer(rubrics.RubricJudgeServer):
     """Grades a reply against per-criterion PASS/FAIL judgements with per-row judge prompts."""
 
     config: InverseIfConfig
@@ -190,12 +178,12 @@ class InverseIfServer(RubricJudgeServer):
         self.system = load_prompt(__file__, "judge_system.txt") if system is None else system or None
         self.template_name = "judge_prompt.txt" if config.default_judge_prompt_template is None else "config"
 
-    def read_verdict(self, item: JudgeItem, text: str) -> ItemVerdict:
+    def read_verdict(self, item: rubrics.JudgeItem, text: str) -> rubrics.ItemVerdict:
         verdict, source = read_pass_fail(text)
-        return ItemVerdict(verdict, source, 1.0 if verdict == PASS else 0.0)
+        return rubrics.ItemVerdict(verdict, source, 1.0 if verdict == PASS else 0.0)
 
     async def verify(self, body: InverseIfRequest) -> InverseIfResponse:
-        text = clean_response(final_message_text(body.response))
+        text = rubrics.clean_response(rubrics.final_message_text(body.response))
         metadata = body.metadata or {}
         prompt = body.prompt or metadata.get("prompt") or _last_user_text(body)
         reference = body.reference_response or metadata.get("reference_response") or ""
@@ -203,9 +191,9 @@ class InverseIfServer(RubricJudgeServer):
         system = body.judge_system_prompt or self.system
         own = bool(body.judge_prompt_template or body.judge_system_prompt)
         version = prompt_version(f"{system or ''}\n\n{template}", "row" if own else self.template_name)
-        shown = delimit(text)
+        shown = rubrics.delimit(text)
         items = [
-            JudgeItem(
+            rubrics.JudgeItem(
                 prompt=render_prompt(template, prompt=str(prompt), model_response=shown,
                                      standard_response=str(reference), criteria=criterion.criteria),
                 system=system,
