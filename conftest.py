@@ -22,12 +22,12 @@ def _shared_default_ssl_context(build: Any) -> Any:
     127.0.0.1; a context is meant to be shared, and nothing here changes one."""
     cache: dict[tuple[Any, ...], Any] = {}
 
-    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True, **other: Any) -> Any:
         if verify is not True or cert is not None:
-            return build(verify=verify, cert=cert, trust_env=trust_env)
-        key = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+            return build(verify=verify, cert=cert, trust_env=trust_env, **other)
+        key = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"), *sorted(other.items()))
         if key not in cache:
-            cache[key] = build(verify=True, cert=None, trust_env=trust_env)
+            cache[key] = build(verify=True, cert=None, trust_env=trust_env, **other)
         return cache[key]
 
     return create_ssl_context
