@@ -10,8 +10,8 @@ import re
 import pytest
 
 import gymfleet.serving.convert
-from gymfleet.serving.convert import chat_extras, chat_to_response, place_reasoning, responses_to_chat, split_reasoning
 from gymfleet.errors import BadRequestError
+from gymfleet.serving.convert import chat_extras, chat_to_response, place_reasoning, responses_to_chat, split_reasoning
 from gymfleet.testing import NEWER_RESPONSES_PARAMS
 from gymfleet.wire import Response
 

@@ -11,7 +11,14 @@ import pytest
 
 import gymfleet.grading.mathcheck
 from gymfleet.errors import SandboxError
-from gymfleet.grading.mathcheck import MathChecker, MathPoolError, MathResult, close_default_checker, math_check, math_equal
+from gymfleet.grading.mathcheck import (
+    MathChecker,
+    MathPoolError,
+    MathResult,
+    close_default_checker,
+    math_check,
+    math_equal,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 POISON = r"so the answer is \boxed{9^{9^{9^{9}}}}"

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from gymfleet.testing import make_response
 from gymfleet.grading.toolcalls import (
     Action,
     ArgumentsError,
@@ -22,6 +21,7 @@ from gymfleet.grading.toolcalls import (
     parse_arguments,
     word_overlap,
 )
+from gymfleet.testing import make_response
 
 
 def _call(name: str, **arguments) -> Call:

@@ -64,8 +64,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.grading.toolcalls import ArgumentsError, Call, extract_action, match_calls, parse_arguments
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 
 log = logging.getLogger(__name__)
 

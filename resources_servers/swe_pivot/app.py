@@ -72,8 +72,8 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from gymfleet.grading.toolcalls import ArgumentsError, Call, function_calls, parse_arguments
+from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from resources_servers.swe_pivot.levels import (
     argument_similarity,
     edit_size_penalty,

@@ -53,8 +53,8 @@ import orjson
 from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, ValidationError
 
 from gymfleet import http
-from gymfleet.serving.convert import chat_extras, chat_to_response, responses_to_chat
 from gymfleet.errors import BadRequestError, UpstreamError
+from gymfleet.serving.convert import chat_extras, chat_to_response, responses_to_chat
 from gymfleet.serving.model import ModelServer, ModelServerConfig
 from gymfleet.wire import TOKEN_FIELDS, Response, ResponseCreateParams
 

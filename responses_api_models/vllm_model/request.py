@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gymfleet.serving.convert import ReasoningMode, chat_extras, responses_to_chat, split_reasoning
 from gymfleet.errors import BadRequestError
+from gymfleet.serving.convert import ReasoningMode, chat_extras, responses_to_chat, split_reasoning
 from responses_api_models.vllm_model.config import VLLMModelConfig
 
 CAPTURE_FLAGS = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True}
