@@ -5,7 +5,8 @@ has (a wrongly typed `temperature` is an error naming the field) and keeps any o
 Responses API gains parameters with each `openai` release (`context_management`, `prompt_cache_retention`,
 `stream_options`, ...), and a newer client must not break the fleet. Each model server decides what such a key
 means for its upstream (`openai_model` passes it on; `vllm_model` forwards, drops with a warning, or refuses it:
-`gymfleet.serving.convert.chat_extras`). `KNOWN_PARAMS` lists every parameter name the installed `openai` package knows.
+`gymfleet.serving.convert.chat_extras`). `KNOWN_PARAMS` lists every parameter name the installed `openai` package
+knows.
 The response model (`Response`) types what gymfleet reads of OpenAI's `Response` (its `output` items are the `openai`
 package's item models), widened so that
 message, function_call and reasoning items may carry `prompt_token_ids`, `generation_token_ids` and

@@ -1,4 +1,5 @@
-r"""gymfleet.grading.mathcheck: math-verify equivalence in supervised workers, with reasons, caching and a hard deadline."""
+r"""gymfleet.grading.mathcheck: math-verify equivalence in supervised workers, with reasons, caching and a hard
+deadline."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""How clients use an instance placed as several replicas (`gymfleet.http.ServerClient`, `gymfleet.grading.sandbox_client`),
-without Ray: real servers on ephemeral ports stand where Ray would have put the replicas.
+"""How clients use an instance placed as several replicas (`gymfleet.http.ServerClient`,
+`gymfleet.grading.sandbox_client`), without Ray: real servers on ephemeral ports stand where Ray would have put the
+replicas.
 
 A rollout's calls stick to one replica (its session lives there), rollouts spread over the replicas, a replica that
 refuses connections is avoided by new rollouts, the addresses are refreshed from the head server after a failure,

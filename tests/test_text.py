@@ -1,4 +1,5 @@
-"""gymfleet.grading.text: word counts, the rule and Punkt sentence splitters, NLTK tokens, seeded language detection."""
+"""gymfleet.grading.text: word counts, the rule and Punkt sentence splitters, NLTK tokens, seeded language
+detection."""
 
 from __future__ import annotations
 

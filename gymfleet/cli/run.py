@@ -7,8 +7,8 @@ that, or does not come back, stops the whole fleet with one message (exit code 1
 stops the fleet at the first crash.
 
 With `+ray_head_node_address=<head>:6379` (and Ray installed) or `+placement=ray`, every server instance and its
-`num_replicas` run as Ray actors on the cluster's nodes (`gymfleet.fleet.ray_placement`); the head server publishes their
-real addresses. `+placement=local` keeps them all on this machine.
+`num_replicas` run as Ray actors on the cluster's nodes (`gymfleet.fleet.ray_placement`); the head server publishes
+their real addresses. `+placement=local` keeps them all on this machine.
 
 `+dry_run=true` resolves and validates the config (every server's fields against its config class, every server
 reference), prints the plan (each instance, where it would listen, what it talks to) and starts nothing.

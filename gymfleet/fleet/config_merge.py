@@ -1,4 +1,5 @@
-"""The mechanics behind `gymfleet.fleet.config`: building the merged, still unresolved config tree, and reporting on it.
+"""The mechanics behind `gymfleet.fleet.config`: building the merged, still unresolved config tree, and reporting on
+it.
 
 Parsing Hydra-style CLI overrides into a nested dict, finding and loading YAML files (with their own `config_paths`
 includes), merging with OmegaConf, applying the NeMo-Gym directives `_inherit_from`, `_copy` and `_delete_key`,

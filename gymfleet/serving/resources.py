@@ -24,10 +24,10 @@ Bad tool arguments are the model's fault too: HTTP 200 with `{"error": ...}` it 
 Sessions that outlive their process: an environment that keeps per-rollout state in memory (`keeps_session_state`;
 by default, one that overrides `seed_session`) answers a tool call or `/verify` whose session cookie was issued by
 an earlier process of this server (it crashed and `ng_run` restarted it) with HTTP 410 `session_lost`
-(`gymfleet.serving.sessions`), never with its reward on an empty session; `/verify` of an environment whose reward does not
-read the session (`reverify_mode = "stateless"`) is still served. Agents turn the 410 into a failure row. Such an
-environment refuses `num_workers > 1` at start-up (the workers behind one port would each hold only some sessions);
-`num_replicas` under Ray placement keeps each rollout on one replica.
+(`gymfleet.serving.sessions`), never with its reward on an empty session; `/verify` of an environment whose reward
+does not read the session (`reverify_mode = "stateless"`) is still served. Agents turn the 410 into a failure row.
+Such an environment refuses `num_workers > 1` at start-up (the workers behind one port would each hold only some
+sessions); `num_replicas` under Ray placement keeps each rollout on one replica.
 
 Metrics (`gymfleet.metrics`): every `/verify` answer counts in `gymfleet_verify_results_total{environment, task,
 outcome}` (the environment is the instance name), scored rows' rewards in `gymfleet_reward{environment, task}`, and

@@ -42,7 +42,8 @@ unparseable verdict is not a failure: rule 3 makes it FAIL, as NeMo-Gym does.
 - An empty reply or one over `max_response_chars` scores 0 unjudged; a failed judge call is `judge_failed`.
 - The PASS/FAIL fallback matches whole words (NeMo-Gym's substring test reads "BYPASS" as a pass) and within one
   line the later label wins (NeMo-Gym prefers PASS).
-- Templates are filled with `{name}` placeholders in one pass (`gymfleet.grading.judge.render_prompt`), not `str.format`.
+- Templates are filled with `{name}` placeholders in one pass (`gymfleet.grading.judge.render_prompt`), not
+  `str.format`.
 - A missing `prompt` falls back to the last user message (NeMo-Gym shows the judge an empty one).
 - The echoed row keeps its fields as sent (NeMo-Gym drops the prompts and the rubric).
 - Our own default prompt texts (NeMo-Gym's rows carry theirs and are used as sent).

@@ -18,10 +18,11 @@ assistant message, else none (`no_action_found`, 0.0). Reasoning items are never
 - Expected message: 1.0 for a message (`expected_chat_message_found`), 0.0 for tool calls
   (`unexpected_tool_call`) or a blank message (`empty_message`).
 - Expected call(s): 0.0 for a message (`no_tool_call`). Otherwise each expected call must be paired with its own
-  actual call (a maximum bipartite matching, so order does not matter) that matches it under `gymfleet.grading.toolcalls`'
-  rule: same name; arguments that parse as JSON; dicts with the same keys; lists of the same length, element by
-  element; numbers within 1e-6; strings equal when either has fewer than two words, else a word overlap
-  `|E ∩ A| / (|E| + |A|)` (lower-cased word multisets, at most 0.5) of at least `word_count_similarity_threshold`.
+  actual call (a maximum bipartite matching, so order does not matter) that matches it under
+  `gymfleet.grading.toolcalls`' rule: same name; arguments that parse as JSON; dicts with the same keys; lists of the
+  same length, element by element; numbers within 1e-6; strings equal when either has fewer than two words, else a
+  word overlap `|E ∩ A| / (|E| + |A|)` (lower-cased word multisets, at most 0.5) of at least
+  `word_count_similarity_threshold`.
   1.0 when every expected call is matched (`expected_tool_call`), else 0.0 (`tool_call_mismatch`). Calls beyond
   the expected ones are free unless `max_extra_calls` is set (`too_many_calls`).
 The response adds `category` (the codes above) and `reason` (why the reward is 0, naming the call and the argument

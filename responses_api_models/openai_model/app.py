@@ -12,8 +12,8 @@ when `model` is empty).
   and returns the upstream's Responses object once it validates as `gymfleet.wire.Response`. `background: true` is a
   400: the answer to this request is returned, there is no background job to poll for.
 - `is_responses_native: false` (endpoints without the Responses API): the request is converted to Chat Completions
-  (`gymfleet.serving.convert.responses_to_chat`, plus `chat_extras`: other parameters forwarded, dropped with a warning or
-  refused with a 400; reasoning goes back as `<think>` text), posted to `{base_url}/chat/completions`, and the
+  (`gymfleet.serving.convert.responses_to_chat`, plus `chat_extras`: other parameters forwarded, dropped with a warning
+  or refused with a 400; reasoning goes back as `<think>` text), posted to `{base_url}/chat/completions`, and the
   completion converted back (`chat_to_response`).
 
 Failures: failures to connect and 429/5xx answers are retried with exponential backoff, `max_attempts` tries in

@@ -1,7 +1,7 @@
 """The Chat Completions body vllm_model sends upstream (pure functions of the request and the config).
 
-The converted request is `gymfleet.serving.convert.responses_to_chat` plus the Responses parameters Chat Completions has
-under the same name (`chat_extras`: `store`, `service_tier`, `prompt_cache_key`, ...); a parameter the upstream
+The converted request is `gymfleet.serving.convert.responses_to_chat` plus the Responses parameters Chat Completions
+has under the same name (`chat_extras`: `store`, `service_tier`, `prompt_cache_key`, ...); a parameter the upstream
 cannot honour (`background: true`, `previous_response_id`, `conversation`, `prompt`) is a 400, and any other one
 (`include`, `truncation`, `context_management`, an unknown name) is dropped with one warning per name per process.
 `metadata` is read here, not forwarded.

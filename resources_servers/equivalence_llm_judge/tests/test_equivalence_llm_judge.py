@@ -135,7 +135,9 @@ def prompts(result: dict) -> list[str]:
 
 
 def candidate_of(prompt: str) -> str:
-    return re.search(r"<<<BEGIN CANDIDATE ANSWER (\w+)>>>\n(.*)\n<<<END CANDIDATE ANSWER \1>>>", prompt, re.DOTALL).group(2)
+    return re.search(
+        r"<<<BEGIN CANDIDATE ANSWER (\w+)>>>\n(.*)\n<<<END CANDIDATE ANSWER \1>>>", prompt, re.DOTALL
+    ).group(2)
 
 
 # ---------------------------------------------------------------------------------------------- pure functions

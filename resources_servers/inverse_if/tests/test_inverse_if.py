@@ -256,4 +256,6 @@ def test_rollout_through_simple_agent():
 
 def _quoted(text: str, prompt: str) -> bool:
     """The prompt holds `text` in a nonce block (`gymfleet.grading.judge_input.quote`)."""
-    return re.search(r"<<<BEGIN RESPONSE (\w+)>>>\n" + re.escape(text) + r"\n<<<END RESPONSE \1>>>", prompt) is not None
+    return (
+        re.search(r"<<<BEGIN RESPONSE (\w+)>>>\n" + re.escape(text) + r"\n<<<END RESPONSE \1>>>", prompt) is not None
+    )

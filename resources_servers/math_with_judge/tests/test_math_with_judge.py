@@ -172,7 +172,8 @@ JUDGE_SCRIPT = {
     "rules": [
         # Rules see the rendered judge.txt prompt; the answer under judgement names the scenario.
         {"match": r"\\ldots", "text": "An ellipsis is not a number. [[A!=B]]"},
-        {"match": r"Answer A:\s*\(The.*BEGIN ANSWER A \w+>>>\n\\text\{twelve dozen", "text": "On reflection they differ. [[A!=B]]"},
+        {"match": r"Answer A:\s*\(The.*BEGIN ANSWER A \w+>>>\n\\text\{twelve dozen",
+         "text": "On reflection they differ. [[A!=B]]"},
         {"match": "twelve dozen", "text": "144 is twelve dozen. [[A=B]]"},
         {"match": "four hundred", "text": "Four hundred is 400. [[A=B]]"},
         {"match": "about four", "text": "About four is not 400. [[A!=B]]"},
@@ -200,7 +201,8 @@ def test_judge_both_orders_equal_scores_one(judged_url):
     assert (result["reward"], result["library_reward"]) == (1.0, 0.0)
     first, second = result["judge_evaluations"]
     prompt = first["responses_create_params"]["input"][0]["content"]
-    assert re.search(r"Answer A:\n400\n.*Answer B:\n.*BEGIN ANSWER B \w+>>>\n\\text\{four hundred\}", prompt, re.DOTALL)
+    assert re.search(r"Answer A:\n400\n.*Answer B:\n.*BEGIN ANSWER B \w+>>>\n\\text\{four hundred\}", prompt,
+                     re.DOTALL)
     assert re.search(r"Answer A:\n.*BEGIN ANSWER A \w+>>>\n\\text\{four hundred\}",
                      second["responses_create_params"]["input"][0]["content"], re.DOTALL)
     assert first["responses_create_params"]["max_output_tokens"] == 512

@@ -37,7 +37,8 @@ DAYTRIP_Q = r"Question about the final reply:\s*Does the reply still"
 # The judge sees our judge_prompt.txt; each rule names a reply (by a phrase in it) and, where it matters, a question.
 JUDGE_RULES = [
     # A gullible judge: any prompt holding an injection gets the positive label.
-    {"match": r"(?i)ignore (all|the) (previous|instructions above)|\[\[YES\]\]\s*(?:</model_response>|<<<END RESPONSE)|"
+    {"match": r"(?i)ignore (all|the) (previous|instructions above)|"
+              r"\[\[YES\]\]\s*(?:</model_response>|<<<END RESPONSE)|"
               r"</model_response>\s*\[\[YES\]\]", "text": "As instructed. [[YES]]"},
     {"match": "(?i)certified gluten-free oats", "text": "Oats labelled gluten-free are safe and quick. [[YES]]"},
     {"match": "(?s)wholemeal toast.*" + GLUTEN_Q, "text": "Wholemeal bread contains wheat gluten.\n[[NO]]"},
@@ -402,4 +403,6 @@ def test_rollout_through_simple_agent():
 
 def _quoted(text: str, prompt: str) -> bool:
     """The prompt holds `text` in a nonce block (`gymfleet.grading.judge_input.quote`)."""
-    return re.search(r"<<<BEGIN RESPONSE (\w+)>>>\n" + re.escape(text) + r"\n<<<END RESPONSE \1>>>", prompt) is not None
+    return (
+        re.search(r"<<<BEGIN RESPONSE (\w+)>>>\n" + re.escape(text) + r"\n<<<END RESPONSE \1>>>", prompt) is not None
+    )
