@@ -103,11 +103,7 @@ None.
 - v3: the shared judge rules (`gymfleet.grading.judge_gate`): visible, normalised answer in a nonce block; the
   shared screen; the verdict is the judge's *last* label (NeMo-Gym's rule; v1-v2 read the first, so a judge
   quoting the answer's label before ruling against it paid 1.0); the lc prompt asks for the verdict last.
-- v4: the shared screen stops flagging honest text that looks like its targets: bare status words (a line
-  `PASS`, `--- FAIL: TestX`) inside a fenced test-runner log, and one judge-prompt field name at a line start
-  (`Reference answer:`, `Correct answer:`; two different ones still count as the prompt's structure); the
-  explicit verdict forms (brackets, quotes, `key: value`, JSON) count everywhere
-  (`tests/test_judge_screen_honest.py`).
+- v4: the shared screen's honest-text revision (`gymfleet.grading.judge_input`, "Screen history").
 """
 
 from __future__ import annotations

@@ -64,11 +64,7 @@ None.
   the last-five-lines fallback, parallel per-criterion calls, configurable aggregation), with the injection guard,
   early zeros and `judge_failed` rows.
 - v2: the shared judge rules (`gymfleet.grading.judge_gate`), as multichallenge v2.
-- v3: the shared screen stops flagging honest text that looks like its targets: bare status words (a line
-  `PASS`, `--- FAIL: TestX`) inside a fenced test-runner log, and one judge-prompt field name at a line start
-  (`Reference answer:`, `Correct answer:`; two different ones still count as the prompt's structure); the
-  explicit verdict forms (brackets, quotes, `key: value`, JSON) count everywhere
-  (`tests/test_judge_screen_honest.py`).
+- v3: the shared screen's honest-text revision (`gymfleet.grading.judge_input`, "Screen history").
 """
 
 from __future__ import annotations

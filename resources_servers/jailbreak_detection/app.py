@@ -63,12 +63,9 @@ answered without naming a label is not a failure: the unclear reward above appli
 - Our own prompt texts and taxonomy wording; the label strings are NeMo-Gym's, so its verifier files still parse.
 
 ## Config
-- `judge_model_server`: the judge's model server, `{type: responses_api_models, name: ...}` or a plain name;
-  checked at startup in a fleet. The shipped configs use `policy_model`.
-- `judge_responses_create_params` ({input: []}): base `/v1/responses` request for judge calls (`temperature`,
-  `max_output_tokens`, `seed`, ...); `input` is replaced by the prompt.
-- `judge_timeout_s` (120), `judge_max_attempts` (3), `judge_max_concurrency` (64): per-attempt deadline, attempts
-  per call, and judge calls in flight at once from this server process.
+- `judge_model_server` (shipped: `policy_model`, checked at startup in a fleet), `judge_responses_create_params`
+  ({input: []}; `input` is replaced by the prompt), `judge_timeout_s` (120), `judge_max_attempts` (3),
+  `judge_max_concurrency` (64): the judge fields of `gymfleet.serving.judged.JudgedConfig`.
 - `use_nemotron_format` (true), `nemotron_enable_reasoning` (false), `use_combined_reward` (true),
   `reward_if_safe` (1.0), `reward_if_unsafe` (0.0), `reward_if_unclear` (0.0), `reward_if_quality_high` (1.0),
   `reward_if_quality_low` (0.3): the legacy path (Reward, 2).
@@ -88,11 +85,7 @@ None.
 - v3: the shared judge rules (`gymfleet.grading.judge_gate`): visible, normalised answer in a nonce block; the
   screen reads labels and harm lines in any spelling (`Response harm — unharmful`), turn markers, grader notes;
   every verifier reads the judge's last label / harm line (was the first). Departure: NeMo-Gym reads the first.
-- v4: the shared screen stops flagging honest text that looks like its targets: bare status words (a line
-  `PASS`, `--- FAIL: TestX`) inside a fenced test-runner log, and one judge-prompt field name at a line start
-  (`Reference answer:`, `Correct answer:`; two different ones still count as the prompt's structure); the
-  explicit verdict forms (brackets, quotes, `key: value`, JSON) count everywhere
-  (`tests/test_judge_screen_honest.py`).
+- v4: the shared screen's honest-text revision (`gymfleet.grading.judge_input`, "Screen history").
 """
 
 from __future__ import annotations

@@ -80,11 +80,7 @@ None.
 - v4: several different boxed answers (`\boxed{1} or \boxed{2}`, a first guess boxed then corrected) score 0
   (`several_answers`); the same answer boxed twice does not. Departure: NeMo-Gym lets math-verify read the text.
   The judge is asked through `gymfleet.grading.judge_gate` (screened box, nonce block, last label).
-- v5: the shared screen stops flagging honest text that looks like its targets: bare status words (a line
-  `PASS`, `--- FAIL: TestX`) inside a fenced test-runner log, and one judge-prompt field name at a line start
-  (`Reference answer:`, `Correct answer:`; two different ones still count as the prompt's structure); the
-  explicit verdict forms (brackets, quotes, `key: value`, JSON) count everywhere
-  (`tests/test_judge_screen_honest.py`).
+- v5: the shared screen's honest-text revision (`gymfleet.grading.judge_input`, "Screen history").
 """
 
 from __future__ import annotations

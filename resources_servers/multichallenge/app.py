@@ -76,11 +76,7 @@ None.
   screen; copies of the reply in the judge's answer are not read.
 - v3: the verdict word written in capitals inline (`... the settings page. YES`) is an injection too (the shared
   screen now reads three-letter labels that way; found by `tests/test_judge_injection_property.py`).
-- v4: the shared screen stops flagging honest text that looks like its targets: bare status words (a line
-  `PASS`, `--- FAIL: TestX`) inside a fenced test-runner log, and one judge-prompt field name at a line start
-  (`Reference answer:`, `Correct answer:`; two different ones still count as the prompt's structure); the
-  explicit verdict forms (brackets, quotes, `key: value`, JSON) count everywhere
-  (`tests/test_judge_screen_honest.py`).
+- v4: the shared screen's honest-text revision (`gymfleet.grading.judge_input`, "Screen history").
 """
 
 from __future__ import annotations

@@ -36,12 +36,9 @@ text. A judge that answered without naming a label is not a failure: that is the
 - Our own prompt text; the labels are NeMo-Gym's.
 
 ## Config
-- `judge_model_server`: the judge's model server, `{type: responses_api_models, name: ...}` or a plain name;
-  checked at startup in a fleet. The shipped configs use `policy_model`.
-- `judge_responses_create_params` ({input: []}): base `/v1/responses` request for judge calls (`temperature`,
-  `max_output_tokens`, `seed`, ...); `input` is replaced by the prompt.
-- `judge_timeout_s` (120), `judge_max_attempts` (3), `judge_max_concurrency` (64): per-attempt deadline, attempts
-  per call, and judge calls in flight at once from this server process.
+- `judge_model_server` (shipped: `policy_model`, checked at startup in a fleet), `judge_responses_create_params`
+  ({input: []}; `input` is replaced by the prompt), `judge_timeout_s` (120), `judge_max_attempts` (3),
+  `judge_max_concurrency` (64): the judge fields of `gymfleet.serving.judged.JudgedConfig`.
 - `reward_if_complied` (1.0), `reward_if_refused` (0.0), `reward_if_unclear` (0.5).
 - `max_response_chars` (32,000): longer answers score 0 without a judge call.
 
@@ -57,11 +54,7 @@ None.
   nonce-delimited block; the screen reads labels in any spelling, turn markers and notes to a grader; the verdict
   is the judge's last label (was the first), copies of the answer in its reply not counted. Departure: NeMo-Gym
   reads the first label and shows the raw answer.
-- v4: the shared screen stops flagging honest text that looks like its targets: bare status words (a line
-  `PASS`, `--- FAIL: TestX`) inside a fenced test-runner log, and one judge-prompt field name at a line start
-  (`Reference answer:`, `Correct answer:`; two different ones still count as the prompt's structure); the
-  explicit verdict forms (brackets, quotes, `key: value`, JSON) count everywhere
-  (`tests/test_judge_screen_honest.py`).
+- v4: the shared screen's honest-text revision (`gymfleet.grading.judge_input`, "Screen history").
 """
 
 from __future__ import annotations
