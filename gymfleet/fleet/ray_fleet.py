@@ -38,6 +38,7 @@ from gymfleet.fleet.supervisor import (
     RESTART_WINDOW_S,
     _restart_budget,
 )
+from gymfleet.fleet.watch import Watched
 
 if TYPE_CHECKING:
     import uvicorn
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL_S = 0.5
 
 
-class RayFleet(RayStartup):
+class RayFleet(RayStartup, Watched):
     """A fleet whose servers run as Ray actors on a cluster's nodes (see the module docstring)."""
 
     def __init__(self, config: GlobalConfig, *, output: IO[str] | None = None, max_restarts: int | None = None):
@@ -116,14 +117,7 @@ class RayFleet(RayStartup):
         return [replica for replicas in self.replicas.values() for replica in replicas]
 
     def _watch(self) -> None:
-        while not self._stop.wait(POLL_INTERVAL_S):
-            with self._lock:
-                if self._stopping:
-                    return
-                try:
-                    self._supervise()
-                except Exception:  # a bug here must not end supervision silently
-                    log.exception("ray fleet watcher: supervising the replicas failed")
+        self._watch_rounds(self._stop, self._lock, POLL_INTERVAL_S, "ray fleet")
 
     def _supervise(self) -> None:
         now = time.monotonic()
@@ -221,12 +215,6 @@ class RayFleet(RayStartup):
         failed = [replica.failure for replica in self._all() if replica.failure is not None]
         if failed:
             raise failed[0]
-
-    def run_forever(self, interval_s: float = 1.0) -> None:
-        """Block, polling, until a replica cannot be brought back (raises) or the process is told to stop."""
-        while not self._stopping:
-            self.poll()
-            time.sleep(interval_s)
 
     # ------------------------------------------------------------------------------------------ report
 

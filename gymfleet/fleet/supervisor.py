@@ -69,6 +69,7 @@ from gymfleet.fleet.readiness import (
     _exit_text,
 )
 from gymfleet.fleet.server_start import ServerStart, _server_start
+from gymfleet.fleet.watch import Watched
 from gymfleet.fleet.zygote import ForkedProcess, Zygote
 from gymfleet.progress import Progress
 
@@ -91,7 +92,7 @@ PORT_FREE_TIMEOUT_S = 10.0
 """How long a restart waits for the dead server's port to be free before it gives up."""
 
 
-class Fleet(ServerStart, Readiness):
+class Fleet(ServerStart, Readiness, Watched):
     """A running fleet. NeMo-Gym's `RunHelper` is a thin wrapper around this."""
 
     def __init__(self, config: GlobalConfig, *, output: IO[str] | None = None, max_restarts: int | None = None,
@@ -258,22 +259,9 @@ class Fleet(ServerStart, Readiness):
         if failed:
             raise failed[0]
 
-    def run_forever(self, interval_s: float = 1.0) -> None:
-        """Block, polling, until a server cannot be brought back (raises) or the process is told to stop."""
-        while not self._stopping:
-            self.poll()
-            time.sleep(interval_s)
-
     def _watch(self) -> None:
-        """The watcher thread: supervise every `POLL_INTERVAL_S` until shutdown, whether anyone polls or not."""
-        while not self._wake.wait(POLL_INTERVAL_S):
-            with self._supervise_lock:
-                if self._stopping:
-                    return
-                try:
-                    self._supervise()
-                except Exception:  # a bug here must not end supervision silently; poll() would raise it again
-                    log.exception("fleet watcher: supervising the servers failed")
+        """The watcher thread: supervise every `POLL_INTERVAL_S` until shutdown (`gymfleet.fleet.watch`)."""
+        self._watch_rounds(self._wake, self._supervise_lock, POLL_INTERVAL_S, "fleet")
 
     def _supervise(self) -> None:
         """One round: notice crashes, start servers whose backoff is over, mark restarted servers that answer."""
