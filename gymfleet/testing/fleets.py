@@ -1,7 +1,8 @@
 """Small in-process fleets for tests: real servers, each on its own port, wired by a `global_config` dict.
 
 `served` serves a built server; `server_block` is the config block that names one served instance;
-`judge_fleet` names a judge model; `judged` serves an environment with a judge model behind it; `agent_fleet`
+`judge_fleet` names a judge model; `judged` serves an environment with a judge model behind it (`judged_fixtures`:
+as a test module's `judge_url` and `url` fixtures; `url_fixtures`: module fixtures from any such server); `agent_fleet`
 serves a resources server and a model server with an agent in front of them; `post_verify` posts one `/verify`
 and checks its status; `datasets_config` writes a config giving a recipe's agent its datasets; `buffer_body` lets
 an ASGI wrapper in front of a stand-in read a request's body and still pass it on. The servers are passed in
@@ -10,8 +11,8 @@ an ASGI wrapper in front of a stand-in read a request's body and still pass it o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,6 +50,39 @@ def judged(server_cls: Any, config: dict[str, Any], judge: Any, name: str = "jud
         judge_url = judge if isinstance(judge, str) else stack.enter_context(serve(judge.create_app()))
         yield stack.enter_context(serve(server_cls(config, judge_fleet(judge_url, name)).create_app()))
 
+
+
+def url_fixtures(make: Callable[..., AbstractContextManager[str]], **fixtures: dict[str, Any]) -> list[Any]:
+    """Module-scoped pytest fixtures, one per keyword (its name -> the keyword arguments for `make`), each yielding
+    the URL `make(**arguments)` serves. Assign them to the module's names: `url, slow_url = url_fixtures(...)`."""
+    import pytest  # test helpers only: the rest of this module runs without pytest
+
+    def fixture(name: str, arguments: dict[str, Any]) -> Any:
+        def serving() -> Iterator[str]:
+            with make(**arguments) as url:
+                yield url
+
+        return pytest.fixture(serving, scope="module", name=name)
+
+    return [fixture(name, arguments) for name, arguments in fixtures.items()]
+
+
+def judged_fixtures(server_cls: Any, config: dict[str, Any], judge: Callable[[], Any]) -> tuple[Any, Any]:
+    """A test module's `judge_url` (the model server `judge()` builds, served) and `url` (`server_cls(config)`
+    reaching it as `judge_model`) fixtures, module-scoped: `judge_url, url = judged_fixtures(...)`."""
+    import pytest
+
+    @pytest.fixture(scope="module", name="judge_url")
+    def judge_url() -> Iterator[str]:
+        with served(judge()) as url:
+            yield url
+
+    @pytest.fixture(scope="module", name="url")
+    def url(judge_url: str) -> Iterator[str]:
+        with judged(server_cls, config, judge_url) as base:
+            yield base
+
+    return judge_url, url
 
 @contextmanager
 def agent_fleet(agent_cls: Any, env: Any, model: Any, *, env_name: str, **agent_fields: Any) -> Iterator[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 
 import httpx
@@ -11,7 +12,7 @@ import yaml
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.testing import free_port, nemo_gym_examples, serve
-from gymfleet.testing.fleets import judge_fleet, judged, post_verify
+from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify
 from resources_servers.jailbreak_detection.app import (
     HERE,
     JailbreakDetectionServer,
@@ -123,22 +124,9 @@ CONFIG = {"name": "jailbreak_detection", "domain": "safety", "judge_model_server
           "judge_timeout_s": 1.5, "judge_max_attempts": 2,
           "judge_responses_create_params": {"input": [], "temperature": 0.0, "max_output_tokens": 1024, "seed": 7}}
 
-
-@pytest.fixture(scope="module")
-def judge_url():
-    judge = ScriptedModel({"name": "judge_model", "model": "safety-judge", "rules": JUDGE_RULES})
-    with serve(judge.create_app()) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def url(judge_url):
-    with judged(JailbreakDetectionServer, CONFIG, judge_url) as base:
-        yield base
-
-
-def verify(url: str, row: dict, text: str | None) -> dict:
-    return post_verify(url, row, text, timeout=30)
+judge_url, url = judged_fixtures(JailbreakDetectionServer, CONFIG, lambda: ScriptedModel(
+    {"name": "judge_model", "model": "safety-judge", "rules": JUDGE_RULES}))
+verify = functools.partial(post_verify, timeout=30)
 
 
 LEGACY_CASES = [
