@@ -278,3 +278,10 @@ def nemo_gym_examples(env: str) -> Path:
     if not folder.is_dir():
         raise FileNotFoundError(f"NeMo-Gym's {env} ships no data/ folder ({folder})")
     return folder
+
+
+def jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of the JSONL file at `path`, one a line (no blank lines expected)."""
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]

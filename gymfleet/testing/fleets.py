@@ -1,8 +1,9 @@
 """Small in-process fleets for tests: real servers, each on its own port, wired by a `global_config` dict.
 
 `served` serves a built server; `server_block` is the config block that names one served instance;
-`judge_fleet` names a judge model; `judged` serves an environment with a judge model behind it (`judged_fixtures`:
-as a test module's `judge_url` and `url` fixtures; `url_fixtures`: module fixtures from any such server); `agent_fleet`
+`judge_fleet` names a judge model; `judged` serves an environment with a judge model behind it (`judged_by`:
+the judge's rules and the config's fields as arguments; `judged_fixtures`: as a test module's `judge_url` and `url`
+fixtures; `url_fixtures`: module fixtures from any such server); `agent_fleet`
 serves a resources server and a model server with an agent in front of them; `post_verify` posts one `/verify`
 and checks its status; `datasets_config` writes a config giving a recipe's agent its datasets; `buffer_body` lets
 an ASGI wrapper in front of a stand-in read a request's body and still pass it on. The servers are passed in
@@ -51,6 +52,16 @@ def judged(server_cls: Any, config: dict[str, Any], judge: Any, name: str = "jud
         yield stack.enter_context(serve(server_cls(config, judge_fleet(judge_url, name)).create_app()))
 
 
+
+def judged_by(server_cls: Any, base: dict[str, Any], model_cls: Any,
+              rules: Any) -> Callable[..., AbstractContextManager[str]]:
+    """`judged(rules=rules, **config)` for one environment's tests: serves `server_cls({**base, **config})` with the
+    model server `model_cls({"name": "judge_model", "rules": rules})` (a scripted model) behind it as `judge_model`;
+    yields the environment's URL."""
+    def serve_judged(rules: Any = rules, **config: Any) -> AbstractContextManager[str]:
+        return judged(server_cls, {**base, **config}, model_cls({"name": "judge_model", "rules": rules}))
+
+    return serve_judged
 
 def url_fixtures(make: Callable[..., AbstractContextManager[str]], **fixtures: dict[str, Any]) -> list[Any]:
     """Module-scoped pytest fixtures, one per keyword (its name -> the keyword arguments for `make`), each yielding

@@ -2,7 +2,6 @@ r"""inverse_if as a real server with a scripted judge: verdict kinds, per-row pr
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -10,17 +9,15 @@ import httpx
 import pytest
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.testing import fleets, nemo_gym_examples, serve
+from gymfleet.testing import fleets, jsonl_rows, nemo_gym_examples, serve
 from gymfleet.testing.fleets import post_verify as verify
 from resources_servers.inverse_if.app import InverseIfServer, read_pass_fail
 from resources_servers.multichallenge.rubric import injection_reasons
 from responses_api_models.scripted_model.app import ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[3]
-ROWS = [json.loads(line) for line in (ROOT / "resources_servers/inverse_if/data/example.jsonl").read_text()
-        .splitlines()]
-NEMO_ROWS = [json.loads(line) for line in (nemo_gym_examples("inverse_if") / "example.jsonl").read_text()
-             .splitlines()]
+ROWS = jsonl_rows(ROOT / "resources_servers/inverse_if/data/example.jsonl")
+NEMO_ROWS = jsonl_rows(nemo_gym_examples("inverse_if") / "example.jsonl")
 BASE = {"name": "inverse_if", "domain": "instruction_following", "judge_model_server": "judge_model",
         "judge_max_attempts": 2, "judge_timeout_s": 5}
 FRUITS = ROWS[2]  # three fruits, reverse alphabetical, lowercase, semicolons
@@ -56,23 +53,9 @@ JUDGE_RULES = [
 ]
 
 
-def judged(rules=JUDGE_RULES, **config):
-    """The environment with a scripted judge (`judge_model`) behind it; yields the environment's URL."""
-    judge = ScriptedModel({"name": "judge_model", "rules": rules})
-    return fleets.judged(InverseIfServer, {**BASE, **config}, judge)
-
-
-@pytest.fixture(scope="module")
-def url():
-    with judged() as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def impatient_url():
-    """The same judge with a 0.5 s deadline per attempt."""
-    with judged(judge_timeout_s=0.5, judge_max_attempts=2) as base:
-        yield base
+judged = fleets.judged_by(InverseIfServer, BASE, ScriptedModel, JUDGE_RULES)  # judged(rules, **config)
+# impatient_url: the same judge with a 0.5 s deadline per attempt.
+url, impatient_url = fleets.url_fixtures(judged, url={}, impatient_url=dict(judge_timeout_s=0.5, judge_max_attempts=2))
 
 
 @pytest.mark.parametrize(

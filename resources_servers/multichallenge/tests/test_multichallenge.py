@@ -3,7 +3,6 @@ r"""multichallenge as a real server with a scripted judge: verdict kinds, judge 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import JudgeError, ServerRefError
-from gymfleet.testing import fleets, free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing import fleets, free_port, jsonl_rows, make_response, nemo_gym_examples, serve
 from gymfleet.testing.fleets import post_verify as verify
 from resources_servers.multichallenge.app import MultichallengeServer, read_yes_no, render_context
 from resources_servers.multichallenge.rubric import (
@@ -25,10 +24,8 @@ from resources_servers.multichallenge.rubric import (
 from responses_api_models.scripted_model.app import ScriptedModel
 
 ROOT = Path(__file__).resolve().parents[3]
-ROWS = [json.loads(line) for line in (ROOT / "resources_servers/multichallenge/data/example.jsonl").read_text()
-        .splitlines()]
-NEMO_ROWS = [json.loads(line) for line in (nemo_gym_examples("multichallenge") / "example.jsonl").read_text()
-             .splitlines()]
+ROWS = jsonl_rows(ROOT / "resources_servers/multichallenge/data/example.jsonl")
+NEMO_ROWS = jsonl_rows(nemo_gym_examples("multichallenge") / "example.jsonl")
 BASE = {"name": "multichallenge", "domain": "knowledge", "judge_model_server": "judge_model",
         "judge_max_attempts": 2, "judge_timeout_s": 5}
 GLUTEN_Q, TIME_Q = r"Question about the final reply:\s*Is every", r"Question about the final reply:\s*Can the"
@@ -60,23 +57,9 @@ JUDGE_RULES = [
 ]
 
 
-def judged(rules=JUDGE_RULES, **config):
-    """The environment with a scripted judge (`judge_model`) behind it; yields the environment's URL."""
-    judge = ScriptedModel({"name": "judge_model", "rules": rules})
-    return fleets.judged(MultichallengeServer, {**BASE, **config}, judge)
-
-
-@pytest.fixture(scope="module")
-def url():
-    with judged() as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def impatient_url():
-    """The same judge with a 0.5 s deadline per attempt."""
-    with judged(judge_timeout_s=0.5, judge_max_attempts=2) as base:
-        yield base
+judged = fleets.judged_by(MultichallengeServer, BASE, ScriptedModel, JUDGE_RULES)  # judged(rules, **config)
+# impatient_url: the same judge with a 0.5 s deadline per attempt.
+url, impatient_url = fleets.url_fixtures(judged, url={}, impatient_url=dict(judge_timeout_s=0.5, judge_max_attempts=2))
 
 
 # ---------------------------------------------------------------------------------------------- pure functions
