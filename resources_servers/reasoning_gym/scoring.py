@@ -8,6 +8,11 @@ Scoring: `reasoning_gym.get_score_answer_fn(task)(answer=..., entry={question, a
 `score_answer` built on its default config (cached per task). A scorer that raises scores 0.0, as in NeMo-Gym:
 scorers raise on answers they cannot read, which is the model's fault. Scorers are CPU-bound Python and some (the
 sympy-based ones) slow down sharply with input size, so answers longer than the cap are not scored at all (0.0).
+
+Import: reasoning-gym imports every task module up front, and its `game_of_life` tasks import `cellpylib`, which
+imports `matplotlib.pyplot` (about half of reasoning-gym's import time, and memory in every fleet that serves it):
+`cellpylib` is deferred (`gymfleet.grading.deferred.defer_module`) and loads only when something generates such a
+board; no scorer uses it.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-import reasoning_gym
-from reasoning_gym.factory import DATASETS
-
 from gymfleet.grading import answers
+from gymfleet.grading.deferred import defer_module
+
+defer_module("cellpylib")  # before reasoning_gym, whose game_of_life tasks import it (and with it matplotlib.pyplot)
+
+import reasoning_gym  # noqa: E402
+from reasoning_gym.factory import DATASETS  # noqa: E402
 
 log = logging.getLogger(__name__)
 
