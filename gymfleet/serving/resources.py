@@ -46,6 +46,7 @@ docstring's `## Version history`; its judge, if any, is found from `self.judge` 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -62,7 +63,7 @@ from gymfleet.errors import MAX_REPORTED_ERRORS, JudgeError, SandboxError, Trans
 from gymfleet.metrics import LOCAL_HOP, target_of
 from gymfleet.serving.aggregate import aggregate_metrics
 from gymfleet.serving.bodies import read_json, validate
-from gymfleet.serving.deadline import deadline_in
+from gymfleet.serving.deadline import finish_by
 from gymfleet.serving.provenance import PROVENANCE_KEY
 from gymfleet.serving.provenance import reward_provenance as compute_provenance
 from gymfleet.serving.server import (
@@ -281,8 +282,7 @@ class ResourcesServer(Server):
 
     async def _verify_row(self, body: VerifyRequest, raw: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         try:
-            async with deadline_in(timeout_s):
-                result = await self.verify(body)
+            result = await finish_by(asyncio.get_running_loop().time() + timeout_s, self.verify(body))
         except TimeoutError:
             return self._failure_row(raw, "verify_timeout", f"verify took longer than {timeout_s:g}s", LOCAL_HOP)
         except tuple(FAILURE_CLASSES) as exc:

@@ -13,7 +13,7 @@ signed session cookies (`gymfleet.serving.sessions`), and error mapping:
 
 Hostile or broken clients cannot stall a server: a 422 lists at most `MAX_REPORTED_ERRORS` errors and counts the
 rest (`gymfleet.errors.first_errors`); a request body not wholly received within `request_body_timeout_s` is
-answered 408 and its connection closed (`BodyDeadlineMiddleware`); a client that hangs up mid-request is one INFO
+answered 408 and its connection closed (`gymfleet.serving.guard`); a client that hangs up mid-request is one INFO
 line, no traceback.
 
 `GET /openapi.json` lists every route with its request and response types, plain routes included (`add_route`'s
@@ -64,9 +64,8 @@ from gymfleet.errors import (
 )
 from gymfleet.masking import is_secret_key, redact
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
-from gymfleet.serving.deadline import Deadline
 from gymfleet.serving.fastpath import fastapi_options, own_routes_first
-from gymfleet.serving.guard import FleetAuthMiddleware, RequestBodyTooLarge, RequestGuardMiddleware
+from gymfleet.serving.guard import RequestBodyTimeout, RequestBodyTooLarge, RequestGuardMiddleware
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
 
 NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
@@ -286,13 +285,11 @@ class Server:
         app.add_exception_handler(ClientDisconnect, self._on_client_disconnect)
         app.add_exception_handler(Exception, self._on_error)
         app.add_middleware(SessionCookieMiddleware, name=self.cookie_name, refuse=self.lost_session_refusal)
-        token = auth.server_token()
-        if token:
-            app.add_middleware(FleetAuthMiddleware, token=token, head=self.head_address())
         app.add_middleware(RequestGuardMiddleware, loopback_only=auth.is_loopback(self.config.host),
-                           max_body_bytes=int(self.config.max_request_body_mb * 2**20))
+                           max_body_bytes=int(self.config.max_request_body_mb * 2**20),
+                           token=auth.server_token() or None, head=self.head_address(),
+                           body_timeout_s=self.config.request_body_timeout_s)
         app.add_middleware(MetricsMiddleware, metrics=self.metrics, on_idle=release_memory_when_idle)
-        app.add_middleware(BodyDeadlineMiddleware, timeout_s=self.config.request_body_timeout_s)
         return app
 
     async def _on_validation_error(self, request: Request, exc: RequestValidationError) -> Response:
@@ -436,49 +433,6 @@ LOG_LOC_CHARS = 200
 
 def _clip(text: str) -> str:
     return text if len(text) <= LOG_LOC_CHARS else f"{text[:LOG_LOC_CHARS]}... ({len(text)} chars)"
-
-
-class RequestBodyTimeout(Exception):
-    """The request body was not wholly received within the server's `request_body_timeout_s` (answered 408)."""
-
-
-class BodyDeadlineMiddleware:
-    """Pure ASGI middleware: a request body must arrive whole within `timeout_s` of the request's headers.
-
-    uvicorn has no body timeout of its own: a client that announces a body (a huge chunk, a long Content-Length)
-    and then sends nothing would hold its connection, and the handler waiting for the body, forever. Past the
-    deadline, reading the body raises `RequestBodyTimeout`, which the server answers with a 408 that closes the
-    connection. Once the body is complete, `receive` is passed through untouched (waiting for a disconnect while
-    a response streams is not bounded).
-    """
-
-    def __init__(self, app, timeout_s: float):
-        self.app = app
-        self.timeout_s = timeout_s
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        body_done = False
-
-        async def receive_by_deadline():
-            nonlocal body_done
-            if body_done:
-                return await receive()
-            try:
-                async with Deadline(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise RequestBodyTimeout(
-                    f"the request body did not arrive within {self.timeout_s:g}s (request_body_timeout_s); "
-                    "send the whole body promptly, or raise request_body_timeout_s for very large bodies"
-                ) from None
-            body_done = message["type"] != "http.request" or not message.get("more_body", False)
-            return message
-
-        await self.app(scope, receive_by_deadline, send)
 
 
 def _jsonable_error(error: dict[str, Any]) -> dict[str, Any]:
