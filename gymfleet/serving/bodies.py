@@ -2,7 +2,8 @@
 
 Routes that carry whole rollouts (`/verify`, `/run`, `/v1/responses`) parse the raw body with orjson and validate
 with pydantic directly: FastAPI's generic body path (json → dict → validate → jsonable_encoder on the way out)
-costs several times more on rollout-sized bodies.
+costs several times more on rollout-sized bodies. The body itself is read with plain `receive` calls
+(`read_body`), not through Starlette's `Request.stream()` async generator.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import orjson
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from gymfleet.errors import first_errors, too_many_errors
 
@@ -23,9 +25,33 @@ MAX_DEPTH = 253
 """Deepest nesting a body may have: orjson reads 1024 levels but writes at most 253, and every body is echoed."""
 
 
+async def read_body(request: Request) -> bytes:
+    """`await request.body()` without the async generator Starlette reads it through (a few µs a request): the same
+    bytes, kept on the request for a later `request.body()`, and `ClientDisconnect` if the client hangs up first."""
+    body = getattr(request, "_body", None)
+    if body is not None:
+        return body
+    if request._stream_consumed:  # read with `request.stream()` already, as Starlette says
+        raise RuntimeError("Stream consumed")
+    chunks: list[bytes] = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                request._stream_consumed = True
+                break
+        elif message["type"] == "http.disconnect":
+            request._is_disconnected = True
+            raise ClientDisconnect()
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    request._body = body  # Starlette's own cache: `request.body()` answers it from now on
+    return body
+
+
 async def read_json(request: Request) -> Any:
     """The request body as JSON, or a 422 (`json_invalid`, `json_too_deep`) naming what is wrong."""
-    raw = await request.body()
+    raw = await read_body(request)
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
