@@ -24,7 +24,14 @@ from gymfleet.fleet import server_start as fleet_module
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.fleet.zygote import ForkedProcess, Zygote
-from gymfleet.fleet.zygote_main import _claimed, _claims_pipe
+from gymfleet.fleet.zygote_main import (
+    _claimed,
+    _claims_pipe,
+    group_key,
+    read_import_times,
+    slowest_first,
+    write_import_times,
+)
 from gymfleet.testing import fleet_headers, free_port
 from tests.fault_tools import WAIT_S, wait_for
 
@@ -291,3 +298,20 @@ def test_a_zygote_dead_while_importing_leaves_fresh_interpreters_and_the_fleet_s
         assert not zygotes()
         assert all(isinstance(child.process, subprocess.Popen) for child in fleet.children.values())
         assert rollout_reward(fleet) == 1.0
+
+
+def test_server_classes_are_claimed_slowest_first_as_last_timed(tmp_path, monkeypatch):
+    """The import times one zygote records order the next one's claims, longest first; untimed groups keep config
+    order after them; a missing or broken record is config order."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("GYMFLEET_CACHE_DIR", str(tmp_path))
+    groups = [[SimpleNamespace(name=name, dir=tmp_path / name, entrypoint="app.py")]
+              for name in ("policy", "agent", "reasoning_gym", "mcqa", "instruction_following")]
+    assert read_import_times() == {} and slowest_first(groups, {}) == groups
+    write_import_times({group_key(groups[2]): 2.5, group_key(groups[4]): 3.0})
+    write_import_times({group_key(groups[3]): 0.1})  # merged into what was recorded
+    order = [group[0].name for group in slowest_first(groups, read_import_times())]
+    assert order == ["instruction_following", "reasoning_gym", "mcqa", "policy", "agent"]
+    (tmp_path / "zygote-import-seconds.json").write_text("{not json")
+    assert read_import_times() == {}

@@ -8,7 +8,9 @@ adopted by the fleet with `adopt()`), so the shared stack imports while the supe
 reads the YAML. And on a machine with 2+ CPUs the zygote forks one helper right after the shared stack: the two
 claim the config's server classes one at a time from a shared pipe and import them side by side (reasoning_gym and
 instruction_following's models, the two slowest, load in parallel). Each server is then forked by whichever of the
-two imported its class, so neither imports anything after its first server shares its pages.
+two imported its class, so neither imports anything after its first server shares its pages. The classes are claimed
+slowest first, as the last start measured them (`IMPORT_TIMES`, in gymfleet's cache folder; config order the first
+time): two slow imports started last would each leave the other process idle at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import contextlib
 import gc
 import importlib
+import json
 import logging
 import os
 import select
@@ -30,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gymfleet.fleet.cache import cache_dir
 from gymfleet.fleet.zygote import READY_TIMEOUT_S, ZygoteError, _open_pidfd, _receive, _send
 from gymfleet.fleet.zygote_child import run_child, set_cmdline
 
@@ -73,9 +77,11 @@ def server_groups(config_path: Path) -> list[list[Any]]:
     return list(groups.values())
 
 
-def preload(groups: list[list[Any]], claims: int | None = None) -> list[str]:
+def preload(groups: list[list[Any]], claims: int | None = None,
+            seconds: dict[str, float] | None = None) -> list[str]:
     """Import each group's server class and run its `Server.preload()` (data its servers share, loaded once);
-    returns the instances imported here.
+    returns the instances imported here, and records in `seconds` how long each group's import took (by
+    `group_key`).
 
     With `claims` (the read end of a pipe holding each group's index as 4 bytes), only the groups this process
     claims by reading their index: the zygote and its helper share the imports that way, each taking the next
@@ -91,12 +97,55 @@ def preload(groups: list[list[Any]], claims: int | None = None) -> list[str]:
         try:
             load_server_class(group[0]).preload()  # shared read-only data, loaded once before the forks
             loaded += names
+            if seconds is not None:
+                seconds[group_key(group)] = time.monotonic() - started
             log.debug("zygote (pid %s): imported %s in %.2fs", os.getpid(), ", ".join(names),
                       time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - reported by the instance's own child, with its YAML path
             log.warning("zygote: could not import %s's server (%s); its server will import it itself",
                         ", ".join(names), exc)
     return loaded
+
+
+IMPORT_TIMES = "zygote-import-seconds.json"
+"""File in gymfleet's cache folder (`gymfleet.fleet.cache.cache_dir`): each server file's import time, as the last
+zygote to import it measured it (`{path: seconds}`)."""
+
+
+def group_key(group: list[Any]) -> str:
+    """The server file a group of instances runs (what `IMPORT_TIMES` is keyed by)."""
+    return str(group[0].dir / (group[0].entrypoint or "app.py"))
+
+
+def slowest_first(groups: list[list[Any]], seconds: dict[str, float]) -> list[list[Any]]:
+    """`groups` by their last import time, longest first; groups never timed keep their order, after the timed ones
+    (`sorted` is stable)."""
+    return sorted(groups, key=lambda group: -seconds.get(group_key(group), 0.0))
+
+
+def read_import_times() -> dict[str, float]:
+    """The import times the last zygote recorded (none when the file is missing or unreadable: config order)."""
+    try:
+        data = json.loads((cache_dir() / IMPORT_TIMES).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(key): float(value) for key, value in data.items() if isinstance(value, int | float)}
+
+
+def write_import_times(seconds: dict[str, float]) -> None:
+    """Merge `seconds` into `IMPORT_TIMES` (best effort: a read-only cache only costs the ordering)."""
+    if not seconds:
+        return
+    path = cache_dir() / IMPORT_TIMES
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps({**read_import_times(), **seconds}, indent=1, sort_keys=True))
+        os.replace(temporary, path)
+    except OSError as exc:
+        log.debug("zygote: could not record import times in %s: %s", path, exc)
 
 
 def _claimed(groups: list[list[Any]], claims: int | None) -> Iterator[list[Any]]:
@@ -143,13 +192,16 @@ def main(argv: list[str] | None = None) -> None:
         if message is None:
             return  # the supervisor did not need us after all (a dry run, Ray placement, `server_start: spawn`)
         args.config = Path(message["path"])
-    groups = server_groups(args.config)  # read first: the file goes when the fleet stops
+    groups = slowest_first(server_groups(args.config), read_import_times())  # the file goes when the fleet stops
     helper = _Helper.start(groups, supervisor, args) if len(groups) > 1 and _cpus() > 1 else None
-    preload(groups, helper.claims if helper else None)  # what the helper does not import; the zygote forks it
+    seconds: dict[str, float] = {}
+    preload(groups, helper.claims if helper else None, seconds)  # what the helper does not import; the zygote forks it
     threads = _python_threads()
     if helper:
         os.close(helper.claims)
         threads += helper.wait_loaded()
+        seconds.update(helper.seconds)
+    write_import_times(seconds)
     log.debug("zygote: shared stack imported in %.2fs, %d servers' in %.2fs (%s)", shared_s, len(groups),
               time.monotonic() - started - shared_s, f"helper {helper.pid}: {sorted(helper.owns)}" if helper else
               "no helper")
@@ -194,6 +246,8 @@ class _Helper:
         self.pid, self.sock, self.claims = pid, sock, claims
         self.owns: set[str] = set()
         """The instances whose class the helper imported: it forks their servers."""
+        self.seconds: dict[str, float] = {}
+        """How long each of its imports took (`preload`'s `seconds`)."""
 
     @classmethod
     def start(cls, groups: list[list[Any]], supervisor: int | None, args: argparse.Namespace) -> _Helper | None:
@@ -228,11 +282,12 @@ class _Helper:
         zygote = os.getppid()
         set_cmdline([sys.executable, "-m", "gymfleet.fleet.zygote_main", "--helper-of", str(zygote)])
         os.close(args.control_fd)  # the supervisor's socket is the zygote's alone
-        loaded = preload(groups, claims)
+        seconds: dict[str, float] = {}
+        loaded = preload(groups, claims, seconds)
         os.close(claims)
         threads = _python_threads()
         try:
-            _send(sock, {"op": "loaded", "instances": loaded, "threads": threads})
+            _send(sock, {"op": "loaded", "instances": loaded, "threads": threads, "seconds": seconds})
         except OSError:
             return 1  # the zygote is gone (closed before it was ready)
         if threads:
@@ -251,6 +306,7 @@ class _Helper:
         if message is None:
             sys.exit(f"zygote: its helper (pid {self.pid}) died importing its servers")
         self.owns = set(message["instances"])
+        self.seconds = dict(message.get("seconds") or {})
         return [f"{name} (helper)" for name in message["threads"]]
 
     def forward(self, message: dict[str, Any], fd: int) -> None:
