@@ -1,4 +1,4 @@
-"""gymfleet.grading.deferred: modules and names imported on first use, and what the fleet's zygote no longer imports."""
+"""gymfleet.grading.deferred: modules and names imported on first use; what the fleet's zygote no longer imports."""
 
 from __future__ import annotations
 
