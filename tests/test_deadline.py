@@ -154,3 +154,17 @@ def test_finish_by_lets_a_cancel_from_outside_through_as_a_cancel():
 
     asyncio.run(main())
     assert log == ["closed"]
+
+
+def test_finish_by_awaits_a_future_under_the_deadline():
+    from gymfleet.serving.deadline import finish_by
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        loop.call_later(0.001, done.set_result, "set")
+        assert await finish_by(loop.time() + 5, done) == "set"
+        with pytest.raises(TimeoutError):
+            await finish_by(loop.time() + 0.01, loop.create_future())
+
+    asyncio.run(main())

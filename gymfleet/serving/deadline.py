@@ -16,7 +16,7 @@ deadline could have stopped goes unstopped.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Generator
+from collections.abc import Awaitable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -58,9 +58,13 @@ def deadline_in(seconds: float) -> Deadline:
     return Deadline(asyncio.get_running_loop().time() + seconds)
 
 
-async def finish_by(when: float, coroutine: Coroutine[Any, Any, T]) -> T:
+async def finish_by(when: float, coroutine: Awaitable[T]) -> T:
     """`await coroutine`, raising `TimeoutError` if it is still running at loop time `when`; the timer is armed only
-    once the coroutine suspends (see the module docstring)."""
+    once the coroutine suspends (see the module docstring). Any other awaitable (a future, an ASGI server's
+    `receive` that is not a coroutine function) is awaited under a `Deadline` from the start."""
+    if not isinstance(coroutine, Coroutine):
+        async with Deadline(when):
+            return await coroutine
     try:
         yielded = coroutine.send(None)
     except StopIteration as done:
