@@ -111,7 +111,7 @@ class RequestGuardMiddleware:
         self.loopback_only = loopback_only
         self.max_body_bytes = max_body_bytes
         self.token = token or None
-        self.unauthorized = where_the_token_is(head)
+        self.unauthorized = where_the_token_is(head) if self.token else ""
         self.body_timeout_s = body_timeout_s
         self._loopback: dict[bytes, bool] = {}
 
