@@ -298,6 +298,7 @@ class EquivalenceLlmJudgeServer(JudgedServer):
     """Grades an answer by asking an LLM judge whether it is equivalent to the reference."""
 
     config: EquivalenceLlmJudgeConfig
+    reward_libraries = ()  # the judge decides; its model is in the provenance's `judge`
     judge_uncapped = UNCAPPED
     warn_unchecked = True
 

@@ -299,6 +299,7 @@ class JailbreakDetectionServer(JudgedServer):
     """Grades answers to adversarial prompts with a safety judge (and refusal-quality or policy verifiers)."""
 
     config: JailbreakDetectionConfig
+    reward_libraries = ()  # the judge decides; its model is in the provenance's `judge`
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -147,6 +147,7 @@ class OverRefusalDetectionServer(JudgedServer):
     """Grades whether the policy answered a safe request instead of refusing it."""
 
     config: OverRefusalDetectionConfig
+    reward_libraries = ()  # the judge decides; its model is in the provenance's `judge`
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
