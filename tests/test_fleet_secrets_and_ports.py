@@ -6,7 +6,6 @@ would; the model server's upstream is a real scripted model wrapped in a recorde
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import socket
@@ -21,9 +20,17 @@ import httpx
 import psutil
 import pytest
 
-from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+from gymfleet.fleet import ports
+from gymfleet.fleet.config import GlobalConfigDictParserConfig, find_free_port, parse_global_config
 from gymfleet.fleet.credential import answers_as
-from gymfleet.fleet.launch import CREDENTIALS_FD_ENV, credentials_fd, merge_secrets, split_secrets, take_secrets
+from gymfleet.fleet.launch import (
+    CREDENTIALS_FD_ENV,
+    bind_socket,
+    credentials_fd,
+    merge_secrets,
+    split_secrets,
+    take_secrets,
+)
 from gymfleet.fleet.supervisor import Fleet, PortInUseError, remove_stale_workdirs
 from gymfleet.testing import fleet_headers, free_port, running_fleet
 
@@ -188,17 +195,34 @@ def test_ng_run_on_a_head_port_another_fleet_holds_is_one_error_line(fleet1, tmp
     assert not list(tmp_path.glob("gymfleet-*"))
 
 
-def test_a_child_that_cannot_bind_is_the_port_error_even_when_the_probe_reaches_another_fleet(fleet1, monkeypatch):
-    """The port is taken after the supervisor's check (a race): the child's exit names it, readiness never lies."""
-    monkeypatch.setattr(Fleet, "_check_ports_free", lambda self: None)
-    port = fleet1.config.instance("mcqa").port
-    output = io.StringIO()
-    fleet2 = Fleet(_config({"mcqa": {"resources_servers": {"mcqa": {"port": port}}}}), output=output)
-    with pytest.raises(PortInUseError) as caught:
-        fleet2.start(timeout_s=120)
-    assert f"error: {caught.value}" == _port_error(port, MCQA_PORT_PATH)
-    assert "servers ready" not in output.getvalue() and "Traceback" not in output.getvalue(), output.getvalue()
-    assert httpx.get(f"http://127.0.0.1:{port}/").json() == {"status": "ok"}, "fleet 1 keeps serving"
+def test_a_port_the_fleet_chose_is_held_from_its_choice_until_its_server_listens_on_it():
+    """No window between choosing a free port and serving on it: another process (a concurrent fleet) cannot bind
+    it meanwhile, with or without SO_REUSEADDR; the supervisor takes the bound socket and hands it over."""
+    config = _config({})
+    instance = config.instance("mcqa")
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind((instance.host, instance.port))
+    with pytest.raises(PortInUseError):
+        bind_socket(instance.host, instance.port, "another.fleet.port")
+    held = ports.take(instance.host, instance.port)
+    assert held is not None and held.getsockname()[1] == instance.port
+    assert ports.take(instance.host, instance.port) is None, "handed over once"
+    held.close()
+    bind_socket(instance.host, instance.port, "another.fleet.port").close()  # released: free again
+
+
+def test_port_reservations_nobody_takes_are_bounded_in_number_and_time(monkeypatch):
+    """A process that parses many configs and starts no fleet holds at most MAX_RESERVATIONS ports, none for long."""
+    monkeypatch.setattr(ports, "MAX_RESERVATIONS", 3)
+    chosen = [find_free_port("127.0.0.1", 10001, 20000, set()) for _ in range(5)]
+    taken = [ports.take("127.0.0.1", port) for port in chosen]
+    assert [sock is not None for sock in taken] == [False, False, True, True, True]
+    for sock in taken[2:]:
+        sock.close()
+    port = find_free_port("127.0.0.1", 10001, 20000, set())
+    monkeypatch.setattr(ports, "RESERVATION_TTL_S", -1.0)
+    assert ports.take("127.0.0.1", port) is None, "expired, and released"
+    bind_socket("127.0.0.1", port, "x.port").close()
 
 
 def test_readiness_counts_only_the_fleets_own_server(fleet1):

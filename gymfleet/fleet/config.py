@@ -13,7 +13,6 @@ between servers and a server's fields is `gymfleet.fleet.config_checks`.
 
 from __future__ import annotations
 
-import errno
 import logging
 import random
 import re
@@ -27,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gymfleet.errors import ConfigError, did_you_mean
+from gymfleet.fleet import ports
 from gymfleet.fleet.config_checks import _validate_instance
 from gymfleet.fleet.config_instances import (
     CLI_SOURCE,
@@ -344,28 +344,21 @@ def client_limits(data: dict, workers: int = 1) -> ClientLimits:
 
 
 def find_free_port(host: str, low: int, high: int, disallowed: set[int]) -> int:
-    """A random port in [low, high], not in `disallowed`, that can be bound on `host` right now (then released)."""
+    """A random port in [low, high], not in `disallowed`, free on `host` right now and held for its server from now
+    on (`gymfleet.fleet.ports`: the supervisor hands the bound socket to the server, so nothing takes it between)."""
     candidates = [port for port in range(low, high + 1) if port not in disallowed]
     for port in random.sample(candidates, len(candidates)):
-        if _can_bind(host, port):
-            return port
+        probe = ports.bind_probe(host, port)
+        if probe is None:
+            continue
+        sock, exact = probe
+        if exact:
+            ports.reserve(host, sock)
+        else:
+            sock.close()
+        return port
     raise ConfigError(
         f"no free port for host {host!r} in [{low}, {high}] ({len(disallowed)} disallowed).",
         path="port_range_low",
         hint="Widen the range with ++port_range_low=<n> ++port_range_high=<m>, or set ports explicitly.",
     )
-
-
-def _can_bind(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for bind_host in (host, ""):  # a host that is not local (or not resolvable here) is checked on all interfaces
-        try:
-            with socket.socket(family, socket.SOCK_STREAM) as sock:
-                sock.bind((bind_host, port))
-            return True
-        except socket.gaierror:
-            continue
-        except OSError as e:
-            if e.errno != errno.EADDRNOTAVAIL:
-                return False
-    return False

@@ -50,6 +50,7 @@ from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance, repository_root
 from gymfleet.fleet.folders import enter_tree
 from gymfleet.fleet.folders import module_name as folder_module_name
+from gymfleet.fleet.ports import LISTEN_FD_ENV
 from gymfleet.masking import mask_secrets
 
 if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and should say its first words quickly
@@ -381,8 +382,10 @@ def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, sec
     uvicorn.Server(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
 
 
-def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | None = None) -> None:
-    """Serve one instance (blocking) from the resolved config at `config_path` plus its `secrets`.
+def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | None = None,
+                   listen_fd: int | None = None) -> None:
+    """Serve one instance (blocking) from the resolved config at `config_path` plus its `secrets`, on the bound
+    socket `listen_fd` the supervisor handed over (`gymfleet.fleet.ports`), else on a socket bound here.
 
     Raises:
         PortInUseError: the instance's port is taken.
@@ -397,7 +400,10 @@ def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | Non
     instance = config.instance(instance_name)
     http.configure(client_limits(config.data, instance.num_workers))
     server = build_server(instance, config)  # validate before binding, so config errors surface first
-    sock = bind_socket(instance.host, instance.port, f"{instance.path}.port")
+    if listen_fd is not None:
+        sock = socket.socket(fileno=listen_fd)
+    else:
+        sock = bind_socket(instance.host, instance.port, f"{instance.path}.port")
     sock.set_inheritable(True)
     workers = instance.num_workers
     if workers <= 1:
@@ -447,8 +453,10 @@ def _configure_logging(instance_name: str) -> None:
 
 
 def serve_supervised(config_path: Path, instance_name: str, secrets: Secrets, *, parent_pid: int | None = None,
-                     workdir: Path | None = None, supervisor_pidfd: int | None = None) -> None:
-    """Serve one instance as the supervisor's child (blocking); exits with `EXIT_PORT_IN_USE` or 2 on failure.
+                     workdir: Path | None = None, supervisor_pidfd: int | None = None,
+                     listen_fd: int | None = None) -> None:
+    """Serve one instance as the supervisor's child (blocking) on `listen_fd` (its bound socket, from the
+    supervisor) or on its port; exits with `EXIT_PORT_IN_USE` or 2 on failure.
 
     What `python -m gymfleet.fleet.launch` runs, and what a server forked by the zygote runs (`gymfleet.fleet.zygote`).
     """
@@ -457,7 +465,7 @@ def serve_supervised(config_path: Path, instance_name: str, secrets: Secrets, *,
         die_with_parent(parent_pid, workdir=workdir, supervisor_pidfd=supervisor_pidfd)
     raise_nofile_limit()
     try:
-        serve_instance(config_path, instance_name, secrets)
+        serve_instance(config_path, instance_name, secrets, listen_fd)
     except PortInUseError as exc:
         if not parent_pid:  # a supervisor reports the port itself, in one line on the user's terminal
             print(f"error: {exc}", file=sys.stderr)
@@ -486,7 +494,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
         return
-    serve_supervised(args.config, args.instance, secrets, parent_pid=args.parent_pid, workdir=args.workdir)
+    listen_fd = os.environ.pop(LISTEN_FD_ENV, None)  # the bound socket the supervisor handed over
+    serve_supervised(args.config, args.instance, secrets, parent_pid=args.parent_pid, workdir=args.workdir,
+                     listen_fd=None if listen_fd is None else int(listen_fd))
 
 
 CHECK_TIMEOUT_S = 600

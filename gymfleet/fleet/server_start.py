@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -26,6 +27,7 @@ from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.credential import owner_only, private_folder
 from gymfleet.fleet.launch import credentials_env, credentials_fd, instance_python, own_secrets
+from gymfleet.fleet.ports import LISTEN_FD_ENV
 from gymfleet.fleet.readiness import _Child
 from gymfleet.fleet.zygote import READY_TIMEOUT_S as ZYGOTE_READY_TIMEOUT_S
 from gymfleet.fleet.zygote import ForkedProcess, Zygote, ZygoteError
@@ -118,19 +120,21 @@ class ServerStart:
             return str(self.log_dir / f"{name}.log")
         return f"this output, lines prefixed ({name})"
 
-    def _popen(self, instance: ServerInstance) -> subprocess.Popen | ForkedProcess:
-        """The server process of `instance`, in its own process group, output piped to the supervisor: forked by
-        the zygote, or (`server_start: spawn`, or no zygote left) a fresh interpreter."""
+    def _popen(self, instance: ServerInstance, sock: socket.socket) -> subprocess.Popen | ForkedProcess:
+        """The server process of `instance`, in its own process group, output piped to the supervisor, listening on
+        `sock` (bound to its port; the process gets its own copy): forked by the zygote, or (`server_start: spawn`,
+        or no zygote left) a fresh interpreter."""
         zygote = self._zygote
         if zygote is not None and instance.folder is None:  # a folder of another tree: a fresh interpreter
             env = {**os.environ, **self.credential.child_env()}
             try:
-                return zygote.spawn(instance.name, own_secrets(json.loads(self._secrets_env), instance.name), env)
+                return zygote.spawn(instance.name, own_secrets(json.loads(self._secrets_env), instance.name), env,
+                                    sock.fileno())
             except ZygoteError as exc:
                 self._zygote_lost(zygote, str(exc))
-        return self._spawn_popen(instance)
+        return self._spawn_popen(instance, sock)
 
-    def _spawn_popen(self, instance: ServerInstance) -> subprocess.Popen:
+    def _spawn_popen(self, instance: ServerInstance, sock: socket.socket) -> subprocess.Popen:
         """`instance` as a fresh interpreter: `python -m gymfleet.fleet.launch`."""
         command = [
             instance_python(instance, self.config, self._say),
@@ -152,8 +156,8 @@ class ServerStart:
         try:
             return subprocess.Popen(
                 command,
-                env={**os.environ, **credentials_env(fd)},
-                pass_fds=(fd,),
+                env={**os.environ, **credentials_env(fd), LISTEN_FD_ENV: str(sock.fileno())},
+                pass_fds=(fd, sock.fileno()),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

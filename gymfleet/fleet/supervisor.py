@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError
+from gymfleet.fleet import ports
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.credential import FleetCredential, answers_as
 from gymfleet.fleet.folders import describe
@@ -163,9 +164,9 @@ class Fleet(ServerStart, Readiness, Watched):
             else:
                 self.validate()
                 self._start_head()
-            self._check_ports_free()
+            listening = self._bind_ports()
             for instance in self.config.instances.values():
-                self._spawn(instance)
+                self._spawn(instance, listening.pop(instance.name))
             self._wait_ready(timeout_s, report=True)
             self._wait_model_endpoints()
         except BaseException:
@@ -189,10 +190,20 @@ class Fleet(ServerStart, Readiness, Watched):
         write_resolved(masked, self._config_path)
         self._secrets_env = json.dumps(hidden)
 
-    def _check_ports_free(self) -> None:
-        """Fail before spawning anything if another process holds a server's port (`PortInUseError`)."""
-        for instance in self.config.instances.values():
-            bind_socket(instance.host, instance.port, f"{instance.path}.port").close()
+    def _bind_ports(self) -> dict[str, socket.socket]:
+        """Every server's bound socket, handed to its process (`gymfleet.fleet.ports`): the one reserved when its
+        port was chosen, else bound now. Fails before spawning anything if another process holds a server's port
+        (`PortInUseError`)."""
+        bound: dict[str, socket.socket] = {}
+        try:
+            for instance in self.config.instances.values():
+                bound[instance.name] = ports.take_for_listening(instance.host, instance.port) or bind_socket(
+                    instance.host, instance.port, f"{instance.path}.port")
+        except BaseException:
+            for sock in bound.values():
+                sock.close()
+            raise
+        return bound
 
     def _start_head(self) -> None:
         host, port = self.config.head_host, self.config.head_port
@@ -217,12 +228,15 @@ class Fleet(ServerStart, Readiness, Watched):
                 raise ServerCrashedError("head server did not start within 10s")
             time.sleep(0.02)
 
-    def _spawn(self, instance: ServerInstance) -> None:
-        """Start `instance` for the first time and say so: name, what it is, URL, pid, where its output goes (and,
-        for a folder of another tree, which folder serves it)."""
+    def _spawn(self, instance: ServerInstance, sock: socket.socket) -> None:
+        """Start `instance` for the first time on its bound socket `sock` (closed here once handed over) and say so:
+        name, what it is, URL, pid, where its output goes (and, for a folder of another tree, which folder serves
+        it)."""
         if instance.folder is not None:
             self._say(describe(instance))
-        child = self.children[instance.name] = _Child(instance, self._popen(instance), time.time())
+        with sock:
+            process = self._popen(instance, sock)
+        child = self.children[instance.name] = _Child(instance, process, time.time())
         self._start_pump(child)
         self._say(f"started {instance.name} ({instance.server_type}/{instance.impl}) on {instance.url}, "
                   f"pid {child.process.pid}, log: {self.log_target(instance.name)}")
@@ -323,14 +337,15 @@ class Fleet(ServerStart, Readiness, Watched):
             child.restart_at, child.deadline = now + POLL_INTERVAL_S, child.deadline + POLL_INTERVAL_S
             return
         try:
-            bind_socket(instance.host, instance.port, f"{instance.path}.port").close()
+            sock = bind_socket(instance.host, instance.port, f"{instance.path}.port")
         except PortInUseError as exc:
             if now < child.deadline:
                 child.restart_at = now + POLL_INTERVAL_S
                 return
             child.state, child.restart_at, child.failure = "failed", None, exc
             return
-        child.process = self._popen(instance)
+        with sock:
+            child.process = self._popen(instance, sock)
         child.start_time = time.time()
         child.restarts += 1
         child.restart_at, child.deadline = None, now + RESTART_READY_TIMEOUT_S

@@ -27,7 +27,8 @@ packet; file descriptors travel with `socket.send_fds`, SCM_RIGHTS):
 - zygote → supervisor `{"op": "ready"}` once everything is imported; `{"op": "exit", "pid", "code"}` when it
   reaps a child (`code` as `subprocess.Popen.returncode`: negative for a signal);
 - supervisor → zygote `{"op": "config", "path"}` first, for a zygote started without `--config`;
-  `{"op": "spawn", "id", "instance", "env", "secrets"}` with the write end of the child's output pipe, answered
+  `{"op": "spawn", "id", "instance", "env", "secrets"}` with the write end of the child's output pipe and the
+  server's bound socket (`gymfleet.fleet.ports`), answered
   `{"op": "spawned", "id", "pid"}`; `{"op": "validate", "secrets", "env"}` with a pipe, on which throwaway children
   (one from the zygote and one from its helper, each for the servers it imported: `parts` in the answer) write one
   JSON line each saying whether their servers build (`gymfleet.fleet.supervisor.Fleet.validate` without importing
@@ -284,15 +285,17 @@ class Zygote:
             raise ZygoteError(f"the zygote's validation gave no answer within {VALIDATE_TIMEOUT_S:g}s")
         return os.read(answer.fileno(), 65536)
 
-    def spawn(self, instance: str, secrets: list, env: dict[str, str]) -> ForkedProcess:
-        """Fork the server of `instance`; its output comes out of the returned process's `stdout`.
+    def spawn(self, instance: str, secrets: list, env: dict[str, str], listen_fd: int) -> ForkedProcess:
+        """Fork the server of `instance`, listening on the bound socket `listen_fd` (the caller keeps its own copy);
+        its output comes out of the returned process's `stdout`.
 
         Raises:
             ZygoteError: the zygote is gone or did not answer within `REPLY_TIMEOUT_S`.
         """
         read_fd, write_fd = os.pipe()
         try:
-            reply = self._request({"op": "spawn", "instance": instance, "secrets": secrets, "env": env}, write_fd)
+            reply = self._request({"op": "spawn", "instance": instance, "secrets": secrets, "env": env}, write_fd,
+                                  listen_fd)
         except BaseException:
             os.close(read_fd)
             raise
@@ -301,13 +304,13 @@ class Zygote:
         stdout = os.fdopen(read_fd, "r", errors="replace")
         return ForkedProcess(reply["pid"], stdout, self)
 
-    def _request(self, message: dict[str, Any], fd: int) -> dict[str, Any]:
+    def _request(self, message: dict[str, Any], fd: int, *more_fds: int) -> dict[str, Any]:
         with self._request_lock:
             self.wait_ready()
             self._next_id += 1
             message["id"] = self._next_id
             try:
-                _send(self._control, message, [fd])
+                _send(self._control, message, [fd, *more_fds])
             except OSError as exc:
                 raise ZygoteError(f"the zygote (pid {self.pid}) cannot be reached: {exc}") from None
             while True:

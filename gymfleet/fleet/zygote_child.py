@@ -30,8 +30,9 @@ __all__ = ["become_child", "run_child", "set_cmdline"]
 
 
 def run_child(message: dict[str, Any], fd: int, args: argparse.Namespace, supervisor: int | None,
-              inherited: list[socket.socket], wake: tuple[int, int]) -> None:
-    """The forked child's whole life (never returns): become a server (or a validation) of its own, serve, exit.
+              inherited: list[socket.socket], wake: tuple[int, int], listen_fd: int | None = None) -> None:
+    """The forked child's whole life (never returns): become a server (or a validation) of its own, serve (on the
+    bound socket `listen_fd`, the supervisor's for it), exit.
 
     `inherited` are the zygote's sockets (its control socket, its helper's) and `wake` its SIGCHLD pipe: closed here.
     """
@@ -46,7 +47,7 @@ def run_child(message: dict[str, Any], fd: int, args: argparse.Namespace, superv
 
             secrets = [(list(path), value) for path, value in message["secrets"]]
             serve_supervised(args.config, message["instance"], secrets, parent_pid=args.parent_pid,
-                             workdir=args.config.parent, supervisor_pidfd=supervisor)
+                             workdir=args.config.parent, supervisor_pidfd=supervisor, listen_fd=listen_fd)
             code = 0
     except SystemExit as exc:
         code = exc.code

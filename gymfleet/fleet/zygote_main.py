@@ -309,14 +309,14 @@ class _Helper:
         self.seconds = dict(message.get("seconds") or {})
         return [f"{name} (helper)" for name in message["threads"]]
 
-    def forward(self, message: dict[str, Any], fd: int) -> None:
+    def forward(self, message: dict[str, Any], fd: int, *more_fds: int) -> None:
         """Have the helper fork for `message`; its answer comes on its socket, which the zygote's loop relays.
 
         Raises:
             ZygoteError: the helper is gone.
         """
         try:
-            _send(self.sock, message, [fd])
+            _send(self.sock, message, [fd, *more_fds])
         except OSError as exc:
             raise ZygoteError(f"the zygote's helper (pid {self.pid}) cannot be reached: {exc}") from None
 
@@ -384,13 +384,14 @@ class _Loop:
             self._tell({"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
     def _handle(self, message: dict[str, Any], fds: list[int]) -> None:
-        [fd] = fds
+        fd, *listen = fds  # a spawn comes with the server's bound socket
         helper = self.helper
         if helper and message["op"] == "spawn" and message["instance"] in helper.owns:
             try:
-                helper.forward(message, fd)  # the helper answers `spawned` itself, relayed by the loop
+                helper.forward(message, fd, *listen)  # the helper answers `spawned` itself, relayed by the loop
             finally:
-                os.close(fd)
+                for each in (fd, *listen):
+                    os.close(each)
             return
         if helper and message["op"] == "validate":  # each validates the servers it imported, on one pipe
             theirs = os.dup(fd)
@@ -399,16 +400,20 @@ class _Loop:
             finally:
                 os.close(theirs)
             message = {**message, "skip": sorted(helper.owns)}
-        pid = self._fork(message, fd)
+        try:
+            pid = self._fork(message, fd, listen[0] if listen else None)
+        finally:
+            for each in listen:
+                os.close(each)
         self._tell({"op": "spawned", "id": message["id"], "pid": pid, "parts": 2 if helper else 1})
 
-    def _fork(self, message: dict[str, Any], fd: int) -> int:
+    def _fork(self, message: dict[str, Any], fd: int, listen_fd: int | None = None) -> int:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # or the child would write the zygote's buffered lines again
         pid = os.fork()
         if pid == 0:
             inherited = [self.control, *([self.helper.sock] if self.helper else [])]
-            run_child(message, fd, self.args, self.supervisor, inherited, self.wake)  # never returns
+            run_child(message, fd, self.args, self.supervisor, inherited, self.wake, listen_fd)  # never returns
         os.close(fd)
         return pid
 
