@@ -1,5 +1,5 @@
 """NeMo-Gym's `nemo_gym.reward_profile` helpers for `compute_metrics` / `get_key_metrics`, re-exported from gymfleet
-(`gymfleet.serving.nemo_gym_metrics`; no code of its own)."""
+(`gymfleet.serving.nemo_gym_metrics`, `gymfleet.serving.nemo_gym_profiler`; no code of its own)."""
 
 from gymfleet.serving.nemo_gym_metrics import (
     AggregateMetricsMixin,
@@ -9,8 +9,9 @@ from gymfleet.serving.nemo_gym_metrics import (
     compute_subset_metrics,
     highest_k_metrics,
 )
+from gymfleet.serving.nemo_gym_profiler import RewardProfiler
 
 __all__ = [
-    "AggregateMetricsMixin", "add_avg_sample_std_dev", "compute_aggregate_metrics", "compute_pass_majority_metrics",
-    "compute_subset_metrics", "highest_k_metrics",
+    "AggregateMetricsMixin", "RewardProfiler", "add_avg_sample_std_dev", "compute_aggregate_metrics",
+    "compute_pass_majority_metrics", "compute_subset_metrics", "highest_k_metrics",
 ]

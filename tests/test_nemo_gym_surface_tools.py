@@ -1,0 +1,135 @@
+"""The data-tooling corner of the `nemo_gym` surface, in process (no server: these are pure functions): a folder's
+`task_data.py` schema and the row checks against it (`nemo_gym.task_data`), `RewardProfiler`'s per-rollout view
+(`nemo_gym.reward_profile`), and `ResponsesConverter` (`nemo_gym.responses_converter`) on gymfleet's conversion."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.responses_converter import ResponsesConverter
+from nemo_gym.reward_profile import RewardProfiler
+from nemo_gym.task_data import (
+    RESERVED_ROW_KEYS,
+    TaskDataSchemaError,
+    TaskDataValidator,
+    load_task_data_schema,
+    normalize_task_fields,
+)
+
+TASK_DATA = '''
+from typing import Optional
+from pydantic import BaseModel, ConfigDict, Field
+
+class TaskData(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    question: str
+    answer: Optional[str] = Field(default=None, json_schema_extra={"legacy_location": "verifier_metadata"})
+'''
+
+
+@pytest.fixture
+def schema(tmp_path):
+    folder = tmp_path / "my_env"
+    folder.mkdir()
+    (folder / "task_data.py").write_text(TASK_DATA)
+    return load_task_data_schema(folder)
+
+
+def test_a_folder_without_task_data_has_no_schema_and_a_broken_one_is_named(tmp_path):
+    assert load_task_data_schema(tmp_path) is None
+    (tmp_path / "task_data.py").write_text("TaskDataa = int\n")
+    with pytest.raises(TaskDataSchemaError, match=r"task_data\.py: exports no `TaskData`"):
+        load_task_data_schema(tmp_path)
+    (tmp_path / "task_data.py").write_text("import no_such_module_here\n")
+    with pytest.raises(TaskDataSchemaError, match="does not import: ModuleNotFoundError"):
+        load_task_data_schema(tmp_path)
+
+
+def test_normalize_splices_every_container_placement_the_same_way():
+    """Flat, legacy-nested and migrated rows normalize alike, for every split of the fields between places; a value
+    that differs between two places is a conflict, never silently replaced."""
+    fields = {"question": "q", "answer": "a", "extra": 1}
+    framework = dict.fromkeys(RESERVED_ROW_KEYS, "x")
+    for placement in itertools.product(("top", "verifier_metadata", "task_data"), repeat=len(fields)):
+        row = dict(framework)
+        for (key, value), where in zip(fields.items(), placement, strict=True):
+            (row if where == "top" else row.setdefault(where, {}))[key] = value
+        assert normalize_task_fields(row) == (fields, []), placement
+    assert normalize_task_fields({"answer": "a", "verifier_metadata": {"answer": "b"}}) == ({"answer": "a"},
+                                                                                            ["answer"])
+    assert normalize_task_fields({"task_data": "not a dict"}) == ({"task_data": "not a dict"}, [])
+
+
+def test_validator_reports_failures_unknown_misplaced_and_conflicting_keys(schema):
+    validator = TaskDataValidator("my_env", schema, "data/example.jsonl")
+    validator.validate_row(0, {"question": "q", "verifier_metadata": {"answer": "a"}})
+    assert validator.report.clean, validator.report.summary()
+    validator.validate_row(1, {"answer": "a"})  # no question; answer only top-level, where the server won't look
+    validator.validate_row(2, {"question": "q", "colour": "red"})
+    validator.validate_row(3, {"question": "q", "verifier_metadata": {"question": "other"}})
+    report = validator.report
+    assert (report.rows, report.error_rows) == (4, 1) and not report.clean
+    assert report.errors[0].startswith("1: ") and "question" in report.errors[0]
+    assert report.unknown_keys == {"colour": 1} and report.conflicting_keys == {"question": 1}
+    assert report.misplaced_keys == {"answer": 1}
+    summary = report.summary()
+    assert summary.startswith("data/example.jsonl: 1/4 rows failed task_data validation against the `my_env`")
+    assert "colour (1 rows)" in summary and "answer (1 rows)" in summary
+
+
+def test_validator_reads_a_materialized_task_from_its_task_input(schema):
+    validator = TaskDataValidator("my_env", schema, "x.jsonl")
+    validator.validate_row(0, {"task_id": {"id": 1}, "task_input": {"task_data": {"question": "q"}, "answer": "a"}})
+    validator.validate_row(1, {"task_id": {"id": 2}, "task_input": ["not", "an", "object"]})
+    assert validator.report.error_rows == 1 and validator.report.errors == [
+        "1: task_input must be an object, got list"]
+    assert not validator.report.misplaced_keys, "a migrated row's top level is the right place"
+
+
+def test_rollout_info_keeps_numbers_and_drops_private_and_nested_fields():
+    rng = random.Random(23)
+    for _ in range(50):
+        result = {"_ng_task_index": rng.randrange(9), "_ng_rollout_index": rng.randrange(9), "reward": rng.random(),
+                  "response": {"usage": {"input_tokens": 3, "output_tokens": 4, "details": {"x": 1}}},
+                  "_ng_group_attempt": 2, "passed": rng.choice([True, False]), "score": 0.5, "name": "n",
+                  "nested": {"a": 1}}
+        info = RewardProfiler().rollout_info_from_result(result)
+        assert info == {
+            "rollout_id": f"{result['_ng_task_index']}:{result['_ng_rollout_index']}",
+            "_ng_task_index": result["_ng_task_index"], "_ng_rollout_index": result["_ng_rollout_index"],
+            "reward": result["reward"], "input_tokens": 3, "output_tokens": 4, "passed": int(result["passed"]),
+            "score": 0.5,
+        }
+    with pytest.raises(KeyError, match="_ng_task_index"):
+        RewardProfiler().rollout_info_from_result({"reward": 1.0})
+
+
+def test_align_pairs_rows_and_results_by_rollout_key():
+    rows = [{"_ng_task_index": t, "_ng_rollout_index": r} for t in range(2) for r in range(2)]
+    results = [{**row, "reward": 1.0} for row in reversed(rows)]
+    assert [(a, b["reward"]) for a, b in RewardProfiler().align_rows_and_results(rows, results)] == [
+        (row, 1.0) for row in rows]
+    with pytest.raises(ValueError, match=r"no rollout result for 1 .*\(1, 1\)"):
+        RewardProfiler().align_rows_and_results(rows, results[1:])
+    assert len(RewardProfiler().align_rows_and_results(rows, results[1:], allow_partial_rollouts=True)) == 3
+    with pytest.raises(ValueError, match="duplicate result row"):
+        RewardProfiler().align_rows_and_results(rows, results + results[:1])
+
+
+def test_converter_keeps_tool_results_paired_and_plain_turns_without_tool_calls():
+    params = NeMoGymResponseCreateParamsNonStreaming(model="m", input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"role": "assistant", "content": "It is sunny."},
+        {"role": "user", "content": "thanks"},
+    ])
+    messages = ResponsesConverter(return_token_id_information=False).responses_to_chat_completion_create_params(
+        params).messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
+    assert [c["id"] for c in messages[1]["tool_calls"]] == [messages[2]["tool_call_id"]] == ["c1"]
+    assert "tool_calls" not in messages[3]
