@@ -18,6 +18,7 @@ answer, a model server's status in `/server_instances` is `waiting for upstream`
 from __future__ import annotations
 
 import collections
+import re
 import signal
 import subprocess
 import threading
@@ -25,6 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,8 +188,29 @@ class Readiness:
             raise PortInUseError(child.instance.port, f"{child.instance.path}.port")
         time.sleep(0.1)  # let the log pump drain the last lines
         raise ServerCrashedError(
-            f"server {child.instance.name!r} exited unexpectedly with {_exit_text(code)}" + self._tail_text(child)
+            f"server {child.instance.name!r} exited unexpectedly with {_exit_text(code)}{_last_error(child.tail)}"
+            + self._tail_text(child)
         )
+
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b.*:\s*\S")
+
+
+def _last_error(tail: Iterable[str]) -> str:
+    """`: <the exception>` from a dead server's last lines (its traceback's last error line), so the first line of
+    the report says why; empty when none is there.
+
+    Examples:
+        >>> _last_error(["Traceback (most recent call last):", '  File "app.py", line 3', "RuntimeError: no data"])
+        ': RuntimeError: no data'
+        >>> _last_error(["INFO started", "killed"])
+        ''
+    """
+    for line in reversed(list(tail)):
+        text = line.strip()
+        if _ERROR_LINE.match(text):
+            return f": {text[:300]}"
+    return ""
 
 
 def _exit_text(code: int) -> str:

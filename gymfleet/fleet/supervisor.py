@@ -68,6 +68,7 @@ from gymfleet.fleet.readiness import (
     _Child,
     _EndpointWatch,
     _exit_text,
+    _last_error,
 )
 from gymfleet.fleet.server_start import ServerStart, _server_start
 from gymfleet.fleet.watch import Watched
@@ -306,7 +307,7 @@ class Fleet(ServerStart, Readiness, Watched):
         child.process.wait()
         time.sleep(0.1)  # let the log pump drain the last lines
         _forget_old_crashes(child, now)
-        what = f"server {name!r} exited unexpectedly with {how}"
+        what = f"server {name!r} exited unexpectedly with {how}{_last_error(child.tail)}"
         if port_taken:
             what = f"server {name!r} could not listen: port {child.instance.port} is taken ({how})"
         if len(child.crashes) >= self.max_restarts:

@@ -40,6 +40,9 @@ from gymfleet.testing import free_port
 
 START_TIMEOUT_S = 240
 TESTS_TIMEOUT_S = 600
+NO_NETWORK = re.compile(r"Name or service not known|Temporary failure in name resolution|Network is unreachable|"
+                        r"getaddrinfo ENOTFOUND")
+"""What a folder's output shows when it reached for the network, which this machine does not have."""
 STUB_MODEL_URL = "http://127.0.0.1:9/v1"
 """Where stand-in model servers point: the discard port, where nothing answers (a judge call fails, typed)."""
 NEEDS = [  # (pattern over app.py, requirements.txt and the config used, what the folder needs)
@@ -189,7 +192,10 @@ def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env
         published = yaml.safe_load(httpx.get(f"http://127.0.0.1:{port}/global_config_dict_yaml", headers=token,
                                              timeout=30).json())
         fields = published[servers[0]]["resources_servers"][folder.name]
+        problems = len(result.why)
         _replay(folder, f"http://{fields['host']}:{fields['port']}", result, token)
+        if len(result.why) > problems and NO_NETWORK.search(log_path.read_text(errors="replace")):
+            result.why[-1] = f"needs the network (its server reached for it while serving): {result.why[-1]}"
     finally:
         _stop(process)
 
@@ -399,16 +405,21 @@ def _tests(folder: Path, scratch: Path, result: FolderResult, requirements: str)
 
 
 def _why(text: str) -> str:
-    """The first telling line of a failure's output: an error line, an exception, else the last line."""
+    """The first telling line of a failure's output: an error line, an exception, else the last line; prefixed
+    "needs the network" when the output shows a name that could not be resolved (this machine has no network)."""
     unset = re.search(r"cannot resolve '\$\{([\w.]+)\}'", text)
     if unset:
         return f"needs {unset.group(1)} (an external service's key or setting: +{unset.group(1)}=...)"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    telling = (lines[-1] if lines else "no output")[:200]
     for pattern in (r"^error: ", r"^E\s+\w+(Error|Exception)\b", r"^\w+(Error|Exception): ", r"^ERROR "):
-        for line in lines:
-            if re.search(pattern, line):
-                return re.sub(r"^(error: |E\s+)", "", line)[:200]
-    return (lines[-1] if lines else "no output")[:200]
+        found = next((line for line in lines if re.search(pattern, line)), None)
+        if found:
+            telling = re.sub(r"^(error: |E\s+)", "", found)[:200]
+            break
+    if NO_NETWORK.search(text):
+        return f"needs the network (downloads or an external service): {telling}"
+    return telling
 
 
 def _root() -> Path:
