@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 
+from gymfleet.testing.judge_replay import JudgeReplay, recorded_judge_calls
 from gymfleet.testing.nemo_gym_corpus import needs, try_folder
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
 
@@ -52,3 +53,30 @@ def test_a_folder_that_needs_containers_or_lean_is_named_in_one_line_and_not_sta
     for name, what in [("swebench", "containers"), ("math_formal_lean", "a Lean checker")]:
         result = try_folder(nemo_gym_folder(name), tmp_path / name)
         assert result.start == "-" and len(result.why) == 1 and what in result.why[0]
+
+
+def _judged_row(*verdicts: tuple[str, str]) -> dict:
+    return {"reward": 1.0, "responses_create_params": {"input": "policy prompt"}, "response": {"output": []},
+            "judge_evaluations": [{"responses_create_params": {"input": [{"role": "user", "content": asked}]},
+                                   "response": {"id": answer}} for asked, answer in verdicts]}
+
+
+def test_the_stand_in_judge_answers_recorded_calls_exactly_then_by_row_and_never_invents_one():
+    """A recorded judge call is answered with its recorded response; a request in other words (a judge prompt
+    edited since recording) gets the replayed row's own recorded answers, most alike first, once each; beyond them
+    a 404, so the folder's judge call fails typed."""
+    import httpx
+
+    rows = [_judged_row(("is 2 equal to 2? A", "r1-a"), ("is 2 equal to 2? B", "r1-b")), _judged_row(("x=y?", "r2"))]
+    with JudgeReplay(rows) as judge, httpx.Client(base_url=judge.url) as client:
+        def ask(text: str) -> httpx.Response:
+            return client.post("/responses", json={"model": "stand-in", "input": [{"role": "user", "content": text}]})
+
+        assert ask("x=y?").json() == {"id": "r2"}, "exact, whatever row is being replayed"
+        judge.replaying(rows[0])
+        assert ask("Is 2 equal to 2?? (B)").json() == {"id": "r1-b"}
+        assert ask("something else").json() == {"id": "r1-a"}
+        missing = ask("one more")
+        assert missing.status_code == 404 and "no recorded judge answer" in missing.json()["error"]["message"]
+    assert (judge.hits, judge.fuzzy, judge.misses) == (3, 2, 1)
+    assert recorded_judge_calls([{"responses_create_params": {"input": "p"}, "response": {"id": "policy"}}]) == {}

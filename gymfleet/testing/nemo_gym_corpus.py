@@ -6,7 +6,8 @@
   server(s) and stand-ins for the model servers they name (gymfleet's `openai_model` pointed at an endpoint nobody
   serves: a folder that calls its judge there fails that call, typed), written to a scratch file that names the folder
   with `+server_folders.<instance>=<folder>`; then `ng_run +dry_run=true` and a real `ng_run`, until "All N / N
-  servers ready" (`"dry"` when only the dry run passed, `"yes"` when it served);
+  servers ready" (`"dry"` when only the dry run passed, `"yes"` when it served). A folder whose recorded rollouts
+  keep their judge calls gets a stand-in judge answering them (`gymfleet.testing.judge_replay`) instead;
 - **tests**: the folder's own tests where it lies, in a subprocess of its environment, with NeMo-Gym's pytest
   settings and its tree's imports (`run_tests_in_place`), passed/total from pytest's summary;
 - **rewards**: every row of `data/example_rollouts*.jsonl` with a recorded `reward` and `response`, replayed as
@@ -23,6 +24,7 @@ GPUs before anything starts; a start, test or replay failure is reduced to its f
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -37,6 +39,7 @@ from typing import Any
 import yaml
 
 from gymfleet.testing import free_port
+from gymfleet.testing.judge_replay import JudgeReplay, recorded_judge_calls
 
 START_TIMEOUT_S = 240
 TESTS_TIMEOUT_S = 600
@@ -102,9 +105,9 @@ def config_file(folder: Path) -> Path | None:
     return own if own.is_file() else next(iter(sorted((folder / "configs").glob("*.yaml"))), None)
 
 
-def folder_config(folder: Path) -> tuple[dict[str, Any], list[str]]:
-    """The folder's resources server instances from its config, plus stand-ins for the model servers they name;
-    and the names of those instances."""
+def folder_config(folder: Path, model_url: str = STUB_MODEL_URL) -> tuple[dict[str, Any], list[str]]:
+    """The folder's resources server instances from its config, plus stand-ins for the model servers they name
+    (pointed at `model_url`); and the names of those instances."""
     path = config_file(folder)
     if path is None:
         raise RuntimeError("no configs/*.yaml")
@@ -116,7 +119,7 @@ def folder_config(folder: Path) -> tuple[dict[str, Any], list[str]]:
         raise RuntimeError(f"its config defines no resources_servers.{folder.name} instance")
     for name in sorted(_references(kept, "responses_api_models") - set(kept)):
         kept[name] = {"responses_api_models": {"openai_model": {
-            "entrypoint": "app.py", "base_url": STUB_MODEL_URL, "api_key": "stand-in", "model": "stand-in"}}}
+            "entrypoint": "app.py", "base_url": model_url, "api_key": "stand-in", "model": "stand-in"}}}
     servers = [name for name, block in kept.items() if "resources_servers" in block]
     return kept, servers
 
@@ -147,11 +150,29 @@ def try_folder(folder: Path, scratch: Path, *, requirements: str = "check", test
         result.why.append(need)
         return result
     scratch.mkdir(parents=True, exist_ok=True)
+    rows = recorded_rows(folder)
+    with contextlib.ExitStack() as stack:
+        judge = stack.enter_context(JudgeReplay(rows)) if recorded_judge_calls(rows) else None
+        _try_started(folder, scratch, result, requirements, judge)
+        if judge is not None and judge.misses:
+            result.why.append(f"{judge.misses} judge calls not recorded (stand-in judge: {judge.hits} replayed)")
+        if judge is not None and judge.fuzzy:
+            result.why.append(f"judge prompt changed since recording: {judge.fuzzy} of {judge.hits} judge calls "
+                              "answered with the row's recorded verdict")
+    if tests and (folder / "tests").is_dir():
+        _tests(folder, scratch / "tests", result, requirements)
+    return result
+
+
+def _try_started(folder: Path, scratch: Path, result: FolderResult, requirements: str,
+                 judge: JudgeReplay | None) -> None:
+    """The dry run, then the real start and the replay; the folder's judge models point at `judge` when it
+    recorded its judge's calls."""
     try:
-        data, servers = folder_config(folder)
+        data, servers = folder_config(folder, judge.url if judge is not None else STUB_MODEL_URL)
     except (RuntimeError, yaml.YAMLError) as exc:
         result.why.append(f"config: {exc}")
-        return result
+        return
     config = scratch / "config.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_root()), os.environ.get("PYTHONPATH")]))}
@@ -162,14 +183,11 @@ def try_folder(folder: Path, scratch: Path, *, requirements: str = "check", test
         result.why.append("dry run: " + _why(dry.stderr + dry.stdout))
     else:
         result.start = "dry"
-        _serve(folder, config, servers, extra, env, scratch, result)
-    if tests and (folder / "tests").is_dir():
-        _tests(folder, scratch / "tests", result, requirements)
-    return result
+        _serve(folder, config, servers, extra, env, scratch, result, judge)
 
 
 def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env: dict, scratch: Path,
-           result: FolderResult) -> None:
+           result: FolderResult, judge: JudgeReplay | None = None) -> None:
     port = free_port()
     log_path = scratch / "ng_run.log"
     with open(log_path, "w") as log:
@@ -193,7 +211,7 @@ def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env
                                              timeout=30).json())
         fields = published[servers[0]]["resources_servers"][folder.name]
         problems = len(result.why)
-        _replay(folder, f"http://{fields['host']}:{fields['port']}", result, token)
+        _replay(folder, f"http://{fields['host']}:{fields['port']}", result, token, judge)
         if len(result.why) > problems and NO_NETWORK.search(log_path.read_text(errors="replace")):
             result.why[-1] = f"needs the network (its server reached for it while serving): {result.why[-1]}"
     finally:
@@ -313,7 +331,8 @@ def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any]:
     return reply.status_code, reply.text, total
 
 
-def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str] | None = None) -> None:
+def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str] | None = None,
+            judge: JudgeReplay | None = None) -> None:
     import httpx
 
     gymnasium = is_gymnasium(folder)
@@ -326,6 +345,8 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
         task = tasks.get(_prompt_key(row), {})
         orphans += not task
         request = replay_request(row, task)
+        if judge is not None:
+            judge.replaying(row)
         try:
             with httpx.Client(base_url=url, timeout=120, headers=headers) as client:
                 if gymnasium:
