@@ -133,3 +133,31 @@ def test_converter_keeps_tool_results_paired_and_plain_turns_without_tool_calls(
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
     assert [c["id"] for c in messages[1]["tool_calls"]] == [messages[2]["tool_call_id"]] == ["c1"]
     assert "tool_calls" not in messages[3]
+
+
+def test_relative_read_paths_resolve_under_the_working_directory_then_the_folders_tree(tmp_path, monkeypatch):
+    """NeMo-Gym's search order: extra roots, the working directory (a served folder's own), then its tree
+    (`PARENT_DIR`), so `resources_servers/<env>/prompts/judge.yaml` is found from inside the folder."""
+    from gymfleet.serving.nemo_gym_paths import EXTRA_ROOTS_ENV, FOLDER_TREE_ENV, parent_dir
+    from nemo_gym import _resolve_under_cwd_or_install
+    from nemo_gym.prompt import load_prompt_config
+
+    tree, extra = tmp_path / "tree", tmp_path / "extra"
+    folder = tree / "resources_servers" / "my_env"
+    (folder / "prompts").mkdir(parents=True)
+    (folder / "prompts" / "judge.yaml").write_text("user: 'Is {a} right?'\n")
+    (folder / "local.txt").write_text("folder's own")
+    (tree / "local.txt").write_text("tree's")
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv(FOLDER_TREE_ENV, str(tree))
+    assert parent_dir() == tree
+    relative = "resources_servers/my_env/prompts/judge.yaml"
+    assert _resolve_under_cwd_or_install(relative) == tree / relative
+    assert load_prompt_config(relative).user == "Is {a} right?"
+    assert _resolve_under_cwd_or_install("local.txt").read_text() == "folder's own", "the working directory first"
+    assert _resolve_under_cwd_or_install("nowhere.txt") == folder / "nowhere.txt", "missing: named where the user is"
+    assert _resolve_under_cwd_or_install(tree / "local.txt") == tree / "local.txt"
+    extra.mkdir()
+    (extra / "local.txt").write_text("extra")
+    monkeypatch.setenv(EXTRA_ROOTS_ENV, str(extra))
+    assert _resolve_under_cwd_or_install("local.txt").read_text() == "extra"

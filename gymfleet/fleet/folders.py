@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gymfleet.errors import ConfigError
+from gymfleet.serving.nemo_gym_paths import FOLDER_TREE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,10 @@ def enter_tree(folder: Path) -> None:
         sys.path.remove(str(folder))
     sys.path.insert(0, str(folder))
     os.chdir(folder)  # NeMo-Gym starts the server in its folder: relative data paths resolve there
+    os.environ[FOLDER_TREE_ENV] = str(tree)  # ... else in its tree (NeMo-Gym's PARENT_DIR): nemo_gym_paths
+    paths = sys.modules.get("gymfleet.serving.nemo_gym_paths")
+    if paths is not None and paths.PARENT_DIR != tree:  # imported already: its constants follow
+        paths.PARENT_DIR, paths.CACHE_DIR = tree, tree / "cache"
 
 
 def module_name(folder: Path, entrypoint: str) -> str:

@@ -1,6 +1,7 @@
 """NeMo-Gym's prompt files (`nemo_gym.prompt`): a YAML `{user, system?}` of `{field}` templates, filled from a row.
 
-`load_prompt_config(path)` reads and validates one (cached; a relative path is taken from the working directory),
+`load_prompt_config(path)` reads and validates one (cached; a relative path is found under the working directory,
+else the folder's tree: `gymfleet.serving.nemo_gym_paths`),
 `fill_prompt(config, row)` gives the messages (`KeyError` naming the missing field and the row's fields), and
 `apply_prompt_to_row(config, row)` returns a copy of the row whose `responses_create_params.input` is those messages
 (its other parameters kept).
@@ -9,11 +10,12 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
+
+from gymfleet.serving.nemo_gym_paths import resolve_under_cwd_or_install
 
 
 class PromptConfig(BaseModel):
@@ -25,8 +27,9 @@ class PromptConfig(BaseModel):
 
 @functools.lru_cache(maxsize=64)
 def load_prompt_config(path: str) -> PromptConfig:
-    """The prompt file at `path`, validated."""
-    return PromptConfig.model_validate(yaml.safe_load(Path(path).read_text()))
+    """The prompt file at `path` (a relative one found as NeMo-Gym finds it: `resolve_under_cwd_or_install`),
+    validated."""
+    return PromptConfig.model_validate(yaml.safe_load(resolve_under_cwd_or_install(path).read_text()))
 
 
 def fill_prompt(prompt_config: PromptConfig, row: dict[str, Any]) -> list[dict[str, str]]:

@@ -24,7 +24,6 @@ Where NeMo-Gym main differs from 0.7.0 here: nothing a folder of the 0.7.0 corpu
 from __future__ import annotations
 
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
@@ -34,6 +33,7 @@ from openai.types.responses import ResponseOutputRefusal, ResponseOutputText
 from openai.types.responses.response_reasoning_item import Summary
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from gymfleet.serving.nemo_gym_paths import CACHE_DIR, PARENT_DIR  # noqa: F401 - also importable from here
 from gymfleet.wire import (
     FunctionCall,
     FunctionCallOutput,
@@ -347,8 +347,4 @@ ATTEMPT_INDEX_KEY_NAME = "_ng_attempt_index"
 AGENT_REF_KEY_NAME = "agent_ref"
 CACHE_DIR_KEY_NAME = "cache_dir"
 
-PARENT_DIR = Path(__file__).resolve().parents[2]
-"""NeMo-Gym's `nemo_gym.PARENT_DIR`: the directory holding the `nemo_gym` package (gymfleet's checkout, as NeMo-Gym's
-editable install), against which folders resolve relative data paths."""
-CACHE_DIR = PARENT_DIR / "cache"
-"""NeMo-Gym's `nemo_gym.CACHE_DIR`: `<PARENT_DIR>/cache`."""
+
