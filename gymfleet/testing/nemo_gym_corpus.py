@@ -382,7 +382,8 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
             first_problem = first_problem or (f"reward {got} != recorded {row['reward']}"
                                               + (f" ({failure})" if failure else ""))
     if first_problem:
-        result.why.append(first_problem + (f" ({orphans} rows' task not in data/)" if orphans else ""))
+        result.why.append((f"{orphans}/{len(rows)} recorded rows' task not in data/ (replayed without it): "
+                           if orphans else "") + first_problem)
 
 
 def run_tests_in_place(folder: Path, scratch: Path, python: str | None = None, timeout_s: float = TESTS_TIMEOUT_S,
