@@ -24,7 +24,8 @@ def _port(url: str) -> str:
     return url.rsplit(":", 1)[1]
 
 
-REBINDING = ["evil.example", "evil.example:{port}", "127.0.0.1.evil.example:{port}", "localhost.evil:{port}",
+REBINDING = ["evil.example", "evil.example:{port}", "testserver", "testclient", "127.0.0.1.evil.example:{port}",
+             "localhost.evil:{port}",
              "10.0.0.1:{port}", "0.0.0.0:{port}", "[::2]:{port}", ""]
 LOOPBACK = ["127.0.0.1:{port}", "localhost:{port}", "127.1.2.3:{port}", "LOCALHOST", "[::1]:{port}"]
 
@@ -33,6 +34,17 @@ LOOPBACK = ["127.0.0.1:{port}", "localhost:{port}", "127.1.2.3:{port}", "LOCALHO
 def test_a_loopback_server_refuses_a_host_that_is_not_loopback(url, host):
     answer = httpx.post(url + "/verify", json=ROW, headers={"Host": host.format(port=_port(url))})
     assert answer.status_code == 403 and answer.json()["error_type"] == "forbidden_host", answer.text
+
+
+def test_an_in_process_test_client_is_served_whatever_its_host_and_a_network_peer_never_is():
+    """Starlette's TestClient (what NeMo-Gym folders' tests call their app with) is in the process; the same Host
+    over a socket stays a 403 (`test_a_loopback_server_refuses_a_host_that_is_not_loopback`)."""
+    from starlette.testclient import TestClient
+
+    app = MCQAServer({"name": "mcqa", "domain": "knowledge", "max_request_body_mb": 1}).create_app()
+    with TestClient(app) as client:
+        assert client.post("/verify", json=ROW).status_code == 200
+        assert client.post("/verify", json=ROW, headers={"Origin": "https://evil.example"}).status_code == 403
 
 
 @pytest.mark.parametrize("host", LOOPBACK)

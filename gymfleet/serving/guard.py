@@ -7,7 +7,9 @@ body is read, so an outsider cannot make a server read, parse or act on anything
 
 `RequestGuardMiddleware` refuses what a web page open in the user's browser could send, and bodies too large to read:
 - a server bound to loopback answers only a `Host` that names loopback (`localhost`, `127.x.x.x`, `[::1]`): a
-  DNS-rebinding page (`Host: evil.example`) is a 403;
+  DNS-rebinding page (`Host: evil.example`) is a 403. A call from inside the process through Starlette's
+  `TestClient` (`Host: testserver`, as NeMo-Gym folders' own tests call `setup_webserver()`'s app) is no page's: its
+  client is `IN_PROCESS_CLIENT`, which no network peer can present (a socket's peer is an address);
 - a request with an `Origin` other than the server's own (a cross-origin request from a browser) is a 403;
 - a body whose `Content-Type` is not JSON (`text/plain`, a form: what a page may post without a CORS preflight) is
   a 415; a body without one is read as JSON, as before;
@@ -77,6 +79,8 @@ class RequestBodyTimeout(Exception):
 
 
 LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
+IN_PROCESS_CLIENT = "testclient"
+"""`scope["client"]` host of a request made in process by Starlette's `TestClient` (never a socket's peer address)."""
 
 
 def _host_name(host: str) -> str:
@@ -188,7 +192,8 @@ class RequestGuardMiddleware:
             elif name == b"content-length":
                 length = value
         host = host or b""
-        if self.loopback_only and not self._is_loopback(host):
+        in_process = (scope.get("client") or ("",))[0] == IN_PROCESS_CLIENT
+        if self.loopback_only and not in_process and not self._is_loopback(host):
             return 403, "forbidden_host", (f"Host {host.decode('latin-1')!r} is not this loopback-bound server's name "
                                            "(a DNS-rebinding page?); call it as 127.0.0.1 or localhost")
         if origin is not None:
