@@ -161,3 +161,14 @@ def test_relative_read_paths_resolve_under_the_working_directory_then_the_folder
     (extra / "local.txt").write_text("extra")
     monkeypatch.setenv(EXTRA_ROOTS_ENV, str(extra))
     assert _resolve_under_cwd_or_install("local.txt").read_text() == "extra"
+
+
+def test_compute_aggregate_metrics_returns_nemo_gyms_model():
+    """Folders' tests read `compute_aggregate_metrics(...).key_metrics`, as NeMo-Gym returns an `AggregateMetrics`."""
+    from nemo_gym.base_resources_server import AggregateMetrics
+    from nemo_gym.reward_profile import compute_aggregate_metrics
+
+    rows = [{"reward": float(i % 2), "_ng_task_index": i, "_ng_rollout_index": 0} for i in range(4)]
+    result = compute_aggregate_metrics(rows, get_key_metrics_fn=lambda agent: {"mean": agent["mean/reward"]})
+    assert isinstance(result, AggregateMetrics) and result.key_metrics == {"mean": 0.5}
+    assert compute_aggregate_metrics([]) == AggregateMetrics()

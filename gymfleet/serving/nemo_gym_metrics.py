@@ -10,10 +10,11 @@
 - `add_avg_sample_std_dev`, `compute_subset_metrics` (the same per value of a row field), `highest_k_metrics` (the
   entries of a pattern such as `pass@{k}` at the highest k).
 - `compute_aggregate_metrics(verify_responses, compute_metrics_fn, get_key_metrics_fn)`: `/aggregate_metrics` of a
-  folder. The baseline statistics are gymfleet's (`gymfleet.serving.aggregate`: mean/max/min/median/std of every
-  numeric field, overall and per `_ng_task_index`); rows with `mask_sample` (or `_ng_failure_class`) are left out of
-  them and counted; the folder's `compute_metrics(tasks)` (rows grouped by task) is merged into `agent_metrics`, its
-  `per_task_metrics` into the groups; `key_metrics` is the folder's `get_key_metrics(agent_metrics)`.
+  folder, an `AggregateMetrics`. The baseline statistics are gymfleet's (`gymfleet.serving.aggregate`:
+  mean/max/min/median/std of every numeric field, overall and per `_ng_task_index`); rows with `mask_sample` (or
+  `_ng_failure_class`) are left out of them and counted; the folder's `compute_metrics(tasks)` (rows grouped by
+  task) is merged into `agent_metrics`, its `per_task_metrics` into the groups; `key_metrics` is the folder's
+  `get_key_metrics(agent_metrics)`.
 
 Written from NeMo-Gym 0.7.0's documented behaviour; `RewardProfiler`'s per-repeat tables (`repeat_level_metrics`,
 `compute_repeat_metrics`) are not reproduced: `repeat_level_metrics` is empty.
@@ -30,6 +31,7 @@ from typing import Any
 from gymfleet.serving.aggregate import aggregate_metrics
 from gymfleet.serving.nemo_gym_types import ROLLOUT_INDEX_KEY_NAME as ROLLOUT_INDEX_KEY
 from gymfleet.serving.nemo_gym_types import TASK_INDEX_KEY_NAME as TASK_INDEX_KEY
+from gymfleet.serving.nemo_gym_types import AggregateMetrics
 
 STD_DEV_ACROSS_RUNS = "/std_dev_across_runs"
 STD_ERR_ACROSS_RUNS = "/std_err_across_runs"
@@ -199,8 +201,13 @@ def _masked(row: dict[str, Any]) -> bool:
 def compute_aggregate_metrics(verify_responses: list[dict[str, Any]],
                               compute_metrics_fn: Callable[[Tasks], dict[str, Any]] | None = None,
                               get_key_metrics_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                              ) -> dict[str, Any]:
-    """A folder's `/aggregate_metrics` answer (module docstring)."""
+                              ) -> AggregateMetrics:
+    """A folder's `/aggregate_metrics` answer (module docstring), an `AggregateMetrics` as NeMo-Gym returns."""
+    return AggregateMetrics(**_aggregate(verify_responses, compute_metrics_fn, get_key_metrics_fn))
+
+
+def _aggregate(verify_responses: list[dict[str, Any]], compute_metrics_fn: Callable[[Tasks], dict[str, Any]] | None,
+               get_key_metrics_fn: Callable[[dict[str, Any]], dict[str, Any]] | None) -> dict[str, Any]:
     empty = {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "repeat_level_metrics": []}
     if not verify_responses:
         return empty

@@ -155,8 +155,8 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin, SimpleSe
 
     async def aggregate_metrics(self, body: AggregateMetricsRequest) -> AggregateMetrics:
         """Metrics over verify responses, with this server's `compute_metrics` / `get_key_metrics` hooks."""
-        return AggregateMetrics(**compute_aggregate_metrics(
-            body.verify_responses, compute_metrics_fn=self.compute_metrics, get_key_metrics_fn=self.get_key_metrics))
+        return compute_aggregate_metrics(
+            body.verify_responses, compute_metrics_fn=self.compute_metrics, get_key_metrics_fn=self.get_key_metrics)
 
     async def get_reverify_mode(self) -> ReverifyMode:
         return self.config.REVERIFY_MODE
