@@ -11,11 +11,12 @@ choice and its use. `LISTEN_FD_ENV` names the inherited descriptor for a fresh i
 
 A process that chooses ports and starts no fleet (`ng_dump_config`, tests that parse configs) must not pile up
 bound sockets: reservations are released after `RESERVATION_TTL_S` or when more than `MAX_RESERVATIONS` are held,
-oldest first.
+oldest first, and at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import socket
 import threading
@@ -84,6 +85,14 @@ def take_for_listening(host: str, port: int) -> socket.socket | None:
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return sock
+
+
+@atexit.register
+def _release_all() -> None:
+    """At exit, release what nobody took (quietly: an unclosed socket would be a ResourceWarning)."""
+    with _lock:
+        while _held:
+            _held.popitem()[1][1].close()
 
 
 def _release_stale(now: float) -> None:
