@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {exc}")
     raise_nofile_limit()
     uvicorn.run(server.create_app(), host=args.host, port=args.port, log_level="warning", backlog=8192,
-                timeout_graceful_shutdown=2)
+                timeout_graceful_shutdown=2, proxy_headers=False)  # no proxy in front: X-Forwarded-For is a claim
 
 
 if __name__ == "__main__":

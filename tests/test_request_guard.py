@@ -36,6 +36,14 @@ def test_a_loopback_server_refuses_a_host_that_is_not_loopback(url, host):
     assert answer.status_code == 403 and answer.json()["error_type"] == "forbidden_host", answer.text
 
 
+@pytest.mark.parametrize("forwarded", ["X-Forwarded-For", "X-Real-IP", "Forwarded"])
+def test_a_forwarding_header_cannot_make_a_network_peer_pass_for_the_in_process_client(url, forwarded):
+    """Servers trust no proxy header: a page that claims to be forwarded from `testclient` is still a network peer."""
+    value = "for=testclient" if forwarded == "Forwarded" else "testclient"
+    answer = httpx.post(url + "/verify", json=ROW, headers={"Host": "evil.example", forwarded: value})
+    assert answer.status_code == 403 and answer.json()["error_type"] == "forbidden_host", answer.text
+
+
 def test_an_in_process_test_client_is_served_whatever_its_host_and_a_network_peer_never_is():
     """Starlette's TestClient (what NeMo-Gym folders' tests call their app with) is in the process; the same Host
     over a socket stays a 403 (`test_a_loopback_server_refuses_a_host_that_is_not_loopback`)."""

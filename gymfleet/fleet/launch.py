@@ -356,6 +356,7 @@ def _uvicorn_config(app: Any, access_log: bool) -> uvicorn.Config:
         timeout_graceful_shutdown=2,
         backlog=8192,
         lifespan="on",
+        proxy_headers=False,  # no proxy stands in front: X-Forwarded-For is a client's claim, never its address
     )
 
 

@@ -196,7 +196,7 @@ class RayStartup:
                         bind_host, node_ip)
         self._head_socket = bind_socket(bind_host, int(head["port"]), "head_server.port", assigned_if_unset=False)
         app = create_head_app(self.config, self.process_table, self.replica_table, token=self.credential.head_token)
-        server_config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        server_config = uvicorn.Config(app, log_level="warning", lifespan="off", proxy_headers=False)
         self._head = uvicorn.Server(server_config)
         self._head_thread = threading.Thread(target=self._head.run, kwargs={"sockets": [self._head_socket]},
                                              name="head-server", daemon=True)

@@ -215,7 +215,7 @@ class Fleet(ServerStart, Readiness, Watched):
         from gymfleet.fleet.head import create_head_app
 
         app = create_head_app(self.config, self.process_table, token=self.credential.head_token)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", proxy_headers=False)
         self._head = uvicorn.Server(config)
         self._head_thread = threading.Thread(
             target=self._head.run, kwargs={"sockets": [self._head_socket]}, name="head-server", daemon=True

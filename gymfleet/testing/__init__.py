@@ -80,7 +80,7 @@ def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, proxy_headers=False)
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
