@@ -93,7 +93,9 @@ EOF
 if ! answers; then
     $SUDO mkdir -p "$(dirname "$SOCKET")"
     $SUDO rm -f "$SOCKET"
-    $SUDO setsid nohup podman system service --time=0 "unix://$SOCKET" >/var/tmp/gymfleet-podman-service.log 2>&1 < /dev/null &
+    # From /var/tmp: conmon leaves an `oom` file in the service's working directory when a container is OOM-killed.
+    (cd /var/tmp && $SUDO setsid nohup podman system service --time=0 "unix://$SOCKET" \
+        >/var/tmp/gymfleet-podman-service.log 2>&1 < /dev/null &)
     for _ in $(seq 1 100); do answers && break; sleep 0.2; done
     answers || { echo "the podman API service did not answer on $SOCKET (log: /var/tmp/gymfleet-podman-service.log)" >&2; exit 1; }
 fi
