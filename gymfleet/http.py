@@ -14,11 +14,11 @@ Which failures are retried:
   call may have run: it ends as a `TransportError` (`connection_error`) saying it was not retried;
 - the deadline passed with no answer: only for idempotent calls whose policy also sets `retry_timeouts`.
 
-`ServerClient` resolves instance names from the global config to URLs, so callers say
-`await client.post("mcqa", "/verify", json=row, cookies=cookies)`. An instance placed as several replicas (Ray
-placement, `gymfleet.fleet.ray_placement`) resolves to one replica per rollout: rollouts spread over the replicas,
-the calls of one rollout stick to one (see `ServerClient`). Every request to a server of the fleet carries the
-fleet's token (`gymfleet.auth`: `ServerClient` grants it to the fleet's addresses, and to nothing else).
+`ServerClient` resolves instance names from the global config to URLs, so callers say `await client.post("mcqa",
+"/verify", json=row, cookies=cookies)`. An instance placed as several replicas (Ray placement,
+`gymfleet.fleet.ray_placement`) resolves to one replica per rollout: rollouts spread over the replicas, the calls of
+one rollout stick to one (see `ServerClient` and `gymfleet.replicas`). Every request to a server of the fleet carries
+the fleet's token (`gymfleet.auth`: `ServerClient` grants it to the fleet's addresses, and to nothing else).
 
 Every attempt is counted in `gymfleet.metrics`' `gymfleet_upstream_seconds{target}` and
 `gymfleet_upstream_requests_total{target, outcome}`: `target` is the instance name for calls by name, else the
@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import io
 import logging
 import random
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
@@ -45,7 +44,18 @@ import aiohttp
 import orjson
 
 from gymfleet import auth, metrics
-from gymfleet.errors import ServerRefError, TransportError, did_you_mean
+from gymfleet.errors import ServerRefError, TransportError
+from gymfleet.replicas import (  # noqa: F401  (re-exported: callers use http.rollout_scope)
+    REFRESH_MIN_INTERVAL_S,
+    REPLICA_AVOID_S,
+    choose,
+    client_host,
+    copy_addresses,
+    instance_urls,
+    replica_load,
+    rollout_replicas,
+    rollout_scope,
+)
 
 log = logging.getLogger(__name__)
 
@@ -344,53 +354,6 @@ def _connection_lost(method: str, url: str, exc: BaseException, *, forgone_retry
     return TransportError(message, url=url, failure_class="connection_error")
 
 
-_rollout_replicas: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
-    "gymfleet_rollout_replicas", default=None
-)
-"""Instance name -> the replica URL this rollout (this request's task, and tasks it starts) talks to."""
-REPLICA_AVOID_S = 5.0
-"""A replica whose connection failed is not picked for new rollouts for this long (unless every replica failed)."""
-REFRESH_MIN_INTERVAL_S = 1.0
-"""A client asks the head server for the replicas' addresses at most this often (after connection failures)."""
-
-
-class _ReplicaLoad:
-    """This process's view of every replica URL: calls in flight and when a failed one may be picked again."""
-
-    def __init__(self) -> None:
-        self.in_flight: dict[str, int] = {}
-        self.avoid_until: dict[str, float] = {}
-        self.turn = 0
-
-    def pick(self, urls: list[str]) -> str:
-        """The healthy replica with the fewest calls in flight (turns taken among equals)."""
-        now = time.monotonic()
-        healthy = [url for url in urls if self.avoid_until.get(url, 0.0) <= now] or urls
-        self.turn += 1
-        rotated = healthy[self.turn % len(healthy):] + healthy[: self.turn % len(healthy)]
-        return min(rotated, key=lambda url: self.in_flight.get(url, 0))
-
-    def failed(self, url: str) -> None:
-        self.avoid_until[url] = time.monotonic() + REPLICA_AVOID_S
-
-
-_load = _ReplicaLoad()
-
-
-@contextlib.contextmanager
-def rollout_scope() -> Iterator[None]:
-    """Run the calls inside as one new rollout: its first call to each instance picks a replica, later ones reuse it.
-
-    Each request a server handles (and each task started from a context without a scope) begins a rollout by itself;
-    this is for a client that runs several rollouts one after another in one task.
-    """
-    token = _rollout_replicas.set({})
-    try:
-        yield
-    finally:
-        _rollout_replicas.reset(token)
-
-
 class ServerClient:
     """Calls fleet servers by instance name, resolving URLs from the global config dict.
 
@@ -414,10 +377,10 @@ class ServerClient:
         """The fleet's token (`gymfleet.auth`), sent on every call to the fleet's servers (and to no other URL)."""
         if self.token:
             if head.get("port") is not None:
-                auth.grant(f"http://{_client_host(head.get('host'))}:{head['port']}", self.token)
+                auth.grant(f"http://{client_host(head.get('host'))}:{head['port']}", self.token)
             for name in config:  # a fleet server reached by URL (a model server's upstream may be one) gets it too
                 with contextlib.suppress(ServerRefError, KeyError, TypeError, ValueError):
-                    for url in self._lookup(name):
+                    for url in instance_urls(self.config, name):
                         auth.grant(url, self.token)
         self._refresh: asyncio.Future | None = None
         self._refreshed_at = 0.0
@@ -425,45 +388,24 @@ class ServerClient:
     def url_of(self, name: str) -> str:
         """Base URL (`http://host:port`) of instance `name`: the replica this rollout uses (see the class docstring).
         """
-        urls = self.urls_of(name)
-        if len(urls) == 1:
-            return urls[0]
-        chosen = _rollout_replicas.get()
-        if chosen is None:  # outside a rollout (no call made yet in this task): a replica, remembered by nobody
-            return _load.pick(urls)
-        url = chosen.get(name)
-        if url is None or url not in urls:
-            url = chosen[name] = _load.pick(urls)
-        return url
+        return choose(name, self.urls_of(name))
 
     def urls_of(self, name: str) -> list[str]:
         """Base URLs of every replica of instance `name` (one, unless it is placed as several replicas)."""
         urls = self._replicas.get(name)
         if urls is None:
-            urls = self._replicas[name] = self._lookup(name)
+            urls = self._replicas[name] = instance_urls(self.config, name)
             for url in urls:
                 metrics.name_instance(url, name)
                 auth.grant(url, self.token)
         return urls
 
-    def _lookup(self, name: str) -> list[str]:
-        block = self.config.get(name)
-        if isinstance(block, dict) and name != "head_server":
-            for type_block in block.values():
-                if isinstance(type_block, dict):
-                    for impl_block in type_block.values():
-                        if isinstance(impl_block, dict) and "port" in impl_block:
-                            replicas = impl_block.get("replicas") or [impl_block]
-                            return [f"http://{_client_host(r.get('host'))}:{r['port']}" for r in replicas]
-        known = sorted(key for key, value in self.config.items() if isinstance(value, dict) and key != "head_server")
-        raise ServerRefError(f"unknown server {name!r}; known: {known}.{did_you_mean(name, known)}")
-
     async def call(self, method: str, server: str, path: str, **kwargs: Any) -> HttpResponse:
         """Send `method` to `path` on instance `server` (this rollout's replica of it); `kwargs` as `request`'s."""
-        if _rollout_replicas.get() is None:  # the first call of this task (a request, a rollout) begins a rollout
-            _rollout_replicas.set({})
+        if rollout_replicas.get() is None:  # the first call of this task (a request, a rollout) begins a rollout
+            rollout_replicas.set({})
         base = self.url_of(server)
-        _load.in_flight[base] = _load.in_flight.get(base, 0) + 1
+        replica_load.in_flight[base] = replica_load.in_flight.get(base, 0) + 1
         try:
             return await request(method, base + path, target=server, **kwargs)
         except TransportError as exc:
@@ -471,13 +413,13 @@ class ServerClient:
                 self.replica_failed(server, base)
             raise
         finally:
-            _load.in_flight[base] -= 1
+            replica_load.in_flight[base] -= 1
 
     def replica_failed(self, name: str, base_url: str) -> None:
         """Note that a connection to `base_url`, a replica of `name`, failed: new rollouts avoid it for a while and
         the replicas' addresses are asked of the head server (for callers that send requests themselves)."""
         if len(self.urls_of(name)) > 1:
-            _load.failed(base_url)
+            replica_load.failed(base_url)
             self._refresh_soon()
 
     def _refresh_soon(self) -> None:
@@ -495,7 +437,7 @@ class ServerClient:
         import yaml
 
         try:
-            response = await request("GET", f"http://{_client_host(host)}:{port}/global_config_dict_yaml",
+            response = await request("GET", f"http://{client_host(host)}:{port}/global_config_dict_yaml",
                                      timeout_s=10.0, retry=NO_RETRY)
             published = yaml.safe_load(response.raise_for_status().json())
         except (TransportError, ValueError, yaml.YAMLError) as exc:
@@ -503,7 +445,7 @@ class ServerClient:
             return
         if isinstance(published, dict):
             for name in list(self._replicas):
-                _copy_addresses(published.get(name), self.config.get(name))
+                copy_addresses(published.get(name), self.config.get(name))
             self._replicas.clear()
 
     async def post(
@@ -527,32 +469,11 @@ class ServerClient:
         """Bootstrap from the head server, as every out-of-process NeMo-Gym client does."""
         import yaml
 
-        head = f"http://{_client_host(host)}:{port}"
+        head = f"http://{client_host(host)}:{port}"
         auth.grant(head, auth.token_for(host, port))
         response = await request("GET", f"{head}/global_config_dict_yaml", timeout_s=timeout_s)
         response.raise_for_status()
         return cls(yaml.safe_load(response.json()))
-
-
-def _copy_addresses(published: Any, block: Any) -> None:
-    """Copy `host`, `port` and `replicas` of an instance from the head server's config into ours (only those: the
-    published config masks secrets)."""
-    if not isinstance(published, dict) or not isinstance(block, dict):
-        return
-    for server_type, impls in published.items():
-        ours = block.get(server_type)
-        if not isinstance(impls, dict) or not isinstance(ours, dict):
-            continue
-        for impl, fields in impls.items():
-            if isinstance(fields, dict) and isinstance(ours.get(impl), dict):
-                ours[impl].update({key: fields[key] for key in ("host", "port", "replicas") if key in fields})
-
-
-def _client_host(host: str | None) -> str:
-    """A bind-all address is not a destination: talk to loopback instead."""
-    if host in (None, "", "0.0.0.0", "::"):
-        return "127.0.0.1"
-    return host
 
 
 LARGE_BODY_BYTES = 1 << 20

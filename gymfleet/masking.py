@@ -41,7 +41,7 @@ def mask_text(text: str) -> str:
 
 def mask_secrets(node: Any) -> Any:
     """A copy of `node` with every secret (see the module docstring) as `****`: same shape, so what was masked can be
-    told apart from what was not (`gymfleet.fleet.launch.split_secrets`)."""
+    told apart from what was not (`gymfleet.fleet.secret_handoff.split_secrets`)."""
     if isinstance(node, dict):
         return {key: _mask_all(value) if is_secret_key(key) else mask_secrets(value) for key, value in node.items()}
     if isinstance(node, list | tuple):

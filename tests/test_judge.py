@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import gymfleet.grading.judge
+import gymfleet.grading.verdicts
 from gymfleet import http
 from gymfleet.errors import JudgeError, ServerRefError
 from gymfleet.grading.judge import (
@@ -61,6 +62,7 @@ async def judge(judge_url):
 
 def test_docstring_examples():
     assert doctest.testmod(gymfleet.grading.judge).failed == 0
+    assert doctest.testmod(gymfleet.grading.verdicts).failed == 0
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """gymfleet/ is grouped by role, and the groups are layered: a module imports only from its own group or lower ones.
 
-From the bottom: the root modules (errors, http, metrics, wire, progress, masking: what every part uses), `grading/`
-(the environment author's toolkit), `serving/` (what every server is made of), `fleet/` (running a fleet),
+From the bottom: the root modules (errors, http, replicas, metrics, wire, progress, masking: what every part uses),
+`grading/` (the environment author's toolkit), `serving/` (what every server is made of), `fleet/` (running a fleet),
 `rollouts/` (working with rollouts), `testing/`, `cli/`. Function-level imports count too, and no two modules import
 each other, however indirectly.
 """
@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gymfleet"
 LAYERS = ["root", "grading", "serving", "fleet", "rollouts", "testing", "cli"]
-ROOT_MODULES = {"__init__", "auth", "errors", "http", "metrics", "wire", "progress", "masking"}
+ROOT_MODULES = {"__init__", "auth", "errors", "http", "replicas", "metrics", "wire", "progress", "masking"}
 
 
 def _module_name(path: Path) -> str:

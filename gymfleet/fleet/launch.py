@@ -13,14 +13,15 @@ and builds it.
 instead of its environment, and watches the supervisor through a pidfd instead of its parent (the zygote).
 
 Secrets never sit on disk: the supervisor writes the resolved config owner-only (0600) with every secret value
-(`gymfleet.masking.SECRET_KEY`) masked as `****` (`split_secrets`, `write_resolved`) and hands the real values
-to each child, with the fleet token, in a memory file it inherits (`credentials_fd`; `GYMFLEET_CREDENTIALS_FD` names
-only the descriptor's number), which the child reads and closes at once (`take_secrets`), merging the secrets back
-into its config (`merge_secrets`) and holding the token in memory (`gymfleet.auth.hold`). Neither ever enters a
-server's environment: `/proc/<pid>/environ` shows a process's initial environment for its whole life, whatever it
-removes from `os.environ` later, and every process a server starts would inherit it. Workers get both through
-multiprocessing's spawn pipe. A taken port makes the child exit with `EXIT_PORT_IN_USE` (the supervisor names the
-port and the override that frees it); a supervised child whose supervisor died removes the fleet's work folder.
+(`gymfleet.masking.SECRET_KEY`) masked as `****` (`split_secrets` in `gymfleet.fleet.secret_handoff`,
+`write_resolved`) and hands the real values to each child, with the fleet token, in a memory file it inherits
+(`credentials_fd`; `GYMFLEET_CREDENTIALS_FD` names only the descriptor's number), which the child reads and closes at
+once (`take_secrets`), merging the secrets back into its config (`merge_secrets`) and holding the token in memory
+(`gymfleet.auth.hold`). Neither ever enters a server's environment: `/proc/<pid>/environ` shows a process's initial
+environment for its whole life, whatever it removes from `os.environ` later, and every process a server starts would
+inherit it. Workers get both through multiprocessing's spawn pipe. A taken port makes the child exit with
+`EXIT_PORT_IN_USE` (the supervisor names the port and the override that frees it); a supervised child whose
+supervisor died removes the fleet's work folder.
 """
 
 from __future__ import annotations
@@ -51,7 +52,16 @@ from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance, reposi
 from gymfleet.fleet.folders import enter_tree
 from gymfleet.fleet.folders import module_name as folder_module_name
 from gymfleet.fleet.ports import LISTEN_FD_ENV
-from gymfleet.masking import mask_secrets
+from gymfleet.fleet.secret_handoff import (  # noqa: F401  (re-exported: callers import them from here)
+    CREDENTIALS_FD_ENV,
+    Secrets,
+    credentials_env,
+    credentials_fd,
+    merge_secrets,
+    own_secrets,
+    split_secrets,
+    take_secrets,
+)
 
 if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and should say its first words quickly
     import uvicorn
@@ -61,17 +71,10 @@ if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and shoul
 log = logging.getLogger(__name__)
 
 NOFILE_TARGET = 65_535
-CREDENTIALS_FD_ENV = "GYMFLEET_CREDENTIALS_FD"
-"""Environment variable naming the inherited descriptor a child reads its secrets and fleet token from
-(`credentials_fd`): the number only, never the values."""
 EXIT_PORT_IN_USE = 98
 """Exit code of a supervised child whose port is taken (Linux's EADDRINUSE); the supervisor reports it."""
 WORKDIR_PREFIX = "gymfleet-"
 """Name prefix of a fleet's private work folder (the only kind of folder `--workdir` lets a child remove)."""
-
-Secrets = list[tuple[list[str | int], Any]]
-"""`(path, value)` pairs: where in the config dict each secret value goes."""
-
 
 class PortInUseError(ConfigError, RuntimeError):
     """A port the fleet must listen on is taken by another process (a RuntimeError too, as `poll()` failures are)."""
@@ -105,91 +108,6 @@ def bind_socket(host: str, port: int, path: str, *, assigned_if_unset: bool = Tr
             "the host", path=path,
         ) from None
     return sock
-
-
-def split_secrets(data: dict[str, Any]) -> tuple[dict[str, Any], Secrets]:
-    """The config with secrets masked (exactly what `mask_secrets` masks) and the masked values with their paths.
-
-    Examples:
-        >>> masked, secrets = split_secrets({"hf_token": "hf-1", "m": {"api_key": ["sk-2"], "port": 1}})
-        >>> masked
-        {'hf_token': '****', 'm': {'api_key': ['****'], 'port': 1}}
-        >>> secrets
-        [(['hf_token'], 'hf-1'), (['m', 'api_key', 0], 'sk-2')]
-    """
-    masked = mask_secrets(data)
-    return masked, list(_differences(data, masked, []))
-
-
-def _differences(original: Any, masked: Any, path: list[str | int]):
-    if isinstance(original, dict) and isinstance(masked, dict):
-        for key, value in original.items():
-            yield from _differences(value, masked.get(key), [*path, key])
-    elif isinstance(original, list) and isinstance(masked, list) and len(original) == len(masked):
-        for index, (value, hidden) in enumerate(zip(original, masked, strict=True)):
-            yield from _differences(value, hidden, [*path, index])
-    elif original != masked:
-        yield path, original
-
-
-def own_secrets(secrets: Secrets, instance: str) -> Secrets:
-    """The secrets in instance `instance`'s own block: all a server needs (the config's `${...}` references were
-    resolved into its block), so no server holds another's keys.
-
-    Examples:
-        >>> own_secrets([(["judge", "m", "api_key"], "a"), (["policy", "m", "api_key"], "b"), (["hf_token"], "c")],
-        ...             "policy")
-        [(['policy', 'm', 'api_key'], 'b')]
-    """
-    return [(path, value) for path, value in secrets if path and path[0] == instance]
-
-
-def merge_secrets(data: dict[str, Any], secrets: Secrets) -> dict[str, Any]:
-    """Put the real secret values back into a masked config (in place); returns `data`."""
-    for path, value in secrets:
-        node: Any = data
-        for part in path[:-1]:
-            node = node[part]
-        node[path[-1]] = value
-    return data
-
-
-def credentials_fd(secrets: Secrets, token: str | None = None, auth_off: bool = False) -> int:
-    """A memory file (`memfd`) holding `secrets` and the fleet `token`, at offset 0, for a child to inherit: start it
-    with `pass_fds=(fd,)` and `{CREDENTIALS_FD_ENV: str(fd)}` in its environment, then close `fd` here."""
-    fd = os.memfd_create("gymfleet-credentials", os.MFD_CLOEXEC)
-    data = json.dumps({"secrets": secrets, "token": token, "auth_off": auth_off}).encode()
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def credentials_env(fd: int) -> dict[str, str]:
-    """The environment entry that tells a child which inherited descriptor `credentials_fd` gave it."""
-    return {CREDENTIALS_FD_ENV: str(fd)}
-
-
-def take_secrets() -> Secrets:
-    """This child's secrets, from the descriptor `CREDENTIALS_FD_ENV` names (read, then closed); its fleet token
-    is held in memory (`gymfleet.auth.hold`), and no credential is left in `os.environ` for what it starts."""
-    from gymfleet import auth
-
-    named = os.environ.pop(CREDENTIALS_FD_ENV, None)
-    if named is None:
-        auth.hold_from_environ()  # a server started by hand with GYMFLEET_FLEET_TOKEN
-        return []
-    fd = int(named)
-    chunks = []
-    try:
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    payload = json.loads(b"".join(chunks))
-    auth.hold(payload.get("token"), bool(payload.get("auth_off")))
-    return [(list(path), value) for path, value in payload["secrets"]]
 
 
 def load_config(config_path: Path, secrets: Secrets) -> GlobalConfig:
