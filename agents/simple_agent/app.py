@@ -122,11 +122,7 @@ class SimpleAgent(AgentServer):
             answer.raise_for_status()
             cookies = {**cookies, **answer.cookies}
             response = answer.json()
-            outputs = response.get("output") or []
-            produced.extend(outputs)
-            for key in usage:
-                usage[key] += (response.get("usage") or {}).get(key) or 0
-            calls = [item for item in outputs if item.get("type") == "function_call"]
+            _, calls = record_turn(response, produced, usage)
             if response.get("incomplete_details") or not calls:
                 break
             for call in calls:
@@ -154,3 +150,14 @@ class SimpleAgent(AgentServer):
             result.raise_for_status()
         return result.text, {**cookies, **result.cookies}
 
+
+def record_turn(
+    response: dict[str, Any], produced: list[dict[str, Any]], usage: dict[str, int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Add one model answer to an episode: its output items to `produced`, its token counts to `usage`. Returns its
+    output items and the function calls among them."""
+    outputs = response.get("output") or []
+    produced.extend(outputs)
+    for key in usage:
+        usage[key] += (response.get("usage") or {}).get(key) or 0
+    return outputs, [item for item in outputs if item.get("type") == "function_call"]

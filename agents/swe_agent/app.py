@@ -28,7 +28,7 @@ import json
 import time
 from typing import Any
 
-from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig, conversation
+from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig, conversation, record_turn
 from gymfleet.errors import TransportError
 from gymfleet.grading.text import clip_middle
 from gymfleet.serving.agent import RunRequest
@@ -112,11 +112,7 @@ class SWEAgent(SimpleAgent):
                 raise error
             cookies = {**cookies, **answer.cookies}
             last = answer.json()
-            outputs = last.get("output") or []
-            produced.extend(outputs)
-            for key in usage:
-                usage[key] += (last.get("usage") or {}).get(key) or 0
-            calls = [item for item in outputs if item.get("type") == "function_call"]
+            outputs, calls = record_turn(last, produced, usage)
             if last.get("incomplete_details"):  # vllm_model's answer to a context overflow is an empty incomplete one
                 stop = "incomplete" if calls or _text(outputs) else "context_limit"
                 break

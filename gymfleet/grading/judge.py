@@ -50,6 +50,7 @@ __all__ = [
     "JudgeClient",
     "JudgeReply",
     "chat_text",
+    "configured_prompts",
     "find_verdict",
     "injection_signals",
     "json_verdict",
@@ -270,6 +271,23 @@ def load_prompt(anchor: str | Path, name: str) -> str:
         FileNotFoundError: No such file next to `anchor`.
     """
     return _read_prompt(str(Path(anchor).resolve().parent / name))
+
+
+def configured_prompts(
+    anchor: str | Path, template: str | None, system: str | None, *, template_file: str = "judge_prompt.txt",
+    system_file: str = "judge_system.txt",
+) -> tuple[str, str | None, str]:
+    """A judge's prompt template and system message as an environment's config gives them, and the template's origin
+    (the name `prompt_version` records): a null or empty `template` is the file `template_file` next to `anchor`
+    (named by its file name unless it was configured empty: "config"); a null `system` is the file `system_file`,
+    an empty one no system message.
+
+    Raises:
+        FileNotFoundError: A file it needs is not next to `anchor`.
+    """
+    text = template or load_prompt(anchor, template_file)
+    system_text = load_prompt(anchor, system_file) if system is None else system or None
+    return text, system_text, template_file if template is None else "config"
 
 
 @functools.lru_cache(maxsize=128)

@@ -1,9 +1,9 @@
 """The plumbing of a resources server that asks a judge model (`gymfleet.grading.judge_gate` is the rule).
 
 `JudgedConfig` holds the fields every judged environment reads (which model, the request it sends, deadline,
-attempts, concurrency). `JudgedServer` builds `self.gate` (a `JudgeGate`) and `self.judge` (its client, what
-`gymfleet.serving.provenance` records) from them and, in a fleet, fails at startup on an unknown judge name
-instead of on the first rollout.
+attempts, concurrency; `JudgeCallConfig`, the same with the judge optional). `JudgedServer` builds `self.gate` (a
+`JudgeGate`) and `self.judge` (its client, what `gymfleet.serving.provenance` records) from them and, in a fleet,
+fails at startup on an unknown judge name instead of on the first rollout.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from gymfleet.wire import ResponseCreateParams
 log = logging.getLogger(__name__)
 
 
-class JudgedConfig(ResourcesServerConfig):
-    """The judge's fields."""
+class JudgeCallConfig(ResourcesServerConfig):
+    """The judge's fields, for an environment whose judge is optional (math_with_judge's `should_use_judge`)."""
 
-    judge_model_server: ServerRef
-    """The judge's model server instance (`{type: responses_api_models, name: ...}` or a plain name)."""
+    judge_model_server: ServerRef | None = None
+    """The judge's model server instance."""
     judge_responses_create_params: ResponseCreateParams = ResponseCreateParams(input=[])
     """Base request for judge calls; `input` is replaced by the prompt."""
     judge_timeout_s: float = Field(default=120.0, gt=0)
@@ -34,6 +34,13 @@ class JudgedConfig(ResourcesServerConfig):
     """Attempts per judge call, the first included."""
     judge_max_concurrency: int = Field(default=64, ge=1)
     """Judge calls in flight at once from this server process."""
+
+
+class JudgedConfig(JudgeCallConfig):
+    """The judge's fields, the judge required."""
+
+    judge_model_server: ServerRef
+    """The judge's model server instance (`{type: responses_api_models, name: ...}` or a plain name)."""
 
 
 class JudgedServer(ResourcesServer):

@@ -3,7 +3,8 @@
 `SandboxedConfig` holds the two fields that find the sandbox (`sandbox`, an instance of the fleet, or
 `sandbox_url`, one outside it). `SandboxedServer` opens `self.sandbox` (a `SandboxClient`) from them and, in a
 fleet, fails at startup when the sandbox instance is missing, instead of failing every rollout's first call;
-`concurrency_slots` is the optional cap on verifications using the sandbox at once (NeMo-Gym's `num_processes`).
+`self.slots` (`concurrency_slots`) is the optional cap on verifications using the sandbox at once: the config's
+`num_processes` (NeMo-Gym's knob) where the environment declares one, else none.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class SandboxedConfig(ResourcesServerConfig):
 
 
 class SandboxedServer(ResourcesServer):
-    """A resources server with a sandbox client, `self.sandbox`; `env_name` names it in the startup error."""
+    """A resources server with a sandbox client, `self.sandbox`, and `self.slots`, the cap on verifications using it
+    at once; `env_name` names it in the startup error."""
 
     config: SandboxedConfig
     env_name: str = "this environment"
@@ -38,6 +40,7 @@ class SandboxedServer(ResourcesServer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.sandbox = SandboxClient(self.config.sandbox, url=self.config.sandbox_url, config=self.client)
+        self.slots = concurrency_slots(getattr(self.config, "num_processes", None))
 
     async def startup(self) -> None:
         await super().startup()

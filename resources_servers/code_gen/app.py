@@ -76,7 +76,7 @@ from gymfleet.grading import answers
 from gymfleet.grading.canary import case_canaries
 from gymfleet.grading.sandbox_client import RunResult
 from gymfleet.serving.resources import VerifyRequest, VerifyResponse
-from gymfleet.serving.sandboxed import SandboxedConfig, SandboxedServer, concurrency_slots
+from gymfleet.serving.sandboxed import SandboxedConfig, SandboxedServer
 from gymfleet.wire import Response
 from resources_servers.code_gen.checker import (
     MAX_JSON_DEPTH,
@@ -187,10 +187,6 @@ class CodeGenServer(SandboxedServer):
     reward_libraries = ()
     env_name = "code_gen"
 
-    def __init__(self, config, global_config=None):
-        super().__init__(config, global_config)
-        self._slots = concurrency_slots(self.config.num_processes)
-
     async def verify(self, body: CodeGenRequest) -> CodeGenResponse:
         text = body.response.output_text
         tests = body.verifier_metadata.unit_tests
@@ -219,7 +215,7 @@ class CodeGenServer(SandboxedServer):
         options = {"prelude": prelude_for(code), "stop_on_failure": True, "memory_mb": self.config.memory_mb,
                    "timeout_s": self.config.unit_test_timeout_secs,
                    "max_output_bytes": max(1 << 16, 2 * longest + 4096)}
-        async with self._slots:
+        async with self.slots:
             # The first test alone first: most wrong programs fail it, and then the rest need not run at all.
             results = await self._run_cases(program, cases[:1], options)
             if grade(results, tests.outputs[:1], call_based, 1).reward != 1.0:

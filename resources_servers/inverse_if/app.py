@@ -73,7 +73,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from gymfleet.grading.judge import find_verdict, json_verdict, load_prompt, prompt_version, render_prompt
+from gymfleet.grading.judge import configured_prompts, find_verdict, json_verdict, prompt_version, render_prompt
 from gymfleet.serving.resources import VerifyRequest
 from resources_servers.multichallenge import rubric as rubrics  # the plumbing both rubric environments share
 
@@ -170,10 +170,8 @@ class InverseIfServer(rubrics.RubricJudgeServer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         config = self.config
-        self.template = config.default_judge_prompt_template or load_prompt(__file__, "judge_prompt.txt")
-        system = config.default_judge_system_prompt
-        self.system = load_prompt(__file__, "judge_system.txt") if system is None else system or None
-        self.template_name = "judge_prompt.txt" if config.default_judge_prompt_template is None else "config"
+        self.template, self.system, self.template_name = configured_prompts(
+            __file__, config.default_judge_prompt_template, config.default_judge_system_prompt)
 
     def read_verdict(self, item: rubrics.JudgeItem, text: str) -> rubrics.ItemVerdict:
         verdict, source = read_pass_fail(text)

@@ -97,9 +97,8 @@ from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
 from gymfleet.grading.latex import BOX_START, BRACE_TOKEN, last_boxed
 from gymfleet.grading.mathcheck import MathChecker, MathResult
 from gymfleet.grading.procpool import available_cpus
-from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from gymfleet.serving.server import ServerRef
-from gymfleet.wire import ResponseCreateParams
+from gymfleet.serving.judged import JudgeCallConfig
+from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 
 EQUAL, NOT_EQUAL = "[[A=B]]", "[[A!=B]]"
 JUDGE_ANSWER_CHARS = 2_000  # a runaway output must not overflow the judge's context
@@ -172,21 +171,11 @@ def _number_as_text(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
 
-class MathWithJudgeConfig(ResourcesServerConfig):
-    """math_with_judge's fields (the module docstring explains each)."""
+class MathWithJudgeConfig(JudgeCallConfig):
+    """math_with_judge's fields (the module docstring explains each; the judge's come from `JudgeCallConfig`)."""
 
     should_use_judge: bool = False
     """Ask the judge when the library says the answer is not equal to the gold."""
-    judge_model_server: ServerRef | None = None
-    """The judge's model server instance."""
-    judge_responses_create_params: ResponseCreateParams = ResponseCreateParams(input=[])
-    """Base request for judge calls; `input` is replaced by the prompt."""
-    judge_timeout_s: float = Field(default=120.0, gt=0)
-    """Deadline for one judge call attempt."""
-    judge_max_attempts: int = Field(default=3, ge=1)
-    """Attempts per judge call, the first included."""
-    judge_max_concurrency: int = Field(default=64, ge=1)
-    """Judge calls in flight at once from this server process."""
     library_verifier_timeout_seconds: float = Field(default=10.0, gt=0)
     """CPU-time budget for one math-verify check, with a 4x wall-clock backstop (NeMo-Gym's key)."""
     library_verifier_max_concurrency: int = Field(default=32, ge=1)

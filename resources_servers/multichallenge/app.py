@@ -86,7 +86,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gymfleet.grading.judge import find_verdict, load_prompt, prompt_version, render_prompt
+from gymfleet.grading.judge import configured_prompts, find_verdict, prompt_version, render_prompt
 from gymfleet.serving.resources import VerifyRequest
 from resources_servers.multichallenge.rubric import (
     ItemVerdict,
@@ -206,10 +206,8 @@ class MultichallengeServer(RubricJudgeServer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         config = self.config
-        self.template = config.judge_prompt_template or load_prompt(__file__, "judge_prompt.txt")
-        system = config.judge_system_message
-        self.system = load_prompt(__file__, "judge_system.txt") if system is None else system or None
-        name = "judge_prompt.txt" if config.judge_prompt_template is None else "config"
+        self.template, self.system, name = configured_prompts(
+            __file__, config.judge_prompt_template, config.judge_system_message)
         self.version = prompt_version(f"{self.system or ''}\n\n{self.template}", name)
         self.labels = (config.yes_label, config.no_label)
 

@@ -118,7 +118,7 @@ from gymfleet.errors import SandboxError
 from gymfleet.grading.canary import interleave, make_canaries, tampered
 from gymfleet.grading.sandbox_client import RunResult
 from gymfleet.serving.resources import VerifyRequest, VerifyResponse
-from gymfleet.serving.sandboxed import SandboxedConfig, SandboxedServer, concurrency_slots
+from gymfleet.serving.sandboxed import SandboxedConfig, SandboxedServer
 from gymfleet.wire import Response
 from resources_servers.swerl_gen import edits, repro
 from resources_servers.swerl_gen.task import Task, parse_task
@@ -206,10 +206,6 @@ class SwerlGenServer(SandboxedServer):
     reverify_mode = "stateless"
     reward_libraries = ()
     env_name = "swerl_gen"
-
-    def __init__(self, config, global_config=None):
-        super().__init__(config, global_config)
-        self._slots = concurrency_slots(self.config.num_processes)
 
     async def verify(self, body: SwerlGenRequest) -> SwerlGenResponse:
         text = edits.visible_text(_assistant_text(body.response))
@@ -310,7 +306,7 @@ class SwerlGenServer(SandboxedServer):
     async def _batch(self, task: Task, files: dict[str, str], cases: list[dict[str, Any]], *,
                      stop_on_failure: bool = True) -> list[RunResult]:
         archive, repo_files = task.repository()
-        async with self._slots:
+        async with self.slots:
             results = await self.sandbox.run_batch(
                 self.driver, cases, "bash", files={**repo_files, **files}, archive=archive,
                 stop_on_failure=stop_on_failure,
