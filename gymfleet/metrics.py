@@ -37,6 +37,7 @@ process has its own registry, and a scrape reads whichever worker answers it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -271,6 +272,7 @@ HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTI
 """Methods labelled as themselves; any other token a client sends counts as `method="other"`."""
 
 
+@dataclasses.dataclass(eq=False)
 class MetricsMiddleware:
     """Pure ASGI middleware recording every HTTP request into a `ServerMetrics`.
 
@@ -286,20 +288,20 @@ class MetricsMiddleware:
     2,000 connections and sessions while only a few dozen requests are in flight at any moment.)
     """
 
-    def __init__(self, app, metrics: ServerMetrics, on_idle: Callable[[], None] | None = None, burst: int = 1000,
-                 quiet_s: float = 2.0):
-        self.app = app
-        self.metrics = metrics
-        self.on_idle = on_idle
-        self.burst = burst
-        self.quiet_s = quiet_s
-        self._in_flight = 0
-        self._served = 0
-        self._last_end = 0.0
-        self._armed = False
-        self._templates: dict[Any, str] = {}
-        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-        metrics.in_flight.set_function(lambda: self._in_flight)
+    app: Any
+    metrics: ServerMetrics
+    on_idle: Callable[[], None] | None = None
+    burst: int = 1000
+    quiet_s: float = 2.0
+    _in_flight: int = dataclasses.field(default=0, init=False)
+    _served: int = dataclasses.field(default=0, init=False)
+    _last_end: float = dataclasses.field(default=0.0, init=False)
+    _armed: bool = dataclasses.field(default=False, init=False)
+    _templates: dict[Any, str] = dataclasses.field(default_factory=dict, init=False)
+    _children: dict[tuple[str, str, int], tuple[Any, Any]] = dataclasses.field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics.in_flight.set_function(lambda: self._in_flight)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import KW_ONLY, dataclass, field
 from typing import IO, Any
 
 from tqdm import tqdm
@@ -30,6 +31,7 @@ def is_terminal(stream: IO[str]) -> bool:
         return False
 
 
+@dataclass(eq=False)
 class Progress:
     """Counts `done` out of `total` units of work and shows it (see the module docstring).
 
@@ -43,25 +45,28 @@ class Progress:
         terminal: force the terminal (bar) or plain-line behaviour (default: `file.isatty()`).
     """
 
-    def __init__(self, total: float | None, desc: str, *, unit: str = "it", file: IO[str] | None = None,
-                 every_s: float = 10.0, enabled: bool = True, terminal: bool | None = None):
-        self.file = file or sys.stderr
-        self.total = total
-        self.desc = desc
-        self.unit = unit
-        self.every_s = every_s
-        self.enabled = enabled
-        self.done = 0.0
-        self.postfix = ""
-        self.started = time.monotonic()
+    total: float | None
+    desc: str
+    _: KW_ONLY
+    unit: str = "it"
+    file: IO[str] | None = None
+    every_s: float = 10.0
+    enabled: bool = True
+    terminal: bool | None = None
+    done: float = field(default=0.0, init=False)
+    postfix: str = field(default="", init=False)
+    started: float = field(default_factory=time.monotonic, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _closed: bool = field(default=False, init=False)
+    _bar: tqdm | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.file = self.file or sys.stderr
         self._last_line = self.started
-        self._lock = threading.Lock()
-        self._closed = False
-        self.terminal = is_terminal(self.file) if terminal is None else terminal
-        self._bar: tqdm | None = None
-        if enabled and self.terminal:
-            scale = unit == "B"
-            self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.file, unit_scale=scale,
+        self.terminal = is_terminal(self.file) if self.terminal is None else self.terminal
+        if self.enabled and self.terminal:
+            scale = self.unit == "B"
+            self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, file=self.file, unit_scale=scale,
                              unit_divisor=1024 if scale else 1000, dynamic_ncols=True)
 
     def __enter__(self) -> Progress:

@@ -65,21 +65,21 @@ class _Waiter:
     logged: bool = False
 
 
+@dataclass(eq=False)
 class Admission:
     """A FIFO line for run slots and memory, with a bounded length."""
 
-    def __init__(self, max_running: int, max_queued: int, memory_budget_mb: int, max_wait_s: float | None = None):
-        self.max_running = max_running
-        self.max_queued = max_queued
-        self.max_wait_s = max_wait_s
-        """How long a request may wait in line; past it, `Overloaded` (`admission_timeout`). None: no bound."""
-        self.memory_budget_mb = memory_budget_mb
-        self.running = 0
-        self.admitted_mb = 0
-        self.waiting_for_memory = 0
-        """Waiters held back by the memory budget (at the last admission pass)."""
-        self._line: deque[_Waiter] = deque()
-        self._average_s = 0.05
+    max_running: int
+    max_queued: int
+    memory_budget_mb: int
+    max_wait_s: float | None = None
+    """How long a request may wait in line; past it, `Overloaded` (`admission_timeout`). None: no bound."""
+    running: int = field(default=0, init=False)
+    admitted_mb: int = field(default=0, init=False)
+    waiting_for_memory: int = field(default=0, init=False)
+    """Waiters held back by the memory budget (at the last admission pass)."""
+    _line: deque[_Waiter] = field(default_factory=deque, init=False)
+    _average_s: float = field(default=0.05, init=False)
 
     @property
     def waiting(self) -> int:
