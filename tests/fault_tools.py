@@ -42,7 +42,8 @@ REQUEST_LINE = re.compile(rb"(?:^|\r\n)(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH
 
 
 class _Listener:
-    """A TCP listener on `url` (127.0.0.1, a free port) whose `_accept` runs in a daemon thread until `close()`."""
+    """A TCP listener on `url` (127.0.0.1, a free port) accepting in a daemon thread until `close()`: each
+    connection goes to `_take`."""
 
     def __init__(self, name: str, backlog: int) -> None:
         self._listener = socket.socket()
@@ -71,6 +72,15 @@ class _Listener:
         return []
 
     def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            self._take(sock)
+
+    def _take(self, sock: socket.socket) -> None:
+        """Handle one accepted connection (in the accepting thread: hand long work to a thread of its own)."""
         raise NotImplementedError
 
 
@@ -101,23 +111,18 @@ class CuttingProxy(_Listener):
         with self._lock:
             return list(self._open)
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=10)
-            except OSError:
-                _close(client)
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._open.update((client, upstream))
-            armed = threading.Event()  # the request now on this connection is one whose answer is cut
-            threading.Thread(target=self._requests, args=(client, upstream, armed), daemon=True).start()
-            threading.Thread(target=self._answers, args=(upstream, client, armed), daemon=True).start()
+    def _take(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.target, timeout=10)
+        except OSError:
+            _close(client)
+            return
+        upstream.settimeout(None)
+        with self._lock:
+            self._open.update((client, upstream))
+        armed = threading.Event()  # the request now on this connection is one whose answer is cut
+        threading.Thread(target=self._requests, args=(client, upstream, armed), daemon=True).start()
+        threading.Thread(target=self._answers, args=(upstream, client, armed), daemon=True).start()
 
     def _requests(self, client: socket.socket, upstream: socket.socket, armed: threading.Event) -> None:
         with contextlib.suppress(OSError):
@@ -182,15 +187,10 @@ class StalledServer(_Listener):
     def _sockets(self) -> list[socket.socket]:
         return self._held
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            self._held.append(sock)
-            threading.Thread(target=_drain, args=(sock,), daemon=True).start()
+    def _take(self, sock: socket.socket) -> None:
+        self.connections += 1
+        self._held.append(sock)
+        threading.Thread(target=_drain, args=(sock,), daemon=True).start()
 
 
 def _drain(sock: socket.socket) -> None:

@@ -195,10 +195,16 @@ def test_v1_responses_queues_with_run():
 # ------------------------------------------------------------------------------- the queue itself, on one loop
 
 
+def _one_slot_taken() -> Admission:
+    """An admission queue of one slot, held (by the test)."""
+    admission = Admission(1)
+    assert admission.try_enter()
+    return admission
+
+
 def test_a_freed_slot_goes_to_the_oldest_waiter_and_no_newcomer_overtakes_it():
     async def scenario():
-        admission = Admission(1)
-        assert admission.try_enter()
+        admission = _one_slot_taken()
         order: list[str] = []
 
         async def waiter(name):
@@ -220,8 +226,7 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_and_no_newcomer_overtakes_it():
 
 def test_a_waiter_cancelled_as_it_is_handed_a_slot_passes_it_on():
     async def scenario():
-        admission = Admission(1)
-        assert admission.try_enter()
+        admission = _one_slot_taken()
         first = asyncio.create_task(admission.enter())
         second = asyncio.create_task(admission.enter())
         await asyncio.sleep(0)
@@ -239,8 +244,7 @@ def test_a_waiter_cancelled_as_it_is_handed_a_slot_passes_it_on():
 
 def test_a_waiter_that_gives_up_holds_nothing():
     async def scenario():
-        admission = Admission(1)
-        assert admission.try_enter()
+        admission = _one_slot_taken()
         gone = asyncio.Event()
         waiter = asyncio.create_task(admission.enter(gone.wait))
         behind = asyncio.create_task(admission.enter())

@@ -11,23 +11,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from gymfleet.fleet.config_instances import ServerInstance, repository_root
 from gymfleet.fleet.launch import build_server
-from gymfleet.testing import check_resources_server, serve
+from gymfleet.testing import check_resources_server, environment_block, serve
 
 ROOT = repository_root()
 ENVS = sorted(p.name for p in (ROOT / "resources_servers").iterdir() if (p / "app.py").is_file())
 SECTIONS = ("## Task fields", "## Reward", "## Config", "## Tools", "## Version history")
-
-
-def _server_block(env: str) -> tuple[str, dict]:
-    config = yaml.safe_load((ROOT / "resources_servers" / env / "configs" / f"{env}.yaml").read_text())
-    for name, block in config.items():
-        if isinstance(block, dict) and env in (block.get("resources_servers") or {}):
-            return name, block["resources_servers"][env]
-    raise AssertionError(f"configs/{env}.yaml declares no resources_servers.{env} instance")
 
 
 def test_there_are_environments():
@@ -36,7 +27,7 @@ def test_there_are_environments():
 
 @pytest.mark.parametrize("env", ENVS)
 def test_environment_conforms(env):
-    name, fields = _server_block(env)
+    name, fields = environment_block(env)
     instance = ServerInstance(name=name, server_type="resources_servers", impl=env,
                               fields={**fields, "host": "127.0.0.1", "port": 0})
     server = build_server(instance, {})

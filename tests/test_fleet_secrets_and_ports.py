@@ -23,14 +23,8 @@ import pytest
 from gymfleet.fleet import ports
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, find_free_port, parse_global_config
 from gymfleet.fleet.credential import answers_as
-from gymfleet.fleet.launch import (
-    CREDENTIALS_FD_ENV,
-    bind_socket,
-    credentials_fd,
-    merge_secrets,
-    split_secrets,
-    take_secrets,
-)
+from gymfleet.fleet.launch import bind_socket, take_secrets
+from gymfleet.fleet.secret_handoff import CREDENTIALS_FD_ENV, credentials_fd, merge_secrets, split_secrets
 from gymfleet.fleet.supervisor import Fleet, PortInUseError, remove_stale_workdirs
 from gymfleet.testing import fleet_headers, free_port, running_fleet
 

@@ -95,18 +95,26 @@ def test_one_task_running_rollouts_in_turn_spreads_them_with_rollout_scope(repli
     assert all(served(url, "/seed_session") > was for url, was in zip(replicas, before, strict=True))
 
 
+async def rollouts_in_turn(client: http.ServerClient, count: int, pause_s: float = 0.0) -> list[dict | TransportError]:
+    """`count` rollouts one after another, each its own rollout scope: the answers, or the `TransportError`s."""
+    outcomes: list[dict | TransportError] = []
+    for _ in range(count):
+        with http.rollout_scope():
+            try:
+                outcomes.append(await rollout(client))
+            except TransportError as exc:
+                outcomes.append(exc)
+        if pause_s:
+            await asyncio.sleep(pause_s)
+    return outcomes
+
+
 def test_a_replica_that_refuses_is_avoided_by_new_rollouts(replicas):
     dead = f"http://127.0.0.1:{free_port()}"
 
     async def in_turn() -> list[dict | TransportError]:
         client = http.ServerClient(env_config([dead, replicas[0]]))
-        outcomes = []
-        for _ in range(8):
-            with http.rollout_scope():
-                try:
-                    outcomes.append(await rollout(client))
-                except TransportError as exc:
-                    outcomes.append(exc)
+        outcomes = await rollouts_in_turn(client, 8)
         await http.close()
         return outcomes
 
@@ -125,14 +133,7 @@ def test_addresses_are_refreshed_from_the_head_server_after_a_failure(replicas):
 
         async def in_turn() -> list[dict | TransportError]:
             client = http.ServerClient(env_config([dead, dead.replace("127.0.0.1", "localhost")], head))
-            outcomes = []
-            for _ in range(10):
-                with http.rollout_scope():
-                    try:
-                        outcomes.append(await rollout(client))
-                    except TransportError as exc:
-                        outcomes.append(exc)
-                await asyncio.sleep(0.05)  # the refresh runs in the background
+            outcomes = await rollouts_in_turn(client, 10, pause_s=0.05)  # the refresh runs in the background
             assert client.urls_of(ENV) == replicas, "the head server's addresses replaced the dead ones"
             await http.close()
             return outcomes

@@ -28,7 +28,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from gymfleet.fleet.config_instances import ServerInstance, repository_root
 from gymfleet.fleet.launch import build_server
@@ -46,7 +45,7 @@ from gymfleet.grading.probes import (
     text_probe,
     violations,
 )
-from gymfleet.testing import make_response, serve
+from gymfleet.testing import environment_block, make_response, serve
 from resources_servers.math_formal_lean.tests.stand_in_checker import checker_app
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -235,14 +234,6 @@ def ceiling_for(env: str, module: Any, probe: str, row: dict) -> float:
 
 
 # ------------------------------------------------------------------------------------------------- servers
-def _config(env: str) -> tuple[str, dict]:
-    config = yaml.safe_load((ROOT / "resources_servers" / env / "configs" / f"{env}.yaml").read_text())
-    for name, block in config.items():
-        if isinstance(block, dict) and env in (block.get("resources_servers") or {}):
-            return name, block["resources_servers"][env]
-    raise AssertionError(f"configs/{env}.yaml declares no resources_servers.{env} instance")
-
-
 def _refs(value: Any) -> Iterator[tuple[str, str]]:
     if isinstance(value, dict):
         if {"type", "name"} <= set(value) and isinstance(value["name"], str):
@@ -269,9 +260,9 @@ class Servers:
     def __init__(self, stack: contextlib.ExitStack, judge_url: str, sandbox: Callable[[], str], checker_url: str):
         self.stack, self.judge_url, self.sandbox, self.checker_url = stack, judge_url, sandbox, checker_url
         self.urls: dict[str, str] = {}
-        self.instances = {_config(env)[0]: env for env in ENVS}
+        self.instances = {environment_block(env)[0]: env for env in ENVS}
 
-    def global_config(self, fields: dict) -> dict:
+    def globalenvironment_block(self, fields: dict) -> dict:
         config: dict[str, Any] = {}
         for ref_type, name in _refs(fields):
             if ref_type == "responses_api_models":
@@ -284,12 +275,12 @@ class Servers:
         return config
 
     def build(self, env: str) -> Any:
-        name, fields = _config(env)
+        name, fields = environment_block(env)
         if env == "math_formal_lean":  # its Lean checker is outside the fleet
             fields = {**fields, "checker_url": self.checker_url}
         instance = ServerInstance(name=name, server_type="resources_servers", impl=env,
                                   fields={**fields, "host": "127.0.0.1", "port": 0})
-        return build_server(instance, self.global_config(fields))
+        return build_server(instance, self.globalenvironment_block(fields))
 
     def url(self, env: str) -> str:
         if env not in self.urls:
@@ -355,7 +346,7 @@ def test_a_weakened_scorer_is_caught(monkeypatch):
     import resources_servers.mcqa.app as mcqa
 
     monkeypatch.setattr(mcqa, "score", lambda text, *args, **kwargs: (1.0 if text.strip() else 0.0, None))
-    name, fields = _config("mcqa")
+    name, fields = environment_block("mcqa")
     server = build_server(ServerInstance(name=name, server_type="resources_servers", impl="mcqa",
                                          fields={**fields, "host": "127.0.0.1", "port": 0}), {})
     rows = _rows("mcqa")[:1]

@@ -104,9 +104,7 @@ class RayFleet(RayStartup, Watched):
         except BaseException:
             self.shutdown()
             raise
-        self._started = True
-        self._watcher = threading.Thread(target=self._watch, name="ray-fleet-watcher", daemon=True)
-        self._watcher.start()
+        self._begin_watching("ray-fleet-watcher")
         total = sum(len(replicas) for replicas in self.replicas.values())
         self._say(f"All {total} / {total} replicas of {len(self.replicas)} servers ready on the Ray cluster! Head "
                   f"server: http://{self.config.head_host}:{self.config.head_port}")
@@ -123,13 +121,7 @@ class RayFleet(RayStartup, Watched):
         now = time.monotonic()
         live = [replica for replica in self._all() if replica.state != "failed" and replica.restart_at is None]
         refs = {id(replica): replica.actor.poll.remote() for replica in live}
-        for replica in self._all():
-            if replica.state == "failed":
-                continue
-            if replica.restart_at is not None:
-                if now >= replica.restart_at:
-                    self._restart(replica, now)
-                continue
+        for replica in self._to_check(self._all(), now, self._restart):
             try:
                 status = self._ray.get(refs[id(replica)], timeout=ACTOR_CALL_TIMEOUT_S)
             except Exception as exc:  # the actor died (or its node): a new actor takes its place

@@ -173,9 +173,7 @@ class Fleet(ServerStart, Readiness, Watched):
         except BaseException:
             self.shutdown()
             raise
-        self._started = True
-        self._watcher = threading.Thread(target=self._watch, name="fleet-watcher", daemon=True)
-        self._watcher.start()
+        self._begin_watching("fleet-watcher")
         total = len(self.children)
         self._say(
             f"All {total} / {total} servers ready! Head server: http://{self.config.head_host}:{self.config.head_port}"
@@ -281,13 +279,7 @@ class Fleet(ServerStart, Readiness, Watched):
     def _supervise(self) -> None:
         """One round: notice crashes, start servers whose backoff is over, mark restarted servers that answer."""
         now = time.monotonic()
-        for child in self.children.values():
-            if child.state == "failed":
-                continue
-            if child.restart_at is not None:
-                if now >= child.restart_at:
-                    self._respawn(child, now)
-                continue
+        for child in self._to_check(self.children.values(), now, self._respawn):
             code = child.process.poll()
             if code is not None:
                 self._crashed(child, _exit_text(code), code == EXIT_PORT_IN_USE, now)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,8 @@ class Watched:
     """The watcher thread's loop and `run_forever`, for a fleet with `poll()`, `_supervise()` and `_stopping`."""
 
     _stopping: bool
+    _started: bool
+    _watcher: threading.Thread | None
 
     def poll(self) -> None:
         raise NotImplementedError
@@ -26,11 +29,33 @@ class Watched:
     def _supervise(self) -> None:
         raise NotImplementedError
 
+    def _watch(self) -> None:
+        raise NotImplementedError
+
+    def _begin_watching(self, name: str) -> None:
+        """The fleet is up: mark it started and run `_watch` in a daemon thread called `name`."""
+        self._started = True
+        self._watcher = threading.Thread(target=self._watch, name=name, daemon=True)
+        self._watcher.start()
+
     def run_forever(self, interval_s: float = 1.0) -> None:
         """Block, polling, until a server cannot be brought back (raises) or the process is told to stop."""
         while not self._stopping:
             self.poll()
             time.sleep(interval_s)
+
+    @staticmethod
+    def _to_check(members: Iterable[Any], now: float, restart: Callable[[Any, float], None]) -> Iterator[Any]:
+        """The servers (children, replicas) a round checks: neither failed nor waiting out a restart backoff. One
+        whose backoff is over is restarted (`restart(member, now)`) instead, and checked in a later round."""
+        for member in members:
+            if member.state == "failed":
+                continue
+            if member.restart_at is not None:
+                if now >= member.restart_at:
+                    restart(member, now)
+                continue
+            yield member
 
     def _watch_rounds(self, wake: threading.Event, lock: Any, interval_s: float, what: str) -> None:
         """Supervise under `lock` every `interval_s` until `wake` is set or the fleet stops; `what` names the fleet

@@ -201,16 +201,16 @@ def _probe_timeout_s(global_config: dict[str, Any]) -> float:
     return max(0.0, float(value))
 
 
+@dataclasses.dataclass(eq=False)
 class UpstreamWatch:
     """Whether each upstream answers yet (see "Upstream readiness" in the module docstring)."""
 
-    def __init__(self, base_urls: list[str], timeout_s: float, headers: dict[str, str]):
-        self.base_urls = base_urls
-        self.timeout_s = timeout_s
-        self.headers = headers
-        self.started = time.monotonic()
-        self.answered_after: dict[str, float] = {}
-        self.errors: dict[str, str] = {}
+    base_urls: list[str]
+    timeout_s: float
+    headers: dict[str, str]
+    started: float = dataclasses.field(default_factory=time.monotonic, init=False)
+    answered_after: dict[str, float] = dataclasses.field(default_factory=dict, init=False)
+    errors: dict[str, str] = dataclasses.field(default_factory=dict, init=False)
 
     def status(self) -> dict[str, Any]:
         waited = time.monotonic() - self.started
