@@ -18,6 +18,7 @@ from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import ServerRefError
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
 from resources_servers.genrm_compare import app as genrm_app
+from resources_servers.genrm_compare import prompt as genrm_prompt
 from resources_servers.genrm_compare.app import GenRMCompareServer, injection_reasons
 from resources_servers.genrm_compare.scoring import Shaping, Verdict, aggregate, reward_floor
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -394,6 +395,7 @@ def test_app_doctests():
     import doctest
 
     assert doctest.testmod(genrm_app).failed == 0
+    assert doctest.testmod(genrm_prompt).failed == 0
 
 
 @pytest.mark.parametrize(("text", "reasons"), [c[:2] for c in INJECTION_CASES], ids=[c[2] for c in INJECTION_CASES])
