@@ -101,33 +101,31 @@ def judge():
         yield url
 
 
-@pytest.fixture(scope="module")
-def stem(judge):
-    with serve(make_server("equivalence_llm_judge.yaml", judge).create_app()) as url:
-        yield url
+def _served(name: str, config_file: str, **overrides):
+    """Module fixture `name`: the URL of a server built from the shipped `config_file` (fields changed by
+    `overrides`), judged by the scripted judge."""
+
+    @pytest.fixture(scope="module", name=name)
+    def served(judge):
+        with serve(make_server(config_file, judge, **overrides).create_app()) as url:
+            yield url
+
+    return served
 
 
-@pytest.fixture(scope="module")
-def bash(judge):
-    with serve(make_server("nl2bash-equivalency.yaml", judge).create_app()) as url:
-        yield url
+stem = _served("stem", "equivalence_llm_judge.yaml")
+bash = _served("bash", "nl2bash-equivalency.yaml")
+lc = _served("lc", "lc_judge.yaml")
+retrying = _served("retrying", "equivalence_llm_judge.yaml", check_full_generation_on_fail=True,
+                   extraction_length_threshold=120, reward_if_full_generation_succeeds=0.5)
+"""The STEM config with NeMo-Gym's defaults for the full-text retry and the length threshold."""
 
 
-@pytest.fixture(scope="module")
-def lc(judge):
-    with serve(make_server("lc_judge.yaml", judge).create_app()) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def retrying(judge):
-    """The STEM config with NeMo-Gym's defaults for the full-text retry and the length threshold."""
-    server = make_server("equivalence_llm_judge.yaml", judge, check_full_generation_on_fail=True,
-                         extraction_length_threshold=120, reward_if_full_generation_succeeds=0.5)
-    with serve(server.create_app()) as url:
-        yield url
-
-
+def graded(url: str, row: dict, text: str, expected: tuple) -> dict:
+    """`verify`, asserting the result's (reward, reason, judge calls) are `expected`."""
+    result = verify(url, row, text)
+    assert (result["reward"], result["reason"], len(result["judge_evaluations"])) == expected
+    return result
 
 
 def prompts(result: dict) -> list[str]:
@@ -222,8 +220,7 @@ STEM_CASES = [
 @pytest.mark.parametrize(("row", "text", "reward", "reason", "calls"), [c[:-1] for c in STEM_CASES],
                          ids=[c[-1] for c in STEM_CASES])
 def test_stem_realistic_outputs(stem, row, text, reward, reason, calls):
-    result = verify(stem, OUR_ROWS[row], text)
-    assert (result["reward"], result["reason"], len(result["judge_evaluations"])) == (reward, reason, calls)
+    result = graded(stem, OUR_ROWS[row], text, (reward, reason, calls))
     assert "_ng_failure_class" not in result and result["judge_injection"] is None
     assert len(result["judge_provenance"]) == calls
     for prompt in prompts(result):
@@ -355,8 +352,7 @@ RETRY_CASES = [
 @pytest.mark.parametrize(("row", "text", "reward", "reason", "calls"), [c[:-1] for c in RETRY_CASES],
                          ids=[c[-1] for c in RETRY_CASES])
 def test_full_generation_retry_and_length_threshold(retrying, row, text, reward, reason, calls):
-    result = verify(retrying, OUR_ROWS[row], text)
-    assert (result["reward"], result["reason"], len(result["judge_evaluations"])) == (reward, reason, calls)
+    graded(retrying, OUR_ROWS[row], text, (reward, reason, calls))
 
 
 def test_retry_shows_the_whole_text_and_the_long_reference_skips_the_regex(retrying):
@@ -389,8 +385,7 @@ BASH_CASES = [
 @pytest.mark.parametrize(("row", "text", "reward", "reason", "calls"), [c[:-1] for c in BASH_CASES],
                          ids=[c[-1] for c in BASH_CASES])
 def test_nl2bash_swap_check(bash, row, text, reward, reason, calls):
-    result = verify(bash, BASH_ROWS[row], text)
-    assert (result["reward"], result["reason"], len(result["judge_evaluations"])) == (reward, reason, calls)
+    graded(bash, BASH_ROWS[row], text, (reward, reason, calls))
 
 
 def test_nl2bash_uses_its_inline_template_and_swaps_the_answers(bash):
