@@ -12,7 +12,15 @@ from resources_servers.workplace_assistant.tables import (
     keep,
     regex_mask,
 )
-from resources_servers.workplace_assistant.toolkit import Toolkit, delete_row, next_id, paginate, quoted, records
+from resources_servers.workplace_assistant.toolkit import (
+    Toolkit,
+    delete_row,
+    missing_id_or_field,
+    next_id,
+    paginate,
+    quoted,
+    records,
+)
 
 PLOT_VALUES = ("total_visits", "session_duration_seconds", "user_engaged", "visits_direct", "visits_referral",
                "visits_search_engine", "visits_social_media")
@@ -104,10 +112,8 @@ def _task_value_problem(workplace: Workplace, field: str, value: Any) -> str | N
 
 class ProjectManagementTool(Toolkit):
     def get_task_information_by_id(self, task_id=None, field=None):
-        if not task_id:
-            return "Task ID not provided."
-        if not field:
-            return "Field not provided."
+        if problem := missing_id_or_field(task_id, field, "Task"):
+            return problem
         row = self.w.tasks.first("task_id", task_id)
         if row is None:
             return "Task not found."

@@ -35,6 +35,16 @@ class Toolkit:
         self.w = workplace
 
 
+def missing_id_or_field(key: Any, field: Any, noun: str) -> str | None:
+    """The reference's first checks of a `get_*_information_by_id` tool: its answer when the ID or the field is
+    missing, else None."""
+    if not key:
+        return f"{noun} ID not provided."
+    if not field:
+        return "Field not provided."
+    return None
+
+
 def delete_row(table: Any, column: str, key: Any, noun: str) -> str:
     """The reference's delete tool: remove the row whose `column` is `key` from `table`, worded for `noun`."""
     if not key:

@@ -32,7 +32,15 @@ from resources_servers.workplace_assistant.tables import (
     parse_timestamp,
     regex_mask,
 )
-from resources_servers.workplace_assistant.toolkit import Toolkit, at_or_after, delete_row, next_id, paginate, records
+from resources_servers.workplace_assistant.toolkit import (
+    Toolkit,
+    at_or_after,
+    delete_row,
+    missing_id_or_field,
+    next_id,
+    paginate,
+    records,
+)
 
 EMAIL_FIELDS = "email_id, inbox/outbox, sender/recipient, subject, sent_datetime, body"
 EVENT_FIELDS = ("event_id", "event_name", "participant_email", "event_start", "duration")
@@ -50,10 +58,8 @@ class CompanyDirectoryTool(Toolkit):
 class EmailTool(Toolkit):
     def get_email_information_by_id(self, email_id=None, field=None):
         try:
-            if not email_id:
-                return "Email ID not provided."
-            if not field:
-                return "Field not provided."
+            if problem := missing_id_or_field(email_id, field, "Email"):
+                return problem
             row = self.w.emails.first("email_id", email_id)
             if row is None:
                 return "Email not found."
@@ -160,10 +166,8 @@ def _parses(value: Any) -> bool:
 
 class CalendarTool(Toolkit):
     def get_event_information_by_id(self, event_id=None, field=None):
-        if not event_id:
-            return "Event ID not provided."
-        if not field:
-            return "Field not provided."
+        if problem := missing_id_or_field(event_id, field, "Event"):
+            return problem
         if not _event_id_ok(event_id):
             return "Invalid event ID format. Expected 8-digit ID."
         if field not in EVENT_FIELDS:
