@@ -3,6 +3,12 @@ re-exported from gymfleet (`gymfleet.serving.nemo_gym_server`, `gymfleet.serving
 own)."""
 
 from gymfleet.serving.nemo_gym_agent_tools import NEMO_GYM_MCP_METADATA_KEY
+from gymfleet.serving.nemo_gym_mcp import (
+    NEMO_GYM_MCP_SESSION_TOKEN_HEADER,
+    RESERVED_MCP_TOOL_NAMES,
+    MCPServerMetadata,
+    normalize_tool_name,
+)
 from gymfleet.serving.nemo_gym_server import BaseResourcesServer, SimpleResourcesServer
 from gymfleet.serving.nemo_gym_types import (
     AggregateMetrics,
@@ -26,7 +32,9 @@ from gymfleet.serving.nemo_gym_types import (
 __all__ = [
     "AggregateMetrics", "AggregateMetricsRequest", "BaseMultiRewardVerifyResponse", "BaseResourcesServer",
     "BaseResourcesServerConfig", "BaseRunRequest", "BaseSeedSessionRequest", "BaseSeedSessionResponse",
-    "BaseVerifyRequest", "BaseVerifyResponse", "NEMO_GYM_MCP_METADATA_KEY", "NeMoGymResponse",
+    "BaseVerifyRequest", "BaseVerifyResponse", "MCPServerMetadata", "NEMO_GYM_MCP_METADATA_KEY",
+    "NEMO_GYM_MCP_SESSION_TOKEN_HEADER", "NeMoGymResponse",
     "NeMoGymResponseCreateParamsNonStreaming", "ResourcesCloseSessionRequest", "ResourcesCloseSessionResponse",
-    "ResourcesSeedSessionRequest", "ResourcesSeedSessionResponse", "ReverifyMode", "SimpleResourcesServer",
+    "ResourcesSeedSessionRequest", "ResourcesSeedSessionResponse", "RESERVED_MCP_TOOL_NAMES", "ReverifyMode",
+    "SimpleResourcesServer", "normalize_tool_name",
 ]

@@ -29,7 +29,8 @@ A folder whose `setup_webserver` builds a FastAPI app of its own instead of exte
 base: `/reset`, `/step`) is served the same way: its routes, middleware and hooks move into gymfleet's app
 (`NeMoGymResourcesHost.adopt`), so liveness, metrics, deadlines and NeMo-Gym's session cookies are there too.
 
-NeMo-Gym 0.7.0 also exposes tools over MCP (`expose_tools_over_mcp`); that is not served here yet.
+A folder whose config sets `expose_tools_over_mcp: true` also serves its tool routes over MCP at `/mcp`
+(`gymfleet.serving.nemo_gym_mcp`; `mcp_tools` and `mcp_allowed_tools_for_session` tailor what it exposes).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from gymfleet.serving.nemo_gym_client import (
     served_config,
     set_served_config,
 )
+from gymfleet.serving.nemo_gym_mcp import CatchAll, MCPTool, maybe_auto_expose, normalize_tool_name
 from gymfleet.serving.nemo_gym_metrics import AggregateMetricsMixin, compute_aggregate_metrics
 from gymfleet.serving.nemo_gym_types import (
     AggregateMetrics,
@@ -163,8 +165,17 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin, SimpleSe
 
     def normalize_tool_name(self, name: str) -> str:
         """A trajectory's tool name without this server's MCP namespace (`mcp__<server>__<tool>` -> `<tool>`)."""
-        prefix = f"mcp__{self.config.name or type(self).__name__}__"
-        return name[len(prefix):] if name.startswith(prefix) else name
+        return normalize_tool_name(name, self.config.name or type(self).__name__)
+
+    def mcp_tools(self, harvested: list[MCPTool], catchall: CatchAll | None) -> list[MCPTool] | None:
+        """The tools served over MCP (`expose_tools_over_mcp`): by default every typed `POST /<tool>` route; override
+        to filter them, add `catchall.tool(name, input_schema, description)` ones, or return None for none."""
+        return harvested
+
+    def mcp_allowed_tools_for_session(self, seed_body: dict[str, Any]) -> list[str] | None:
+        """The tools one rollout's MCP token may call (`seed_body`: its `/seed_session` body, or an Environment
+        Server seed's `task_data`); None, the default, for all."""
+        return None
 
 
 def _plain_or_empty(client: Any) -> dict[str, Any]:
@@ -249,7 +260,9 @@ class NeMoGymResourcesHost(ResourcesServer):
         """The folder's app (`setup_webserver()`): the one `build_app` made, or, for a folder that builds a FastAPI
         app of its own (NeMo-Gym's Gymnasium base does), gymfleet's app holding that app's routes (`adopt`)."""
         app = self.folder.setup_webserver()
-        return app if getattr(app.state, "server", None) is self else self.adopt(app)
+        app = app if getattr(app.state, "server", None) is self else self.adopt(app)
+        maybe_auto_expose(self.folder, app)
+        return app
 
     def build_app(self) -> FastAPI:
         """gymfleet's app for this folder, with NeMo-Gym's base routes (the folder adds its tools to it)."""
