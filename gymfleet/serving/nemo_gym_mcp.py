@@ -211,7 +211,8 @@ async def call_route(app: FastAPI, path: str, session: str, arguments: dict | No
         "session": {SESSION_ID_KEY: session},
     }
     captured = _Captured()
-    await ExceptionMiddleware(AsyncExitStackMiddleware(app.router), handlers=app.exception_handlers)(scope, _receive_of(body), captured.send)
+    routed = ExceptionMiddleware(AsyncExitStackMiddleware(app.router), handlers=app.exception_handlers)
+    await routed(scope, _receive_of(body), captured.send)
     text = bytes(captured.body).decode("utf-8", errors="replace")
     try:
         payload = json.loads(text)
@@ -262,7 +263,8 @@ def _route(app: FastAPI, path: str) -> APIRoute:
     for route in app.router.routes:
         if isinstance(route, APIRoute) and route.path == path:
             return route
-    raise ConfigError(f"expose_tools_over_mcp needs a {path} route, and the app has none", path="expose_tools_over_mcp")
+    raise ConfigError(f"expose_tools_over_mcp needs a {path} route, and the app has none",
+                      path="expose_tools_over_mcp")
 
 
 def _json_object(raw: bytes) -> dict:
@@ -347,7 +349,8 @@ def install_auto_exposure(server: Any, app: FastAPI) -> dict[str, MCPTool]:
         session = scope.setdefault("session", {})
         if not session.get(SESSION_ID_KEY):
             session[SESSION_ID_KEY] = new_session_id()
-        token = signer.dumps({"sid": session[SESSION_ID_KEY], "tools": server.mcp_allowed_tools_for_session(seed_body)})
+        allowed = server.mcp_allowed_tools_for_session(seed_body)
+        token = signer.dumps({"sid": session[SESSION_ID_KEY], "tools": allowed})
         return MCPServerMetadata(server_name=server_name,
                                  headers={NEMO_GYM_MCP_SESSION_TOKEN_HEADER: token}).model_dump()
 
