@@ -6,7 +6,6 @@ from gymfleet.serving.nemo_gym_agent_tools import NEMO_GYM_MCP_METADATA_KEY
 from gymfleet.serving.nemo_gym_mcp import (
     NEMO_GYM_MCP_SESSION_TOKEN_HEADER,
     RESERVED_MCP_TOOL_NAMES,
-    MCPServerMetadata,
     normalize_tool_name,
 )
 from gymfleet.serving.nemo_gym_server import BaseResourcesServer, SimpleResourcesServer
@@ -20,12 +19,14 @@ from gymfleet.serving.nemo_gym_types import (
     BaseSeedSessionResponse,
     BaseVerifyRequest,
     BaseVerifyResponse,
+    MCPServerMetadata,
     NeMoGymResponse,
     NeMoGymResponseCreateParamsNonStreaming,
     ResourcesCloseSessionRequest,
     ResourcesCloseSessionResponse,
     ResourcesSeedSessionRequest,
     ResourcesSeedSessionResponse,
+    ResourcesVerifyRequest,
     ReverifyMode,
 )
 
@@ -35,6 +36,6 @@ __all__ = [
     "BaseVerifyRequest", "BaseVerifyResponse", "MCPServerMetadata", "NEMO_GYM_MCP_METADATA_KEY",
     "NEMO_GYM_MCP_SESSION_TOKEN_HEADER", "NeMoGymResponse",
     "NeMoGymResponseCreateParamsNonStreaming", "ResourcesCloseSessionRequest", "ResourcesCloseSessionResponse",
-    "ResourcesSeedSessionRequest", "ResourcesSeedSessionResponse", "RESERVED_MCP_TOOL_NAMES", "ReverifyMode",
-    "SimpleResourcesServer", "normalize_tool_name",
+    "ResourcesSeedSessionRequest", "ResourcesSeedSessionResponse", "ResourcesVerifyRequest", "RESERVED_MCP_TOOL_NAMES",
+    "ReverifyMode", "SimpleResourcesServer", "normalize_tool_name",
 ]

@@ -10,12 +10,15 @@ from gymfleet.serving.nemo_gym_types import (
     ATTEMPT_INDEX_KEY_NAME,
     CACHE_DIR_KEY_NAME,
     ROLLOUT_INDEX_KEY_NAME,
+    SKILLS_REF_KEY_NAME,
     TASK_INDEX_KEY_NAME,
+    TASK_SOURCE_KEY_NAME,
 )
 
 __all__ = [
     "AGENT_REF_KEY_NAME", "ATTEMPT_INDEX_KEY_NAME", "CACHE_DIR_KEY_NAME", "HEAD_SERVER_KEY_NAME",
-    "ROLLOUT_ID_KEY_NAME", "ROLLOUT_INDEX_KEY_NAME", "TASK_INDEX_KEY_NAME", "GlobalConfigDictParser",
+    "ROLLOUT_ID_KEY_NAME", "ROLLOUT_INDEX_KEY_NAME", "SKILLS_REF_KEY_NAME", "TASK_INDEX_KEY_NAME",
+    "TASK_SOURCE_KEY_NAME", "GlobalConfigDictParser",
     "GlobalConfigDictParserConfig", "get_first_server_config_dict", "get_global_config_dict",
     "maybe_get_global_config_dict",
 ]

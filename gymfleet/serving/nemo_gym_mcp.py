@@ -49,6 +49,7 @@ from starlette.routing import Mount, Route
 
 from gymfleet.errors import ConfigError
 from gymfleet.serving.nemo_gym_agent_tools import NEMO_GYM_MCP_METADATA_KEY
+from gymfleet.serving.nemo_gym_types import MCPServerMetadata
 from gymfleet.serving.sessions import SESSION_ID_KEY, new_session_id, session_key
 
 log = logging.getLogger(__name__)
@@ -63,15 +64,6 @@ MCP_EXTRA_HINT = "expose_tools_over_mcp needs the mcp package: pip install 'gymf
 _TOKEN_SALT = "nemo-gym-mcp-session-token"
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]+")
 """What MCP clients accept as a tool name (and what `mcp__<server>__<tool>` can carry back)."""
-
-
-class MCPServerMetadata(BaseModel):
-    """The `mcp` block of a `/seed_session` answer: where the tools are and the rollout's token header."""
-
-    server_name: str
-    url_path: str = MCP_URL_PATH
-    transport: str = "http"
-    headers: dict[str, str]
 
 
 def normalize_tool_name(name: str, server_name: str | None = None) -> str:

@@ -23,15 +23,16 @@ Where NeMo-Gym main differs from 0.7.0 here: nothing a folder of the 0.7.0 corpu
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 from openai.types.responses import Response as OpenAIResponse
 from openai.types.responses import ResponseOutputRefusal, ResponseOutputText
 from openai.types.responses.response_reasoning_item import Summary
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator
 
 from gymfleet.serving.nemo_gym_paths import CACHE_DIR, PARENT_DIR  # noqa: F401 - also importable from here
 from gymfleet.wire import (
@@ -48,6 +49,9 @@ from gymfleet.wire import (
 )
 
 # ---------------------------------------------------------------------------------------------- Responses types
+
+_ATTEMPT_SUFFIX = re.compile(r"-a[1-9][0-9]*$")
+VerificationInputT = TypeVar("VerificationInputT")
 
 NeMoGymFunctionCallOutput = FunctionCallOutput
 NeMoGymResponseFunctionCallOutput = FunctionCallOutput
@@ -283,6 +287,19 @@ class EpisodeId(BaseModel):
     rollout_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     attempt: int = Field(default=0, ge=0)
 
+    @field_validator("rollout_id")
+    @classmethod
+    def _no_attempt_suffix(cls, rollout_id: str) -> str:
+        # `capture_key` appends `-a<N>` for retries; an id already ending so could collide with another's retry.
+        if _ATTEMPT_SUFFIX.search(rollout_id):
+            raise ValueError("rollout_id must not end with '-a<N>' (reserved for attempt capture keys)")
+        return rollout_id
+
+    @property
+    def capture_key(self) -> str:
+        """The key model captures are filed under: the rollout id, with `-a<attempt>` for a retry."""
+        return f"{self.rollout_id}-a{self.attempt}" if self.attempt else self.rollout_id
+
 
 class TaskId(BaseModel):
     """One task of a run's taskset."""
@@ -302,13 +319,48 @@ class ResourcesSeedSessionRequest(BaseModel):
     task_data: dict[str, Any]
 
 
+class MCPServerMetadata(BaseModel):
+    """Where a server's MCP tools are, and the rollout's token header (`/seed_session`'s `mcp` block)."""
+
+    server_name: str
+    url_path: str = "/mcp"
+    transport: str = "http"
+    headers: dict[str, str]
+
+
+class DirectSandboxConnection(BaseModel):
+    """Reconnect to a sandbox through the named top-level provider configuration and the provider's descriptor."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["direct"] = "direct"
+    provider_config_ref: str
+    descriptor: dict[str, JsonValue]
+
+
+class SandboxAccess(BaseModel):
+    """A sandbox its owner (a resources server) lends to the agent: how to reach it and where to work."""
+
+    model_config = ConfigDict(extra="forbid")
+    connection: DirectSandboxConnection
+    workdir: str
+
+
 class ResourcesSeedSessionResponse(BaseModel):
     """The seeded session's id (and, for servers that give them, tool and sandbox access)."""
 
     model_config = ConfigDict(extra="forbid")
     resources_session_id: str
-    resources_tools: dict[str, Any] | None = None
-    sandbox_access: dict[str, Any] | None = None
+    resources_tools: MCPServerMetadata | None = None
+    sandbox_access: SandboxAccess | None = None
+
+
+class ResourcesVerifyRequest(BaseModel, Generic[VerificationInputT]):
+    """An Environment Server's `/verify`: the episode's ids and its typed output."""
+
+    model_config = ConfigDict(extra="forbid")
+    episode_id: EpisodeId
+    task_id: TaskId
+    verification_input: VerificationInputT
 
 
 class ResourcesCloseSessionRequest(BaseModel):
@@ -342,6 +394,8 @@ class AggregateMetrics(BaseModel):
 # ---------------------------------------------------------------------------------------------- global config keys
 
 TASK_INDEX_KEY_NAME = "_ng_task_index"
+TASK_SOURCE_KEY_NAME = "task_source"
+SKILLS_REF_KEY_NAME = "skills_ref"
 ROLLOUT_INDEX_KEY_NAME = "_ng_rollout_index"
 ATTEMPT_INDEX_KEY_NAME = "_ng_attempt_index"
 AGENT_REF_KEY_NAME = "agent_ref"
