@@ -19,6 +19,7 @@ from nemo_gym.base_resources_server import (
 )
 from nemo_gym.sandbox import (
     AsyncSandbox,
+    AsyncSandboxCompose,
     Sandbox,
     SandboxCreateError,
     SandboxExecResult,
@@ -138,6 +139,24 @@ async def test_container_images_and_providers_are_refused_with_the_reason(sandbo
     with pytest.raises(ValueError, match="user=0 cannot be honoured"):
         await box.exec("id", user=0)
     await box.stop()
+
+
+async def test_compose_projects_are_checked_then_refused_before_anything_starts(sandbox_url, tmp_path):
+    compose = tmp_path / "docker-compose.yaml"
+    project = AsyncSandboxCompose({"gymfleet": {"url": sandbox_url}}, compose, service_specs={"main": SandboxSpec()})
+    for text, error, reason in (("services: {}", ValueError, "non-empty services"),
+                                ("services: {main: {image: app}, db: {command: x}}", ValueError,
+                                 "'db' needs a prebuilt"),
+                                ("services: {main: {image: app}, db: {image: pg}}", SandboxCreateError,
+                                 r"services \['main', 'db'\]\): gymfleet does not run Compose projects")):
+        compose.write_text(text)
+        with pytest.raises(error, match=reason):
+            await project.start()
+        assert project.services == {}
+    await project.stop()
+    await project.stop()
+    with pytest.raises(ValueError, match="must be positive"):
+        AsyncSandboxCompose({"gymfleet": {}}, compose, timeout_s=0)
 
 
 async def test_a_folders_own_provider_is_registered_and_used():
