@@ -1,7 +1,19 @@
-"""NeMo-Gym's `nemo_gym.rollout_collection`: re-exports from `gymfleet.rollouts.collect_inputs` and
-`gymfleet.rollouts.rollout_helper`."""
+"""NeMo-Gym's `nemo_gym.rollout_collection`: re-exports from `gymfleet.rollouts.collect_inputs`,
+`gymfleet.rollouts.rollout_helper` and `gymfleet.serving.nemo_gym_records` (the record keys and failure rules)."""
 
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
+from gymfleet.serving.nemo_gym_records import (
+    NG_ELAPSED_KEY,
+    NG_FAILURE_CLASS_KEY,
+    NG_NO_PERSIST_KEY,
+    NG_TERMINAL_KEY,
+    get_max_rollout_attempts,
+    is_terminal_failure,
+    observed_elapsed,
+)
 
-__all__ = ["RolloutCollectionConfig", "RolloutCollectionHelper"]
+__all__ = [
+    "NG_ELAPSED_KEY", "NG_FAILURE_CLASS_KEY", "NG_NO_PERSIST_KEY", "NG_TERMINAL_KEY", "RolloutCollectionConfig",
+    "RolloutCollectionHelper", "get_max_rollout_attempts", "is_terminal_failure", "observed_elapsed",
+]
