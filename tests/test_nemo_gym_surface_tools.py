@@ -1,6 +1,7 @@
 """The data-tooling corner of the `nemo_gym` surface, in process (no server: these are pure functions): a folder's
 `task_data.py` schema and the row checks against it (`nemo_gym.task_data`), `RewardProfiler`'s per-rollout view
-(`nemo_gym.reward_profile`), and `ResponsesConverter` (`nemo_gym.responses_converter`) on gymfleet's conversion."""
+(`nemo_gym.reward_profile`), `ResponsesConverter` (`nemo_gym.responses_converter`) on gymfleet's conversion, and the
+rollout-record helpers (`rollout_collection`'s failure keys and rules, `path_utils`, `deliverables`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ import random
 
 import pytest
 
+from nemo_gym.deliverables import IGNORE_FILES, is_deliverable
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.path_utils import aggregate_metrics_path_for, failures_path_for, materialized_path_for
 from nemo_gym.responses_converter import ResponsesConverter
 from nemo_gym.reward_profile import RewardProfiler
+from nemo_gym.rollout_collection import (
+    NG_FAILURE_CLASS_KEY,
+    NG_TERMINAL_KEY,
+    get_max_rollout_attempts,
+    is_terminal_failure,
+    observed_elapsed,
+)
 from nemo_gym.task_data import (
     RESERVED_ROW_KEYS,
     TaskDataSchemaError,
@@ -172,3 +182,31 @@ def test_compute_aggregate_metrics_returns_nemo_gyms_model():
     result = compute_aggregate_metrics(rows, get_key_metrics_fn=lambda agent: {"mean": agent["mean/reward"]})
     assert isinstance(result, AggregateMetrics) and result.key_metrics == {"mean": 0.5}
     assert compute_aggregate_metrics([]) == AggregateMetrics()
+
+
+@pytest.mark.parametrize("failure_class", [None, "timeout_exceeded", "reference_missing", "eval_missing",
+                                           "transport_ineligible", "skipped", "judge_failed"])
+@pytest.mark.parametrize("stamped", [False, True])
+def test_terminal_failures_follow_the_stamp_unless_the_retry_opt_in_names_the_class(failure_class, stamped):
+    row = {NG_FAILURE_CLASS_KEY: failure_class, NG_TERMINAL_KEY: stamped}
+    assert is_terminal_failure(row) is stamped
+    expected = {"timeout_exceeded": False, "reference_missing": False, "eval_missing": False,
+                "transport_ineligible": False, "skipped": True}.get(failure_class, stamped)
+    assert is_terminal_failure(row, retry_terminal_timeouts=True) is expected
+
+
+def test_record_helpers_elapsed_attempts_sidecars_and_deliverables(monkeypatch, tmp_path, caplog):
+    assert observed_elapsed({"elapsed_seconds": "2.5"}) == 2.5
+    assert observed_elapsed({"elapsed_seconds": 0, "response": {"metadata": {"elapsed_seconds": 4}}}) == 4.0
+    assert observed_elapsed({"elapsed_seconds": "x", "response": None}) is None
+    for raw, attempts in (("", 3), ("5", 5), ("0", 3), ("-2", 3), ("many", 3)):
+        monkeypatch.setenv("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", raw)
+        assert get_max_rollout_attempts() == attempts, raw
+    assert "'many' is not a positive integer" in caplog.text
+    out = tmp_path / "results" / "rollouts.jsonl"
+    assert [p.name for p in (failures_path_for(out), materialized_path_for(out), aggregate_metrics_path_for(out))] == [
+        "rollouts_failures.jsonl", "rollouts_materialized_inputs.jsonl", "rollouts_aggregate_metrics.json"]
+    (tmp_path / "report.docx").write_text("x")
+    (tmp_path / "history.json").write_text("x")
+    assert [p.name for p in sorted(tmp_path.iterdir()) if is_deliverable(p)] == ["report.docx"]
+    assert "history.json" in IGNORE_FILES

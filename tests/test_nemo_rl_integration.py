@@ -465,7 +465,7 @@ NEMO_GYM_MODULES = [
     "cli", "rollout_collection", "server_utils", "config_types", "global_config",  # what NeMo-RL imports
     "base_resources_server", "openai_utils", "judge", "reward_profile", "prompt",  # what environment folders import
     "episode_types", "verifier_fixture", "mcp_auto_exposure", "task_materialization", "rollout_observability",
-    "sandbox.access", "base_environment_server",
+    "sandbox.access", "base_environment_server", "path_utils", "deliverables",
 ]
 GYMFLEET_SOURCES = (
     "fleet.config", "fleet.config_instances", "rollouts.collect_inputs", "rollouts.rollout_helper", "fleet.run_helper",
