@@ -226,23 +226,26 @@ async def _read_body(receive: Callable) -> bytes:
             return bytes(chunks)
 
 
-def _rewrite_answer(route: APIRoute, rewrite: Callable[[dict, dict, bytes], Any]) -> None:
-    """Wrap `route`'s ASGI app: `rewrite(scope, answer_json, request_body)` may change a 2xx JSON answer in place."""
+def _rewrite_answer(route: APIRoute, rewrite: Callable[..., Any],
+                    rewrite_request: Callable[[bytes], tuple[bytes | None, Any]] | None = None) -> None:
+    """Wrap `route`'s ASGI app so that `rewrite(scope, answer_json, request_body, state)` may change a 2xx JSON
+    answer in place. `rewrite_request(request_body)` may first give the route another body and a `state` for
+    `rewrite`; when it gives None, the request is passed through untouched."""
     inner = route.app
 
     async def wrapped(scope: dict, receive: Callable, send: Callable) -> None:
         request_body = await _read_body(receive)
+        routed, state = rewrite_request(request_body) if rewrite_request else (request_body, None)
+        if routed is None:
+            await inner(scope, _receive_of(request_body), send)
+            return
         captured = _Captured()
-        await inner(scope, _receive_of(request_body), captured.send)
+        await inner(scope, _receive_of(routed), captured.send)
         body = bytes(captured.body)
-        if 200 <= captured.status < 300:
-            try:
-                answer = json.loads(body)
-            except json.JSONDecodeError:
-                answer = None
-            if isinstance(answer, dict):
-                await rewrite(scope, answer, request_body)
-                body = json.dumps(answer).encode()
+        answer = _parse_object(body) if 200 <= captured.status < 300 else None
+        if answer is not None:  # an empty object too: a seed answering `{}` still gets its token
+            await rewrite(scope, answer, request_body, state)
+            body = json.dumps(answer).encode()
         headers = [(k, v) for k, v in captured.headers if k.lower() != b"content-length"]
         await send({"type": "http.response.start", "status": captured.status,
                     "headers": [*headers, (b"content-length", str(len(body)).encode())]})
@@ -259,12 +262,19 @@ def _route(app: FastAPI, path: str) -> APIRoute:
                       path="expose_tools_over_mcp")
 
 
-def _json_object(raw: bytes) -> dict:
+def _parse_object(raw: bytes) -> dict | None:
+    """`raw` as a JSON object, or None when it is not one."""
     try:
-        value = json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _json_object(raw: bytes) -> dict:
+    """`raw` as a JSON object, or `{}`."""
+    parsed = _parse_object(raw) if raw else None
+    return {} if parsed is None else parsed
 
 
 def _function_calls(row: dict) -> list[dict]:
@@ -275,10 +285,8 @@ def _function_calls(row: dict) -> list[dict]:
 
 def _normalizing_verify(route: APIRoute, server: Any) -> None:
     """`/verify` scores `mcp__<server>__<tool>` calls under their bare names and echoes the emitted ones."""
-    inner = route.app
 
-    async def wrapped(scope: dict, receive: Callable, send: Callable) -> None:
-        raw = await _read_body(receive)
+    def bare_names(raw: bytes) -> tuple[bytes | None, dict]:
         row = _json_object(raw)
         emitted = {item.get("call_id"): item.get("name") for item in _function_calls(row)}
         renamed = False
@@ -287,23 +295,13 @@ def _normalizing_verify(route: APIRoute, server: Any) -> None:
                 bare = server.normalize_tool_name(item["name"])
                 renamed |= bare != item["name"]
                 item["name"] = bare
-        if not renamed:
-            await inner(scope, _receive_of(raw), send)
-            return
-        captured = _Captured()
-        await inner(scope, _receive_of(json.dumps(row).encode()), captured.send)
-        body = bytes(captured.body)
-        answer = _json_object(body) if 200 <= captured.status < 300 else {}
-        if answer:
-            for item in _function_calls(answer):
-                item["name"] = emitted.get(item.get("call_id"), item.get("name"))
-            body = json.dumps(answer).encode()
-        headers = [(k, v) for k, v in captured.headers if k.lower() != b"content-length"]
-        await send({"type": "http.response.start", "status": captured.status,
-                    "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        return (json.dumps(row).encode() if renamed else None), emitted
 
-    route.app = wrapped
+    async def emitted_names(scope: dict, answer: dict, request_body: bytes, emitted: dict) -> None:
+        for item in _function_calls(answer):
+            item["name"] = emitted.get(item.get("call_id"), item.get("name"))
+
+    _rewrite_answer(route, emitted_names, bare_names)
 
 
 class _ASGIEndpoint:
@@ -346,7 +344,7 @@ def install_auto_exposure(server: Any, app: FastAPI) -> dict[str, MCPTool]:
         return MCPServerMetadata(server_name=server_name,
                                  headers={NEMO_GYM_MCP_SESSION_TOKEN_HEADER: token}).model_dump()
 
-    async def add_token(scope: dict, answer: dict, request_body: bytes) -> None:
+    async def add_token(scope: dict, answer: dict, request_body: bytes, _: Any) -> None:
         seed = _json_object(request_body)
         if "resources_session_id" in answer:  # an Environment Server's seed: the typed field, from its task_data
             if answer.get("resources_tools") is None:
