@@ -4,7 +4,8 @@ A config read with a friendlier loader than `ng_run`'s (PyYAML's `safe_load`, a 
 tests and still fail for every user: YAML 1.1 reads an unquoted `on:` key as `true`, and a recipe listing only an
 environment's config must bring what that environment needs. So each file goes through the real CLI, as a
 subprocess: `+dry_run=true` validates every server's fields against its config class, then a real start must
-report every server ready, `ng_status +json=true` must find them live, and Ctrl-C must stop the fleet cleanly.
+report every server ready, `ng_status +json=true` (its `main`, in the test's process) must find them live, and
+Ctrl-C must stop the fleet cleanly.
 
 An environment's config is listed beside `vllm_model.yaml` (as NeMo-RL's recipes list it beside
 `vllm_model_for_training.yaml`); the policy endpoint is a scripted model this test serves.
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from gymfleet.cli.run import main as run_main
+from gymfleet.cli.status import main as status_main
 from gymfleet.fleet.config_merge import load_config_files
 from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -77,11 +79,6 @@ def command_line(config_file: str, policy_url: str, head_port: int) -> list[str]
     ]
 
 
-def cli(name: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"gymfleet.cli.{name}", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, **kwargs)
-
-
 @pytest.mark.parametrize("config_file", SHIPPED)
 def test_dry_run_validates_every_server(config_file, policy_url, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
@@ -100,7 +97,7 @@ STARTED_ELSEWHERE = {
 
 
 @pytest.mark.parametrize("config_file", [path for path in SHIPPED if path not in STARTED_ELSEWHERE])
-def test_ng_run_starts_it(config_file, policy_url, tmp_path):
+def test_ng_run_starts_it(config_file, policy_url, tmp_path, capsys, monkeypatch):
     head_port = free_port()
     log = tmp_path / "ng_run.log"
     with log.open("w") as out:
@@ -113,9 +110,12 @@ def test_ng_run_starts_it(config_file, policy_url, tmp_path):
             assert process.poll() is None, f"ng_run exited {process.returncode}:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"not ready after {READY_TIMEOUT_S}s:\n{log.read_text()[-3000:]}"
             time.sleep(0.2)
-        status = cli("status", f"+head_server.port={head_port}", "+json=true")
-        report = json.loads(status.stdout)
-        assert status.returncode == 0 and report["live"] == report["total"] > 0, status.stdout + status.stderr
+        monkeypatch.chdir(ROOT)
+        with pytest.raises(SystemExit) as exit_:  # in this process: ng_status's own start-up adds ~0.6 CPU s a config
+            status_main([f"+head_server.port={head_port}", "+json=true"])
+        out = capsys.readouterr()
+        report = json.loads(out.out)
+        assert exit_.value.code == 0 and report["live"] == report["total"] > 0, out.out + out.err
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
