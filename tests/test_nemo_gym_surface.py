@@ -15,6 +15,7 @@ import aiohttp
 import httpx
 import pytest
 from fastapi import FastAPI, Request
+from openai.types.responses import Response as OpenAIResponse
 from pydantic import PrivateAttr
 
 from gymfleet import http
@@ -194,6 +195,30 @@ def test_nemo_gym_items_build_with_nemo_gyms_defaults_and_equal_what_dicts_valid
     assert params.model_dump(exclude_none=True)["input"] == [{"role": "user", "content": "hi", "type": "message"}]
     scored = BaseVerifyResponse(responses_create_params=params, response=response, reward=1.0, _ng_rollout_id="x")
     assert "capture_rollout_id" not in scored.model_dump() and scored.mask_sample is False
+
+
+OPENAI_OBJECT_FIELDS = {  # a value of each field OpenAI's `Response` types as an object (or a list of objects)
+    "incomplete_details": {"reason": "max_output_tokens"},
+    "error": {"code": "server_error", "message": "boom"},
+    "reasoning": {"effort": "high", "summary": "auto"},
+    "text": {"format": {"type": "json_object"}},
+    "tools": [{"type": "function", "name": "lookup", "parameters": {}, "strict": True}],
+    "tool_choice": {"type": "function", "name": "lookup"},
+    "prompt": {"id": "p1", "variables": {"x": "y"}},
+    "conversation": {"id": "c1"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPENAI_OBJECT_FIELDS))
+def test_response_fields_openai_types_as_objects_read_as_those_objects(name):
+    """A folder reads `body.response.incomplete_details.reason` (arena, indirect_prompt_injection): every field
+    OpenAI's Response types as an object reads as under OpenAI's type, and dumps back as sent."""
+    base = {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": [],
+            "parallel_tool_calls": False, "tool_choice": "auto", "tools": []}
+    sent = {**base, name: OPENAI_OBJECT_FIELDS[name]}
+    ours, theirs = NeMoGymResponse.model_validate(sent), OpenAIResponse.model_validate(sent)
+    assert getattr(ours, name) == getattr(theirs, name) and not isinstance(getattr(ours, name), dict)
+    assert ours.model_dump(exclude_unset=True)[name] == OPENAI_OBJECT_FIELDS[name]
 
 
 class _TinyConfig(BaseResourcesServerConfig):

@@ -25,14 +25,26 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from functools import cache
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from openai.types.chat import ChatCompletion, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
 from openai.types.responses import Response as OpenAIResponse
 from openai.types.responses import ResponseOutputRefusal, ResponseOutputText
+from openai.types.responses.response import IncompleteDetails
 from openai.types.responses.response_reasoning_item import Summary
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, Tag, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from gymfleet.serving.nemo_gym_paths import CACHE_DIR, PARENT_DIR  # noqa: F401 - also importable from here
 from gymfleet.wire import (
@@ -130,18 +142,34 @@ class NeMoGymResponse(Response):
     """A Responses API response whose items validate into the `NeMoGym*` item classes (gymfleet's `Response`).
 
     Every other field of OpenAI's `Response` reads as under NeMo-Gym (`response.error`, `response.tools`, ...): the
-    value sent, else None; an unsent field is not added to the dump, so the row's echo stays as sent.
+    value sent, else None; an unsent field is not added to the dump, so the row's echo stays as sent. A field that
+    OpenAI's `Response` types as an object reads as that object (`response.incomplete_details.reason`,
+    `response.error.message`, `response.reasoning.effort`), as folders written against NeMo-Gym read it; a value
+    OpenAI's type refuses reads as sent.
     """
 
     output: Annotated[list[NeMoGymResponseOutputItem], Field(fail_fast=True)]
+    incomplete_details: IncompleteDetails | None = None
 
     def __getattr__(self, name: str) -> Any:
         try:
-            return super().__getattr__(name)
+            value = super().__getattr__(name)
         except AttributeError:
             if name in OPENAI_RESPONSE_FIELDS:
                 return None
             raise
+        if isinstance(value, (dict, list)) and name in OPENAI_RESPONSE_FIELDS:
+            try:
+                return _openai_field(name).validate_python(value)
+            except ValidationError:
+                return value
+        return value
+
+
+@cache
+def _openai_field(name: str) -> TypeAdapter:
+    """A validator for OpenAI's `Response.<name>` (what `NeMoGymResponse.<name>` reads as when sent as JSON)."""
+    return TypeAdapter(OpenAIResponse.model_fields[name].annotation)
 
 
 class NeMoGymResponseCreateParamsNonStreaming(ResponseCreateParams):
