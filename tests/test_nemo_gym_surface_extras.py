@@ -177,3 +177,29 @@ def test_sandbox_network_policy_fails_closed_and_failure_kinds_are_nemo_gyms():
     assert AGENT_RUN_ERROR in FAILURE_KINDS and len(FAILURE_KINDS) == 22
     assert is_namespaced("swebench:image_missing") and not is_namespaced("judge_failed\n")
     assert validate_failure_kind("sandbox_failed") == "sandbox_failed" and validate_failure_kind(None) is None
+
+
+def test_global_config_parser_resolves_relative_config_paths_in_the_tree_of_the_folder_under_test(
+        tmp_path, monkeypatch):
+    """A verifier fixture parses its tree's `benchmarks/<env>/config.yaml`, which lists
+    `resources_servers/<env>/configs/<env>.yaml` relative to NeMo-Gym's PARENT_DIR: in a folder of another tree
+    that is the folder's tree (even where gymfleet has a built-in environment of that name), not gymfleet's."""
+    from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
+
+    tree = tmp_path / "tree"
+    for relative, text in {
+        "resources_servers/mcqa/configs/mcqa.yaml":
+            "tree_mcqa:\n  resources_servers:\n    mcqa:\n      entrypoint: app.py\n      domain: knowledge\n"
+            "      origin: the tree\n",
+        "benchmarks/mcqa/config.yaml": "config_paths:\n  - resources_servers/mcqa/configs/mcqa.yaml\n",
+    }.items():
+        (tree / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tree / relative).write_text(text)
+    (tree / "resources_servers/mcqa/app.py").write_text("")
+    monkeypatch.delenv("NEMO_GYM_EXTRA_ROOTS", raising=False)
+    monkeypatch.setenv("GYMFLEET_FOLDER_TREE", str(tree))  # what enter_tree sets in a folder's process
+    monkeypatch.chdir(tmp_path)
+    parsed = GlobalConfigDictParser().parse(GlobalConfigDictParserConfig(
+        initial_global_config_dict={"config_paths": [str(tree / "benchmarks/mcqa/config.yaml")]},
+        skip_load_from_cli=True, skip_load_from_dotenv=True))
+    assert parsed.tree_mcqa.resources_servers.mcqa.origin == "the tree"

@@ -40,6 +40,7 @@ from gymfleet.fleet.config_instances import BaseServerConfig, GlobalConfig
 from gymfleet.fleet.ray_fleet import RayFleet
 from gymfleet.fleet.ray_placement import make_fleet, start_fleet
 from gymfleet.fleet.supervisor import Fleet
+from gymfleet.serving.nemo_gym_paths import FOLDER_TREE_ENV
 
 __all__ = ["RunHelper", "get_global_config_dict"]
 
@@ -154,7 +155,9 @@ class GlobalConfigDictParser:
     its sources (config files, `env.yaml`, the initial dict, CLI overrides) with gymfleet's parser, hosts and free
     ports filled in as NeMo-Gym's parse does (nothing is started), and returns it as a DictConfig. Relative config
     paths resolve against the working directory, then the first root of `$NEMO_GYM_EXTRA_ROOTS` (a NeMo-Gym tree,
-    which `ng_test` sets to the staged folder's tree) or, without it, gymfleet's checkout."""
+    which `ng_test` sets to the staged folder's tree) or, without it, NeMo-Gym's `PARENT_DIR`: the tree of the folder
+    this process serves or tests (a verifier fixture's `benchmarks/<env>/config.yaml` and the
+    `resources_servers/<env>/configs/...` it lists are that tree's), else gymfleet's checkout."""
 
     def parse(self, parse_config: GlobalConfigDictParserConfig | None = None) -> DictConfig:
         """The global config `parse_config` describes (default: CLI overrides and env.yaml).
@@ -163,5 +166,6 @@ class GlobalConfigDictParser:
             ConfigError: a problem in the config, named by its dotted path and file.
         """
         extra = [root for root in os.environ.get(EXTRA_ROOTS_ENV, "").split(os.pathsep) if root]
-        root = Path(extra[0]) if extra else None
+        tree = os.environ.get(FOLDER_TREE_ENV)
+        root = Path(extra[0]) if extra else Path(tree) if tree else None
         return DictConfig(parse_global_config(parse_config, root=root).data)
