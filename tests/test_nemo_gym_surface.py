@@ -16,10 +16,11 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from openai.types.responses import Response as OpenAIResponse
-from pydantic import PrivateAttr
+from pydantic import ConfigDict, PrivateAttr
 
 from gymfleet import http
-from gymfleet.errors import TransportError
+from gymfleet.errors import ConfigError, TransportError
+from gymfleet.serving.nemo_gym_server import host_class_for
 from gymfleet.testing import free_port, serve
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
@@ -280,6 +281,26 @@ def test_a_folder_class_written_in_the_test_is_served_with_its_overrides():
                                                           "episode_id": {"rollout_id": "r1"}}, timeout=10)
         assert closed.json() == {"resources_session_id": "s1"}
         assert httpx.post(f"{url}/seed_session", json=_tiny_row("Q?", "x"), timeout=10).json() == {}
+
+
+class _StrictConfig(_TinyConfig):
+    model_config = ConfigDict(extra="forbid")  # arena's and nemo_user_sim's configs refuse keys they do not declare
+
+
+class _StrictServer(_TinyServer):
+    config: _StrictConfig
+
+
+def test_a_folder_config_that_forbids_extra_keys_gets_its_yaml_not_gymfleets_own_fields():
+    """The folder's config class validates what its instance config gave (and the fields it declares), as under
+    NeMo-Gym; gymfleet's own instance fields (`num_replicas`, `max_request_body_mb`, ...) stay gymfleet's."""
+    given = {"host": "127.0.0.1", "port": 1, "entrypoint": "app.py", "name": "strict", "domain": "knowledge",
+             "answer": "7"}
+    host = host_class_for(_StrictServer)(given, {})
+    assert host.folder.config.model_dump() == {**given, "num_workers": None, "expose_tools_over_mcp": False}
+    assert host.config.num_replicas == 1, "gymfleet still reads its own fields"
+    with pytest.raises(ConfigError, match=r"strict\.unknown_key: Extra inputs are not permitted"):
+        host_class_for(_StrictServer)({**given, "unknown_key": 1}, {})
 
 
 async def test_judge_failsafe_answers_a_judge_error_with_nemo_gyms_row():

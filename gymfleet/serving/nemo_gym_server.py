@@ -198,6 +198,16 @@ class NeMoGymHostConfig(ResourcesServerConfig):
     domain: str | None = None
 
 
+def _folder_fields(config: NeMoGymHostConfig, config_class: type[BaseModel]) -> dict[str, Any]:
+    """What the folder's config class validates: the fields the config gave (its YAML, the host and port the fleet
+    chose) and the fields the class declares, as NeMo-Gym hands it its instance config; not gymfleet's defaults for
+    fields of its own (`num_replicas`, `max_request_body_mb`, ...), which a folder whose config forbids extra keys
+    (`extra="forbid"`) would refuse."""
+    everything = config.model_dump(mode="json")
+    given = config.model_dump(mode="json", exclude_unset=True)
+    return {**{name: everything[name] for name in config_class.model_fields if name in everything}, **given}
+
+
 def folder_hash(folder: Path) -> str:
     """`folder@<12 hex>`: SHA-256 over the folder's files (path and bytes; tests, data and caches left out)."""
     digest = hashlib.sha256()
@@ -232,7 +242,7 @@ class NeMoGymResourcesHost(ResourcesServer):
     def _build_folder(self) -> SimpleResourcesServer:
         cls = self.folder_class
         config_class = cls.model_fields["config"].annotation
-        fields = self.config.model_dump(mode="json")
+        fields = _folder_fields(self.config, config_class)
         where = self.config.name or cls.__name__
         try:
             folder_config = config_class.model_validate(fields)
