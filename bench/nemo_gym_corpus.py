@@ -57,6 +57,12 @@ def summary(results: list[FolderResult], seconds: float) -> str:
     rows_agree = sum(r.agree == r.rows for r in with_rows)
     agree = sum(r.agree for r in results)
     rows = sum(r.rows for r in results)
+    blocked: collections.Counter = collections.Counter()
+    for r in results:
+        blocked.update(r.blocked)
+    cannot = sum(blocked.values())
+    lacking = "; ".join(f"{count} lack {what}" for what, count in blocked.most_common())
+    folders_blocked = sum(bool(r.blocked) and r.agree + sum(r.blocked.values()) == r.rows for r in with_rows)
     lines = [
         f"{n} folders in {seconds / 60:.1f} min: {sum(r.ok for r in results)} start, pass all their tests and agree "
         "on every recorded reward",
@@ -64,6 +70,8 @@ def summary(results: list[FolderResult], seconds: float) -> str:
         f"{n - dry - len(skipped)} failed",
         f"  tests: {tests_green}/{len(with_tests)} folders all green; {passed}/{total} tests passed",
         f"  rewards: {rows_agree}/{len(with_rows)} folders agree on every row; {agree}/{rows} rows agree",
+        f"    {cannot} rows cannot be replayed here ({lacking or 'none'}): {agree}/{rows - cannot} replayable rows "
+        f"agree; {rows_agree + folders_blocked}/{len(with_rows)} folders agree on every replayable row",
         "  commonest reasons (folders):",
     ]
     counts = collections.Counter(_reason(why) for r in results for why in r.why)

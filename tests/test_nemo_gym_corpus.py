@@ -16,10 +16,15 @@ made with uv from the package index the first time, then cached.
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from gymfleet.testing.judge_replay import JudgeReplay, recorded_judge_calls
-from gymfleet.testing.nemo_gym_corpus import needs, try_folder
+from gymfleet.testing import serve
+from gymfleet.testing.nemo_gym_corpus import JUDGE_MISSING, TASK_MISSING, FolderResult, _replay, needs, try_folder
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
 
 FOLDERS = {  # folder: ng_run's folder_requirements for it
@@ -80,3 +85,33 @@ def test_the_stand_in_judge_answers_recorded_calls_exactly_then_by_row_and_never
         assert missing.status_code == 404 and "no recorded judge answer" in missing.json()["error"]["message"]
     assert (judge.hits, judge.fuzzy, judge.misses) == (3, 2, 1)
     assert recorded_judge_calls([{"responses_create_params": {"input": "p"}, "response": {"id": "policy"}}]) == {}
+
+
+def test_rows_that_cannot_be_replayed_here_are_counted_by_what_they_lack(tmp_path):
+    """A recorded row whose task is not in `data/` (the verify refuses the prompt-only request) and a row whose judge
+    call failed with no judge recorded are counted apart from rows that disagree; a row that disagrees with its task
+    and no judge failure is a disagreement."""
+    app = FastAPI()
+
+    @app.post("/verify")
+    async def verify(body: dict) -> dict:
+        if "question" not in body:
+            return JSONResponse({"detail": [{"loc": ["body", "question"], "msg": "Field required"}]}, 422)
+        if body["question"] == "judged":
+            return {"reward": 0.0, "_ng_failure_class": "judge_failed"}
+        return {"reward": 0.5}
+
+    def row(text: str) -> dict:
+        return {"responses_create_params": {"input": text}, "response": {"output": []}, "reward": 1.0}
+
+    data = tmp_path / "folder" / "data"
+    data.mkdir(parents=True)
+    (data / "example_rollouts.jsonl").write_text("".join(json.dumps(row(t)) + "\n" for t in ["a", "b", "c", "d"]))
+    (data / "example.jsonl").write_text("".join(json.dumps({**row(t), "question": q}) + "\n"
+                                               for t, q in [("b", "judged"), ("c", "plain"), ("d", "judged")]))
+    (tmp_path / "folder" / "app.py").write_text("")
+    result = FolderResult("folder")
+    with serve(app) as url:
+        _replay(tmp_path / "folder", url, result)
+    assert (result.agree, result.rows) == (0, 4)
+    assert result.blocked == {TASK_MISSING: 1, JUDGE_MISSING: 2}, "row c disagrees: counted as no want"

@@ -15,7 +15,9 @@
   /seed_session` with it, the response's tool calls in order (`POST /<tool>`
   with their arguments, one cookie jar per row), then `POST /verify`; agreeing means the same reward within 1e-6.
   A Gymnasium folder (`/reset`, `/step`) is replayed as NeMo-Gym's gymnasium_agent ran it: `/reset`, then `/step`
-  per recorded model turn, rewards summed (`_episode`).
+  per recorded model turn, rewards summed (`_episode`). A row that disagrees for want of what a replay cannot have
+  is counted by that want in `blocked`: its task (not in `data/`: the recorded rollout keeps only the prompt, the
+  folder's own request fields are gone) or a judge model (a `judge_failed` row where no judge calls were recorded).
 
 What the folder needs that this machine lacks is said in one line (`why`): `needs(folder)` names containers, Lean and
 GPUs before anything starts; a start, test or replay failure is reduced to its first telling line (`_why`).
@@ -68,6 +70,9 @@ class FolderResult:
     agree: int = 0
     rows: int = 0
     why: list[str] = field(default_factory=list)
+    blocked: dict[str, int] = field(default_factory=dict)
+    """Recorded rows that did not agree and cannot be replayed here, by what they lack (`TASK_MISSING`: their task
+    row is not in `data/`; `JUDGE_MISSING`: their judge calls failed and were not recorded)."""
 
     def row(self) -> list[str]:
         tests = f"{self.tests_passed}/{self.tests_total}" if self.tests_total else "-"
@@ -289,6 +294,10 @@ def replay_request(row: dict, task: dict) -> dict:
     return {**task, "response": row["response"], **keys}
 
 
+TASK_MISSING = "its task (not in data/)"
+JUDGE_MISSING = "a judge model (judge calls not recorded)"
+
+
 EPISODE_OUTPUT_KEYS = frozenset({"reward", "response", "info", "terminated", "truncated", "failure_kind",
                                  "failure_reason", "mask_sample"})
 """What NeMo-Gym's gymnasium_agent adds to a task row (left out of the replayed `/reset` when the task is not in
@@ -341,9 +350,11 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
     result.rows = len(rows)
     first_problem = None
     orphans = 0
+    blocked: dict[str, int] = {}
     for row in rows:
         task = tasks.get(_prompt_key(row), {})
         orphans += not task
+        lacks = None if task else TASK_MISSING
         request = replay_request(row, task)
         if judge is not None:
             judge.replaying(row)
@@ -351,12 +362,13 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
             with httpx.Client(base_url=url, timeout=120, headers=headers) as client:
                 if gymnasium:
                     status, text, got = _episode(client, row, task)
-                    if status != 200:
-                        first_problem = first_problem or f"episode {status}: {_why(text)}"
-                    elif abs(got - row["reward"]) <= 1e-6:
+                    if status == 200 and abs(got - row["reward"]) <= 1e-6:
                         result.agree += 1
-                    else:
-                        first_problem = first_problem or f"episode reward {got} != recorded {row['reward']}"
+                        continue
+                    first_problem = first_problem or (f"episode {status}: {_why(text)}" if status != 200 else
+                                                      f"episode reward {got} != recorded {row['reward']}")
+                    if lacks:
+                        blocked[lacks] = blocked.get(lacks, 0) + 1
                     continue
                 client.post("/seed_session", json=request)
                 for item in row["response"].get("output") or []:
@@ -372,6 +384,8 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
             continue
         if reply.status_code != 200:
             first_problem = first_problem or f"verify {reply.status_code}: {_why(reply.text)}"
+            if lacks:
+                blocked[lacks] = blocked.get(lacks, 0) + 1
             continue
         body = reply.json()
         got = body.get("reward")
@@ -381,6 +395,10 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
             failure = body.get("_ng_failure_class")
             first_problem = first_problem or (f"reward {got} != recorded {row['reward']}"
                                               + (f" ({failure})" if failure else ""))
+            lacks = lacks or (JUDGE_MISSING if failure == "judge_failed" and judge is None else None)
+            if lacks:
+                blocked[lacks] = blocked.get(lacks, 0) + 1
+    result.blocked = blocked
     if first_problem:
         result.why.append((f"{orphans}/{len(rows)} recorded rows' task not in data/ (replayed without it): "
                            if orphans else "") + first_problem)
