@@ -22,8 +22,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from gymfleet.testing.judge_replay import JudgeReplay, recorded_judge_calls
 from gymfleet.testing import serve
+from gymfleet.testing.judge_replay import JudgeReplay, recorded_judge_calls
 from gymfleet.testing.nemo_gym_corpus import JUDGE_MISSING, TASK_MISSING, FolderResult, _replay, needs, try_folder
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
 
