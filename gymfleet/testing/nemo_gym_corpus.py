@@ -4,10 +4,11 @@
 
 - **start**: the folder's config (`configs/<name>.yaml`, else its first) cut down to the folder's resources
   server(s) and stand-ins for the model servers they name (gymfleet's `openai_model` pointed at an endpoint nobody
-  serves: a folder that calls its judge there fails that call, typed), written to a scratch file that names the folder
-  with `+server_folders.<instance>=<folder>`; then `ng_run +dry_run=true` and a real `ng_run`, until "All N / N
-  servers ready" (`"dry"` when only the dry run passed, `"yes"` when it served). A folder whose recorded rollouts
-  keep their judge calls gets a stand-in judge answering them (`gymfleet.testing.judge_replay`) instead;
+  serves, one attempt per call: a folder that calls its judge there fails that call at once, typed), written to a
+  scratch file that names the folder with `+server_folders.<instance>=<folder>`; then `ng_run +dry_run=true` and a
+  real `ng_run`, until "All N / N servers ready" (`"dry"` when only the dry run passed, `"yes"` when it served). A
+  folder whose recorded rollouts keep their judge calls gets a stand-in judge answering them
+  (`gymfleet.testing.judge_replay`) instead;
 - **tests**: the folder's own tests where it lies, in a subprocess of its environment, with NeMo-Gym's pytest
   settings and its tree's imports (`run_tests_in_place`), passed/total from pytest's summary;
 - **rewards**: every row of `data/example_rollouts*.jsonl` with a recorded `reward` and `response`, replayed as
@@ -124,7 +125,8 @@ def folder_config(folder: Path, model_url: str = STUB_MODEL_URL) -> tuple[dict[s
         raise RuntimeError(f"its config defines no resources_servers.{folder.name} instance")
     for name in sorted(_references(kept, "responses_api_models") - set(kept)):
         kept[name] = {"responses_api_models": {"openai_model": {
-            "entrypoint": "app.py", "base_url": model_url, "api_key": "stand-in", "model": "stand-in"}}}
+            "entrypoint": "app.py", "base_url": model_url, "api_key": "stand-in", "model": "stand-in",
+            "max_attempts": 1}}}  # nothing to wait for: a judge call fails at once, not after backoff
     servers = [name for name, block in kept.items() if "resources_servers" in block]
     return kept, servers
 
