@@ -148,6 +148,32 @@ def test_requirements_are_sorted_against_this_environment(tmp_path):
     assert reqs.lines == [PINNED, "gymfleet-no-such-package-xyz>=1", "pyyaml>=5"]
 
 
+def test_requirements_from_elsewhere_than_the_index_are_installed_from_there_not_refused(tmp_path):
+    """What NeMo-Gym's venv installs from a URL or a local path (a direct reference, a bare git or wheel URL, a
+    vendored project beside the requirements file) is missing until installed, with what uv installs; a local path
+    that does not exist is named."""
+    vendored = tmp_path / "vendored"
+    vendored.mkdir()
+    (vendored / "pyproject.toml").write_text('[project]\nname = "pyyaml"\nversion = "1"\n')  # installed here
+    (tmp_path / "other").mkdir()
+    (tmp_path / "requirements.txt").write_text(textwrap.dedent("""\
+        thing @ git+https://example.invalid/thing.git@abc
+        pyyaml @ https://example.invalid/pyyaml.whl
+        git+https://example.invalid/tale.git@main#egg=tale-suite
+        https://example.invalid/model-3.8.0-py3-none-any.whl
+        -e ./vendored[extra]
+        ./other
+        -e ./gone
+        """))
+    reqs = check_requirements(tmp_path)
+    assert reqs.missing == ["thing @ git+https://example.invalid/thing.git@abc",
+                            "git+https://example.invalid/tale.git@main#egg=tale-suite",
+                            "https://example.invalid/model-3.8.0-py3-none-any.whl", f"{tmp_path / 'other'}"]
+    assert reqs.satisfied == ["pyyaml @ https://example.invalid/pyyaml.whl", f"{vendored}[extra]"]
+    assert reqs.unsupported == ["'./gone' (requirements.txt:7: no such folder)"]
+    assert len(reqs.lines) == 6
+
+
 def test_a_missing_requirement_stops_with_the_install_command(tmp_path):
     (tmp_path / "requirements.txt").write_text("gymfleet-no-such-package-xyz>=1\n")
     with pytest.raises(ConfigError, match=r"(?s)not installed here: gymfleet-no-such-package-xyz>=1.*"

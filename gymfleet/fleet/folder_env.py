@@ -19,8 +19,12 @@ NeMo-Gym gives every server folder a virtualenv of its own, made from its `requi
   `+folder_requirements=venv` gives a folder with missing requirements its own environment too.
 
 A folder set up with a `pyproject.toml` instead (NeMo-Gym's other layout) is read from its `[project].dependencies`.
-Lines that are not requirements (`--index-url`, URLs, local paths other than NeMo-Gym's own) are reported, never
-silently dropped: such a folder is said to need them.
+What NeMo-Gym's venv installs from elsewhere than the index is installed the same way: a direct reference (`name @
+git+https://...`) counts as satisfied when a distribution of that name is installed here, else missing; a bare URL
+(`git+https://...#egg=x`, a wheel's `https://...whl`) and a local path (`-e ./vendored[extra]`, relative to the
+requirements file) are missing unless the named project is installed, and installed from there (a local path as an
+absolute one; editable or not, its files are the folder's). Other lines (`--index-url`, a path that does not exist)
+are reported, never silently dropped: such a folder is said to need them.
 """
 
 from __future__ import annotations
@@ -117,6 +121,15 @@ def _sort_line(line: str, where: str, number: int, folder: Path, result: FolderR
     text = line.split(None, 1)[1] if editable else line
     if _is_tree_root(folder, text):
         return  # `-e ../..`: the NeMo-Gym checkout the folder lies in, which gymfleet stands in for
+    elsewhere = _from_elsewhere(folder, text)
+    if elsewhere is not None:
+        installable, name = elsewhere
+        if not installable:
+            result.unsupported.append(f"{text!r} ({where}:{number}: no such folder)")
+            return
+        result.lines.append(installable)
+        (result.satisfied if name and _installed(name) else result.missing).append(installable)
+        return
     try:
         requirement = Requirement(text)
     except InvalidRequirement:
@@ -126,7 +139,11 @@ def _sort_line(line: str, where: str, number: int, folder: Path, result: FolderR
         return  # gymfleet's nemo_gym surface stands in for NeMo-Gym itself
     if requirement.marker is not None and not requirement.marker.evaluate():
         return
-    if requirement.url or editable:
+    if requirement.url:  # `name @ git+https://...`: NeMo-Gym's venv installs it from there
+        result.lines.append(str(requirement))
+        (result.satisfied if _installed(requirement.name) else result.missing).append(str(requirement))
+        return
+    if editable:
         result.unsupported.append(f"{text!r} ({where}:{number})")
         return
     result.lines.append(str(requirement))
@@ -139,6 +156,45 @@ def _sort_line(line: str, where: str, number: int, folder: Path, result: FolderR
         result.conflicting.append(f"{requirement} (installed {installed})")
     else:
         result.satisfied.append(str(requirement))
+
+
+_URL = re.compile(r"^(git\+|hg\+|svn\+|bzr\+)?(https?|ssh|file)://", re.I)
+_LOCAL = re.compile(r"^(?P<path>(\.{1,2}/|/)[^\[\]]*?)(?P<extras>\[[^\]]*\])?$")
+
+
+def _from_elsewhere(folder: Path, text: str) -> tuple[str, str | None] | None:
+    """For a bare URL or a local path: what uv installs (a local path made absolute; "" when it does not exist) and
+    the project's name where it is known (`#egg=`, a path's `pyproject.toml`); None for any other line."""
+    if _URL.match(text):
+        egg = re.search(r"[#&]egg=([A-Za-z0-9_.\-]+)", text)
+        return text, egg.group(1) if egg else None
+    local = _LOCAL.match(text)
+    if local is None:
+        return None
+    path = (folder / local.group("path")).resolve()
+    if not path.is_dir():
+        return "", None
+    name = None
+    if (path / "pyproject.toml").is_file():
+        import tomllib
+
+        name = (tomllib.loads((path / "pyproject.toml").read_text()).get("project") or {}).get("name")
+    return f"{path}{local.group('extras') or ''}", name
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _name_of(line: str) -> str | None:
+    try:
+        return canonicalize_name(Requirement(line).name)
+    except InvalidRequirement:
+        return None  # a bare URL or a local path
 
 
 def _is_tree_root(folder: Path, text: str) -> bool:
@@ -248,7 +304,7 @@ def _install_pinned(python: Path, reqs: FolderRequirements, constraints: Path, w
     """Install the folder's requirements into its environment, everything else pinned at the fleet's versions (uv
     does not count the fleet's packages as installed, and a newer pydantic there would change gymfleet itself).
     A pin the folder's requirements rule out is let go, one at a time, unless gymfleet's core needs it."""
-    own = {canonicalize_name(Requirement(line).name) for line in reqs.lines}
+    own = {name for name in map(_name_of, reqs.lines) if name}
     core = set(installed_closure(CORE))
     pins = {name: version for name, version in installed_closure(["gymfleet"]).items()
             if name not in own and name != "gymfleet"}
