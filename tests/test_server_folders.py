@@ -172,6 +172,20 @@ def test_requirements_from_elsewhere_than_the_index_are_installed_from_there_not
     assert reqs.satisfied == ["pyyaml @ https://example.invalid/pyyaml.whl", f"{vendored}[extra]"]
     assert reqs.unsupported == ["'./gone' (requirements.txt:7: no such folder)"]
     assert len(reqs.lines) == 6
+    project = tmp_path / "tree" / "resources_servers" / "fim"  # NeMo-Gym's pyproject layout, in a tree:
+    project.mkdir(parents=True)  # [tool.uv.sources] says where each dependency comes from
+    (tmp_path / "tree" / "nemo_gym").mkdir()
+    (project / "pyproject.toml").write_text(textwrap.dedent(f"""\
+        [project]
+        dependencies = ["nemo-gym[dev]", "human-eval-infilling", "vendored[x]", "pyyaml>=5"]
+        [tool.uv.sources]
+        nemo-gym = {{ path = "../..", editable = true }}
+        human-eval-infilling = {{ git = "https://example.invalid/hei.git", rev = "abc" }}
+        vendored = {{ path = "{vendored}" }}
+        """))
+    reqs = check_requirements(project)
+    assert reqs.missing == ["human-eval-infilling @ git+https://example.invalid/hei.git@abc"]
+    assert reqs.satisfied == [f"{vendored}[x]", "pyyaml>=5"]
 
 
 def test_a_missing_requirement_stops_with_the_install_command(tmp_path):

@@ -18,7 +18,8 @@ NeMo-Gym gives every server folder a virtualenv of its own, made from its `requi
   content, this Python and the fleet's versions, so the second start is instant.
   `+folder_requirements=venv` gives a folder with missing requirements its own environment too.
 
-A folder set up with a `pyproject.toml` instead (NeMo-Gym's other layout) is read from its `[project].dependencies`.
+A folder set up with a `pyproject.toml` instead (NeMo-Gym's other layout) is read from its `[project].dependencies`,
+each taken from where its `[tool.uv.sources]` says (a git repository, a path), as uv takes it there.
 What NeMo-Gym's venv installs from elsewhere than the index is installed the same way: a direct reference (`name @
 git+https://...`) counts as satisfied when a distribution of that name is installed here, else missing; a bare URL
 (`git+https://...#egg=x`, a wheel's `https://...whl`) and a local path (`-e ./vendored[extra]`, relative to the
@@ -95,10 +96,31 @@ def check_requirements(folder: Path) -> FolderRequirements:
     elif (Path(folder) / "pyproject.toml").is_file():  # NeMo-Gym's other venv setup: [project].dependencies
         import tomllib
 
-        project = tomllib.loads((Path(folder) / "pyproject.toml").read_text()).get("project") or {}
-        for text in project.get("dependencies") or []:
-            _sort_line(str(text), "pyproject.toml", 0, Path(folder), result)
+        data = tomllib.loads((Path(folder) / "pyproject.toml").read_text())
+        sources = ((data.get("tool") or {}).get("uv") or {}).get("sources") or {}
+        for text in (data.get("project") or {}).get("dependencies") or []:
+            _sort_line(_with_source(str(text), sources), "pyproject.toml", 0, Path(folder), result)
     return result
+
+
+def _with_source(text: str, sources: dict) -> str:
+    """A `[project].dependencies` entry with where `[tool.uv.sources]` takes it from: a git source as a direct
+    reference (`name @ git+<url>@<rev>`), a path source as that path; else as written."""
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement:
+        return text
+    source = sources.get(requirement.name) or sources.get(canonicalize_name(requirement.name))
+    if not isinstance(source, dict):
+        return text
+    extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+    if source.get("git"):
+        rev = source.get("rev") or source.get("tag") or source.get("branch")
+        return f"{requirement.name}{extras} @ git+{source['git']}" + (f"@{rev}" if rev else "")
+    if source.get("path"):
+        path = str(source["path"])
+        return (path if path.startswith((".", "/")) else f"./{path}") + extras
+    return text
 
 
 def _sort_file(path: Path, result: FolderRequirements, seen: set[Path]) -> None:
