@@ -223,7 +223,7 @@ def _is_tree_root(folder: Path, text: str) -> bool:
     """Whether a requirement line is a local path to the NeMo-Gym tree that holds `folder` (it has `nemo_gym/`)."""
     if not text.startswith((".", "/")):
         return False
-    target = (folder / text).resolve()
+    target = (folder / re.sub(r"\[[^\]]*\]$", "", text)).resolve()  # extras (`../..[dev]`) name no folder
     return target in folder.resolve().parents and (target / "nemo_gym").is_dir()
 
 
