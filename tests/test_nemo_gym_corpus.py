@@ -115,3 +115,14 @@ def test_rows_that_cannot_be_replayed_here_are_counted_by_what_they_lack(tmp_pat
         _replay(tmp_path / "folder", url, result)
     assert (result.agree, result.rows) == (0, 4)
     assert result.blocked == {TASK_MISSING: 1, JUDGE_MISSING: 2}, "row c disagrees: counted as no want"
+
+
+def test_a_field_set_from_a_setting_nobody_gave_is_named_as_what_the_folder_needs(tmp_path):
+    from gymfleet.testing.nemo_gym_corpus import _unset_setting
+
+    config = tmp_path / "c.yaml"
+    config.write_text("x:\n  resources_servers:\n    x:\n      api_key: ${oc.select:service_api_key,null}\n")
+    refused = "x.api_key.str: Input should be a valid string (got None)"
+    assert _unset_setting(config, refused) == ("needs service_api_key (an external service's key or setting: "
+                                               "+service_api_key=...)")
+    assert _unset_setting(config, "x.other: Field required") is None

@@ -187,7 +187,8 @@ def _try_started(folder: Path, scratch: Path, result: FolderResult, requirements
     dry = subprocess.run(_ng_run(config, folder, servers, [*extra, "+dry_run=true"]), capture_output=True, text=True,
                          env=env, timeout=START_TIMEOUT_S + 600, stdin=subprocess.DEVNULL, errors="replace")
     if dry.returncode != 0:
-        result.why.append("dry run: " + _why(dry.stderr + dry.stdout))
+        result.why.append("dry run: " + (_unset_setting(config_file(folder), dry.stderr + dry.stdout)
+                                         or _why(dry.stderr + dry.stdout)))
     else:
         result.start = "dry"
         _serve(folder, config, servers, extra, env, scratch, result, judge)
@@ -444,6 +445,16 @@ def _tests(folder: Path, scratch: Path, result: FolderResult, requirements: str)
     result.tests_total = sum(counts.values())
     if result.tests_passed < result.tests_total or not result.tests_total:
         result.why.append("tests: " + _why(done.stdout + done.stderr))
+
+
+def _unset_setting(config: Path | None, text: str) -> str | None:
+    """"needs <setting>" when a field the failure names is set in the folder's config from a setting nobody gave
+    (`api_key: ${oc.select:artificial_analysis_api_key,null}` refused as None)."""
+    found = re.findall(r"^\s*(\w+):\s*\$\{oc\.select:([\w.]+),\s*null\}", config.read_text(), re.M) if config else []
+    for name, setting in found:
+        if re.search(rf"\.{name}(\.\S+)?: ", text):
+            return f"needs {setting} (an external service's key or setting: +{setting}=...)"
+    return None
 
 
 def _why(text: str) -> str:
