@@ -128,6 +128,24 @@ def test_dry_run_says_which_folder_serves_an_instance_and_validates_it_in_its_ow
     assert done.returncode != 0 and "mcqa.resources_servers.mcqa.grading_mod" in done.stderr
 
 
+def test_nemo_gym_stays_gymfleets_surface_when_a_folder_puts_its_tree_first_on_sys_path(tmp_path):
+    """A folder's test may insert its tree's root first on sys.path (competitive_coding_challenges' do); the tree's
+    own `nemo_gym/` (NeMo-Gym's code: here one that raises) must not shadow gymfleet's surface."""
+    config = make_tree(tmp_path / "tree")
+    code = textwrap.dedent(f"""\
+        import sys
+        from gymfleet.fleet.folders import enter_tree
+        enter_tree({str(config.parents[1])!r})
+        sys.path.insert(0, {str(tmp_path / "tree")!r})
+        import nemo_gym.openai_utils
+        print(nemo_gym.__file__)
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(ROOT / "nemo_gym" / "__init__.py")
+
+
 def test_requirements_are_sorted_against_this_environment(tmp_path):
     (tmp_path / "more.txt").write_text("pyyaml>=5  # satisfied\n")
     (tmp_path / "requirements.txt").write_text(textwrap.dedent(f"""\

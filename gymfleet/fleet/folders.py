@@ -14,10 +14,10 @@ of that name (NeMo-Gym's own agents are not served yet); a folder with no built-
 Imports inside a folder resolve as under NeMo-Gym (which runs `python app.py` in the folder, with the tree
 installed): bare sibling imports (`from util import ...`) find the folder, and the tree's top-level packages
 (`resources_servers`, `responses_api_agents`, `environments`, ...) are the tree's, never gymfleet's folders of the
-same name. One Python process can hold one `resources_servers` package, so a foreign folder always runs in a fresh
-interpreter of its own (never forked from the zygote, never built in the supervisor): `enter_tree` is the first thing
-that interpreter does, and `gymfleet.fleet.launch.check_in_fresh_interpreter` is how a dry run and the supervisor
-validate one.
+same name; `nemo_gym` stays gymfleet's surface even where the folder puts its tree first on `sys.path`. One Python
+process can hold one `resources_servers` package, so a foreign folder always runs in a fresh interpreter of its own
+(never forked from the zygote, never built in the supervisor): `enter_tree` is the first thing that interpreter does,
+and `gymfleet.fleet.launch.check_in_fresh_interpreter` is how a dry run and the supervisor validate one.
 """
 
 from __future__ import annotations
@@ -129,6 +129,33 @@ class _TreeFinder(importlib.abc.MetaPathFinder):
         return f"_TreeFinder({self.tree!r})"
 
 
+class _SurfaceFinder(importlib.abc.MetaPathFinder):
+    """Finds `nemo_gym` where gymfleet's surface lies, whatever the folder puts first on `sys.path`: a folder's test
+    that inserts its tree's root (`sys.path.insert(0, GYM_ROOT)`, as competitive_coding_challenges' do) would
+    otherwise import the tree's own `nemo_gym/` (NeMo-Gym's code, with NeMo-Gym's dependencies)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None):
+        if fullname != "nemo_gym":
+            return None  # submodules follow the package's __path__, which lies here
+        return importlib.machinery.PathFinder.find_spec(fullname, [self.where])
+
+    def __repr__(self) -> str:
+        return f"_SurfaceFinder({self.where!r})"
+
+
+def _surface_location() -> str | None:
+    """The folder holding gymfleet's `nemo_gym` package (found before any tree is entered), if it is importable."""
+    module = sys.modules.get("nemo_gym")
+    locations = list(getattr(module, "__path__", None) or [])
+    if not locations:
+        spec = importlib.machinery.PathFinder.find_spec("nemo_gym")
+        locations = list(spec.submodule_search_locations or []) if spec else []
+    return str(Path(locations[0]).parent) if locations else None
+
+
 TREE_PACKAGES = ("resources_servers", "responses_api_agents", "responses_api_models", "environments",
                  "environment_servers", "benchmarks")
 """The top-level packages of a NeMo-Gym tree (those its wheel installs, less `nemo_gym` itself: gymfleet's `nemo_gym`
@@ -153,6 +180,9 @@ def enter_tree(folder: Path) -> None:
     names = tree_packages(tree)
     for module in [m for m in sys.modules if m.partition(".")[0] in names]:
         del sys.modules[module]
+    surface = _surface_location()
+    if surface is not None:
+        sys.meta_path.insert(0, _SurfaceFinder(surface))
     sys.meta_path.insert(0, _TreeFinder(tree, names))
     if str(folder) in sys.path:
         sys.path.remove(str(folder))
