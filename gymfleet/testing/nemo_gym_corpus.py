@@ -47,7 +47,8 @@ from gymfleet.testing.judge_replay import JudgeReplay, recorded_judge_calls
 START_TIMEOUT_S = 240
 TESTS_TIMEOUT_S = 600
 NO_NETWORK = re.compile(r"Name or service not known|Temporary failure in name resolution|Network is unreachable|"
-                        r"getaddrinfo ENOTFOUND|Could not resolve host|failed to lookup address information")
+                        r"getaddrinfo ENOTFOUND|Could not resolve host|failed to lookup address information|"
+                        r"'git', 'clone'[^\]]*'https?://")
 """What a folder's output shows when it reached for the network, which this machine does not have."""
 STUB_MODEL_URL = "http://127.0.0.1:9/v1"
 """Where stand-in model servers point: the discard port, where nothing answers (a judge call fails, typed)."""
