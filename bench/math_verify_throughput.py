@@ -45,6 +45,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import checkout_script  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
 
@@ -231,10 +232,7 @@ def main() -> None:
     try:
         for kind in kinds:
             port = free_port()
-            script, env = Path(__file__), None
-            if kind == "baseline":
-                script = args.baseline.resolve() / "bench/math_verify_throughput.py"
-                env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
+            script, env = checkout_script(Path(__file__), args.baseline if kind == "baseline" else None)
             servers[kind] = spawn_server([sys.executable, str(script), "--serve", "--port", str(port), "--timeout-s",
                                           str(args.timeout_s)], port, env=env, preexec_fn=_pin(server_cpus))
         rng = random.Random(27)
