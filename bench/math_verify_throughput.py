@@ -45,7 +45,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import checkout_script  # noqa: E402
+from bench._common import Sampler, checkout_script  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
 
@@ -112,6 +112,32 @@ def _tree_cpu_s(pid: int) -> float:
             continue
         total += times.user + times.system
     return total
+
+
+class TreeCpu(Sampler):
+    """CPU seconds process `pid` and its descendants used while in the `with` block, counting processes that ended
+    meanwhile (a verification worker killed or retired) up to their last sample (every 50 ms)."""
+
+    def __init__(self, pid: int):
+        super().__init__(0.05)
+        self.root = psutil.Process(pid)
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.sample()
+        self.first = dict(self.last)
+
+    def sample(self) -> None:
+        for process in [self.root, *self.root.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            self.last[process.pid] = times.user + times.system
+
+    @property
+    def seconds(self) -> float:
+        self.sample()
+        return sum(cpu - self.first.get(pid, 0.0) for pid, cpu in self.last.items())
 
 
 async def _burst(url: str, server_pid: int, concurrency: int, rng: random.Random, first_serial: int,
@@ -189,13 +215,15 @@ async def _ratio_round(url: str, server_pid: int, concurrency: int, items: list[
             return await _verify(url, gold, text)
 
     await asyncio.gather(*(_verify(url, str(k), rf"\boxed{{{k}}}") for k in range(8)))  # workers up, connections open
-    cpu_before, load = _tree_cpu_s(server_pid), os.getloadavg()[0]
-    began = time.perf_counter()
-    results = await asyncio.gather(*(one(gold, text) for gold, text in items))
-    wall_s = time.perf_counter() - began
+    load = os.getloadavg()[0]
+    with TreeCpu(server_pid) as cpu:
+        began = time.perf_counter()
+        results = await asyncio.gather(*(one(gold, text) for gold, text in items))
+        wall_s = time.perf_counter() - began
     await http.close()
-    return {"rps": len(items) / wall_s, "cpu_ms": (_tree_cpu_s(server_pid) - cpu_before) / len(items) * 1000,
-            "load": max(load, os.getloadavg()[0]), "rewards": [result.get("reward") for _, result in results]}
+    return {"rps": len(items) / wall_s, "cpu_ms": cpu.seconds / len(items) * 1000,
+            "load": max(load, os.getloadavg()[0]),
+            "rewards": [(result.get("reward"), result.get("library_reason")) for _, result in results]}
 
 
 def _pin(cpus: set[int]):
@@ -272,8 +300,11 @@ def main() -> None:
                   f"{of_limit['text']:>15.2f} {of_limit['box']:>14.2f} | "
                   f"{library['text'] / r['cpu_ms']:>16.2f} {library['box'] / r['cpu_ms']:>15.2f}")
     if args.baseline:
-        same = all(a["rewards"] == b["rewards"] for a, b in zip(ratio["this"], ratio["baseline"], strict=True))
-        print(f"rewards of the same answers from both servers: {'identical' if same else 'DIFFERENT'}")
+        pairs = [(a, b) for this, base in zip(ratio["this"], ratio["baseline"], strict=True)
+                 for a, b in zip(this["rewards"], base["rewards"], strict=True)]
+        differ = [(a, b) for a, b in pairs if a != b]
+        print(f"rewards of the same {len(pairs)} answers from both servers: {len(differ)} differ (reward, reason: this"
+              f" / baseline){': ' + ', '.join(f'{a} / {b}' for a, b in differ[:5]) if differ else ''}")
     for kind in kinds:
         print(f"\n{kind}: bursts of {args.concurrency} concurrent /verify")
         _print_bursts(bursts[kind], args)
