@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import threading
 import time
@@ -174,3 +175,12 @@ def write_plots(path: Path | None, plots: list[dict[str, Any]]) -> None:
     `{"title", "x_label", "y_label", "series": {name: [[x, y], ...]}}`; string x values make a bar chart."""
     if path is not None:
         path.write_text(json.dumps({"plots": plots}, indent=1))
+
+
+def checkout_script(script: Path, checkout: Path | None) -> tuple[Path, dict[str, str] | None]:
+    """Bench `script` as another `checkout` has it (say, of main), with that checkout's code first on the path for
+    the process that runs it; `checkout` None: this one. Returns the script and the environment to run it with."""
+    if checkout is None:
+        return script, None
+    checkout = checkout.resolve()
+    return checkout / "bench" / script.name, {**os.environ, "PYTHONPATH": str(checkout)}

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._common import Sampler  # noqa: E402
-from gymfleet import http  # noqa: E402
+from gymfleet import auth, http  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper  # noqa: E402
 from nemo_gym.rollout_collection import RolloutCollectionHelper  # noqa: E402
@@ -129,7 +129,8 @@ def instance_pids(head: BaseServerConfig) -> dict[int, str]:
     import httpx
 
     host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
-    rows = httpx.get(f"http://{host}:{head.port}/server_instances", timeout=30).json()
+    rows = httpx.get(f"http://{host}:{head.port}/server_instances", timeout=30,
+                     headers=auth.head_headers(host, head.port)).raise_for_status().json()
     return {row["pid"]: row["process_name"] for row in rows if row.get("pid")}
 
 
@@ -177,7 +178,10 @@ def admission_limit(rh: RunHelper) -> str:
     """The bound the agent reports on its `/metrics` (0: unbounded)."""
     import httpx
 
-    text = httpx.get(f"{rh.config.instance(AGENT).url}/metrics", timeout=30).text
+    head = rh.head_server_config
+    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
+    text = httpx.get(f"{rh.config.instance(AGENT).url}/metrics", timeout=30,
+                     headers=auth.head_headers(host, head.port)).raise_for_status().text
     line = next((line for line in text.splitlines() if line.startswith("gymfleet_rollouts_admission_limit ")), None)
     return "?" if line is None else str(int(float(line.split()[1])) or "none")
 

@@ -32,7 +32,13 @@ from fastapi import FastAPI, Request
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import asgi_us_per_request, closed_loop, median_round, write_plots  # noqa: E402
+from bench._common import (  # noqa: E402
+    asgi_us_per_request,
+    checkout_script,
+    closed_loop,
+    median_round,
+    write_plots,
+)
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
 
@@ -111,10 +117,7 @@ def main() -> None:
     try:
         for kind in kinds:
             port = free_port()
-            script, env = Path(__file__), None
-            if kind == "baseline":
-                script = args.baseline.resolve() / "bench/verify_throughput.py"
-                env = {**os.environ, "PYTHONPATH": str(args.baseline.resolve())}
+            script, env = checkout_script(Path(__file__), args.baseline if kind == "baseline" else None)
             serve_kind = "mcqa" if kind == "baseline" else kind
             argv = [sys.executable, str(script), "--serve", serve_kind, "--port", str(port)]
             servers[kind] = spawn_server(argv, port, env=env)

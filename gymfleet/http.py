@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import io
 import logging
 import random
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
@@ -189,6 +190,30 @@ def configure(limits: ClientLimits) -> None:
     _limits = limits
 
 
+_on_sent: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("gymfleet_on_sent", default=None)
+
+
+@contextlib.contextmanager
+def on_request_sent(callback: Callable[[], None]) -> Iterator[None]:
+    """Call `callback()` each time a request made inside the block (this task) has its headers on the wire: its
+    connection is up and the request is going out (`gymfleet.rollouts.dispatch` paces new connections with it)."""
+    token = _on_sent.set(callback)
+    try:
+        yield
+    finally:
+        _on_sent.reset(token)
+
+
+async def _headers_sent(_session: Any, _context: Any, _params: Any) -> None:
+    callback = _on_sent.get()
+    if callback is not None:
+        callback()
+
+
+_TRACE = aiohttp.TraceConfig()
+_TRACE.on_request_headers_sent.append(_headers_sent)
+
+
 def _session() -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
     session = _sessions.get(loop)
@@ -204,6 +229,7 @@ def _session() -> aiohttp.ClientSession:
             cookie_jar=aiohttp.DummyCookieJar(),
             json_serialize=lambda obj: orjson.dumps(obj).decode(),
             timeout=aiohttp.ClientTimeout(total=None),
+            trace_configs=[_TRACE],
         )
         _sessions[loop] = session
     return session

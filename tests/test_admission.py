@@ -259,3 +259,53 @@ def test_a_waiter_that_gives_up_holds_nothing():
         assert (admission.in_progress, admission.waiting) == (0, 0)
 
     asyncio.run(scenario())
+
+
+def test_after_idling_the_bound_ramps_up_in_arrival_order():
+    now = [0.0]
+
+    async def scenario():
+        admission = Admission(64, ramp_s=1.0, ramp_from=4, clock=lambda: now[0])
+        entered: list[int] = []
+
+        async def one(index):
+            assert await admission.enter()
+            entered.append(index)
+
+        tasks = [asyncio.create_task(one(index)) for index in range(100)]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert entered == [0, 1, 2, 3] and admission.waiting == 96
+        now[0] = 0.5  # halfway: 4 + (64 - 4) / 2 = 34
+        admission.leave()
+        await asyncio.sleep(0)
+        assert entered == list(range(35)) and admission.in_progress == 34
+        now[0] = 1.0  # the ramp is over
+        admission.leave()
+        await asyncio.sleep(0)
+        assert entered == list(range(66)) and admission.in_progress == 64
+        while admission.in_progress:
+            admission.leave()
+            await asyncio.sleep(0)
+        assert entered == list(range(100)) and admission.waiting == 0
+        await asyncio.gather(*tasks)
+        now[0] = 10.0  # idle, then a new step: the ramp starts again
+        assert all(admission.try_enter() for _ in range(4))
+        assert not admission.try_enter()
+
+    asyncio.run(scenario())
+
+
+def test_the_ramp_admits_waiters_on_its_own_clock_without_any_rollout_ending():
+    async def scenario():
+        admission = Admission(32, ramp_s=0.2, ramp_from=2)
+        entered: list[int] = []
+
+        async def one(index):
+            assert await admission.enter()
+            entered.append(index)
+
+        await asyncio.wait_for(asyncio.gather(*(one(index) for index in range(32))), HANG_BOUND_S)
+        assert entered == list(range(32)) and admission.in_progress == 32
+
+    asyncio.run(scenario())

@@ -29,6 +29,8 @@ nested fraction):
   address space is capped (`memory_mb`). The workers are forked from a fork server that has imported math-verify
   and taken SymPy's common code paths once, so a fresh worker is warm.
 - Inputs over `max_chars` (default 50,000 characters) are refused without parsing.
+- Inside the workers SymPy's `parse_expr` reuses one namespace instead of rebuilding it per call
+  (`gymfleet.grading.sympy_parse`): the same results, a third less CPU per check.
 - Identical `(gold, answer)` pairs are answered from a bounded LRU cache, and concurrent identical checks share one
   verification. Timeouts and worker crashes are not cached: they may depend on load.
 
@@ -171,6 +173,10 @@ def _load_library() -> Any:
     global _library
     if _library is None:
         import math_verify
+
+        from gymfleet.grading import sympy_parse
+
+        sympy_parse.install()  # the same results at a third less CPU (see that module)
 
         # Timeouts are disabled on purpose (the pool keeps the deadline); the library warns about that, and logs a
         # warning for every unparseable answer. Neither is news to anyone reading the server's log.

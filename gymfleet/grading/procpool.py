@@ -220,14 +220,17 @@ class ProcessPool:
             except OSError:
                 done.set_result(None)
             wall_limit = began + self._wall_factor * timeout_s
+            first = True
             while not done.done():
                 # Wait until the item may have used its CPU budget (never before: CPU time cannot outrun the clock),
-                # then look at what it really used. A starved item gets more wall time, up to the backstop.
-                cpu_now = cpu_seconds(worker.pid)
+                # then look at what it really used. A starved item gets more wall time, up to the backstop. The
+                # first wait needs no look: the item has used at most the wall time since it was sent.
+                cpu_now = None if first else cpu_seconds(worker.pid)
                 if cpu_now is None or cpu_before is None:
                     used = loop.time() - began
                 else:
                     used = cpu_now - cpu_before
+                first = False
                 wait_s = min(timeout_s - used, wall_limit - loop.time())
                 if wait_s <= 0:
                     self.stats["timeouts"] += 1

@@ -17,6 +17,9 @@ outputs (an earlier run's files are never replaced silently: `resume_from_cache`
 replaces all four), the input lines (`load_rows`), the agent names, and every row against its environment's
 `/verify` request model (the check `ng_prepare_data` does; `file:line` per bad row).
 
+Every row is in flight at once (or `num_samples_in_parallel` of them), but the requests go out in row order, a
+window of connections at a time (`gymfleet.rollouts.dispatch`), so the agent gets the first rows first and at once.
+
 Every line is on disk once it is written (unbuffered, whole lines), so a crash or Ctrl-C loses no finished rollout.
 A write that fails (no space left, file size limit) is undone, so the file keeps only whole lines, and the collection
 stops with an `OutputError` naming the file and the reason (`ng_collect_rollouts`: exit code 4); a resume once there
@@ -64,6 +67,7 @@ from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
 from gymfleet.progress import Progress
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, check_task_fields, load_rows
 from gymfleet.rollouts.collect_outputs import JsonlFile, read_results, replace_file, rollout_key, supersede_failures
+from gymfleet.rollouts.dispatch import SendWindow
 from gymfleet.rollouts.fleet_watch import FleetWatch, head_address, summarized_warnings
 
 log = logging.getLogger(__name__)
@@ -121,13 +125,15 @@ async def run_rollout(
     semaphore: asyncio.Semaphore | None = None,
     stop: asyncio.Event | None = None,
     retry: RetryPolicy = RUN_RETRY,
+    window: SendWindow | None = None,
 ) -> dict[str, Any] | None:
     """POST one row to its agent; return the result or a failure row (never raises for HTTP/transport failures).
 
-    Returns None, having sent nothing, when `stop` is set by the time the semaphore lets the row go.
+    Returns None, having sent nothing, when `stop` is set by the time the semaphore (and `window`, which paces the
+    sending: `gymfleet.rollouts.dispatch`) lets the row go.
     """
     try:
-        async with semaphore or contextlib.nullcontext():
+        async with semaphore or contextlib.nullcontext(), window.sending() if window else contextlib.nullcontext():
             if stop is not None and stop.is_set():
                 return None
             response = await client.post(row["agent_ref"]["name"], "/run", json=row, timeout_s=timeout_s,
@@ -302,8 +308,9 @@ async def _dispatch(
             JsonlFile(summary.output_paths["failures"], mode) as failed_file, \
             Progress(len(todo), "Rollouts", unit="rollout", file=sys.stderr, enabled=progress,
                      every_s=PROGRESS_EVERY_S) as bar:
-        pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop, retry))
-                   for row in todo]
+        window = SendWindow()  # the rows go out in order, a window at a time, so the first ones are answered first
+        pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop, retry,
+                                                     window)) for row in todo]
         ticker = asyncio.ensure_future(_tick(bar))  # plain lines keep coming while no rollout finishes
         try:
             for next_done in asyncio.as_completed(pending):

@@ -1,8 +1,9 @@
 """`RolloutCollectionHelper`: the library entry point NeMo-RL drives rollouts through (`spec/protocol.md`, A.2).
 
 `run_examples(rows, head_server_config)` posts every row to its agent's `/run` at once (no concurrency cap unless a
-semaphore is given) and yields awaitables in completion order, each resolving to `(row, result)` with the very row
-object passed in; a non-2xx answer raises `TransportError` with an integer `.status`.
+semaphore is given; the requests go out in row order, a window of them connecting at a time:
+`gymfleet.rollouts.dispatch`) and yields awaitables in completion order, each resolving to `(row, result)` with the
+very row object passed in; a non-2xx answer raises `TransportError` with an integer `.status`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gymfleet.errors import TransportError
 from gymfleet.fleet.config import client_limits
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.collect import RUN_RETRY
+from gymfleet.rollouts.dispatch import SendWindow
 from gymfleet.rollouts.fleet_watch import head_address
 
 
@@ -60,10 +62,11 @@ class RolloutCollectionHelper:
         if not examples:
             return iter([])
         client_task = self._client(head_address(head_server_config))
+        window = SendWindow()
 
         async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             client = await asyncio.shield(client_task)
-            async with semaphore or contextlib.nullcontext():
+            async with semaphore or contextlib.nullcontext(), window.sending():
                 response = await client.post(row["agent_ref"]["name"], "/run", json=row,
                                              timeout_s=self.request_timeout_s, retry=RUN_RETRY)
             return row, response.raise_for_status().json()

@@ -21,6 +21,8 @@ the same throughput (`bench/nemo_rl_rollouts.py --max-concurrent-rollouts 0,256`
 - `/v1/responses` shares the queue with `/run`: an episode costs the upstream what a rollout does, and a probe of
   the agent by hand must not jump a training step's queue. `/aggregate_metrics` is never queued.
 - `max_concurrent_rollouts: 0` (or null) admits everything at once, as NeMo-Gym does.
+- After idling, the bound ramps up from 16 to `max_concurrent_rollouts` over `admission_ramp_s` (2 s), so the first
+  group of a step runs almost alone and completes first instead of in lockstep with the 255 admitted beside it.
 - A waiting body is read and parsed as JSON (a malformed one is answered 422 at once) but validated against its
   schema only when its turn comes (a schema error is then a 422 too): validating thousands of waiting bodies up
   front kept the event loop from the admitted rollouts for seconds.
@@ -79,6 +81,15 @@ class AgentServerConfig(ServerConfig):
     (throughput falls); too high lets every admitted rollout progress in lockstep again."""
 
 
+    admission_ramp_s: float = Field(default=2.0, ge=0)
+    """After idling, the bound starts at 16 rollouts (one GRPO group) and rises evenly to `max_concurrent_rollouts`
+    over this many seconds; 0: the full bound at once. Admitted together, the first 256 rollouts of a step progress
+    in lockstep and the first group completes only when most of them do; admitted 16 first, the first group is
+    done in a fraction of a second, and within the ramp the fleet is as busy (`bench/nemo_rl_rollouts.py`). What it
+    can cost: up to about `admission_ramp_s / 2` seconds of the bound's capacity per step, when rollouts wait on a
+    slow policy rather than on CPU."""
+
+
 class RunRequest(BaseModel):
     """`/run` body: a dataset row. Every field is kept and forwarded to the resources server."""
 
@@ -96,11 +107,20 @@ class Admission:
     newcomer enters at once only when nobody waits, so no caller can overtake one that is waiting (which
     `asyncio.Semaphore` does not promise across Python versions). Waiters that give up are skipped, never handed a
     slot; one that is handed a slot as it gives up passes the slot on.
+
+    With `ramp_s`, a queue that goes from idle to busy starts at `ramp_from` holders and raises the bound evenly to
+    `limit` over `ramp_s` seconds (see `AgentServerConfig.admission_ramp_s`).
     """
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, *, ramp_s: float = 0.0, ramp_from: int = 16,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = limit or None
+        self._clock = clock
         self.in_progress = 0
+        self.ramp_s = ramp_s
+        self._ramp_from = max(1, ramp_from)
+        self._busy_since: float | None = None
+        self._tick: asyncio.TimerHandle | None = None
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._abandoned = 0
         """Waiters still in `_waiters` that gave up (skipped when a slot is handed on)."""
@@ -109,9 +129,25 @@ class Admission:
     def waiting(self) -> int:
         return len(self._waiters) - self._abandoned
 
+    def current_limit(self) -> int | None:
+        """The bound now: `limit`, or less while ramping up after idling."""
+        if self.limit is None or self._busy_since is None:
+            return self.limit
+        elapsed = self._clock() - self._busy_since
+        start = min(self._ramp_from, self.limit)
+        if elapsed >= self.ramp_s or start >= self.limit:
+            self._busy_since = None  # the ramp is over
+            return self.limit
+        return start + int((self.limit - start) * elapsed / self.ramp_s)
+
     def try_enter(self) -> bool:
         """Take a slot if one is free and nobody waits for one."""
-        if self.limit is None or (self.in_progress < self.limit and not self._waiters):
+        if self.limit is None:
+            self.in_progress += 1
+            return True
+        if self.ramp_s > 0 and self.in_progress == 0 and not self.waiting:
+            self._busy_since = self._clock()  # idle until now: ramp up again
+        if self.in_progress < self.current_limit() and not self._waiters:
             self.in_progress += 1
             return True
         return False
@@ -124,6 +160,7 @@ class Admission:
             return True
         slot = asyncio.get_running_loop().create_future()
         self._waiters.append(slot)
+        self._schedule_tick()
         watcher = asyncio.ensure_future(give_up()) if give_up is not None else None
         try:
             if watcher is None:
@@ -145,14 +182,28 @@ class Admission:
 
     def leave(self) -> None:
         """Give a slot back: to the oldest waiter still waiting, else to the pool."""
-        while self._waiters:
+        self.in_progress -= 1
+        self._admit()
+
+    def _admit(self) -> None:
+        """Hand free slots to the oldest waiters still waiting."""
+        while self._waiters and (self.limit is None or self.in_progress < self.current_limit()):
             slot = self._waiters.popleft()
             if slot.done():  # a waiter that gave up
                 self._abandoned -= 1
                 continue
             slot.set_result(None)
-            return
-        self.in_progress -= 1
+            self.in_progress += 1
+
+    def _schedule_tick(self) -> None:
+        """While ramping with callers waiting, raise the bound on a timer too (not only when a rollout ends)."""
+        if self._tick is None and self._busy_since is not None and self.waiting:
+            self._tick = asyncio.get_running_loop().call_later(self.ramp_s / 16, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        self._admit()
+        self._schedule_tick()
 
     def _abandon(self, slot: asyncio.Future[None]) -> None:
         if slot.done() and not slot.cancelled():  # handed a slot just as it gave up: pass it on
@@ -169,7 +220,7 @@ class AgentServer(Server):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.admission = Admission(self.config.max_concurrent_rollouts)
+        self.admission = Admission(self.config.max_concurrent_rollouts, ramp_s=self.config.admission_ramp_s)
         registry = self.metrics.registry
         Gauge("gymfleet_rollouts_in_progress", "Rollouts (/run, /v1/responses) admitted and running",
               registry=registry).set_function(lambda: self.admission.in_progress)
