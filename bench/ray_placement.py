@@ -30,7 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gymfleet import http  # noqa: E402
+from gymfleet import auth, http  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
 from gymfleet.fleet.ray_placement import make_fleet  # noqa: E402
@@ -99,7 +99,8 @@ async def collect(head_port: int, examples: list[dict]) -> tuple[list[float], in
 
 
 def fleet_rss_mb(head_port: int) -> float:
-    instances = httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=10).json()
+    instances = httpx.get(f"http://127.0.0.1:{head_port}/server_instances", timeout=10,
+                          headers=auth.head_headers("127.0.0.1", head_port)).json()
     pids = [r["pid"] for row in instances for r in (row.get("replicas") or [row]) if r.get("pid")]
     total = 0
     for pid in pids:
@@ -112,11 +113,12 @@ def fleet_rss_mb(head_port: int) -> float:
 
 
 def verify_counts(head_port: int) -> list[int]:
+    headers = auth.head_headers("127.0.0.1", head_port)  # the fleet's token: every server of the fleet checks it
     row = {r["process_name"]: r for r in httpx.get(f"http://127.0.0.1:{head_port}/server_instances",
-                                                     timeout=10).json()}[ENV]
+                                                     timeout=10, headers=headers).json()}[ENV]
     counts = []
     for replica in row.get("replicas") or [row]:
-        text = httpx.get(f"http://{replica['host']}:{replica['port']}/metrics", timeout=10).text
+        text = httpx.get(f"http://{replica['host']}:{replica['port']}/metrics", timeout=10, headers=headers).text
         found = re.findall(r'gymfleet_requests_total\{[^}]*route="/verify"[^}]*status="200"[^}]*\} ([0-9.e+]+)', text)
         counts.append(int(sum(float(v) for v in found)))
     return counts
