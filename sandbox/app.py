@@ -60,6 +60,8 @@ from sandbox.sessions import SessionNotFound, Sessions
 
 log = logging.getLogger(__name__)
 
+MAX_DEFAULT_WARM = 8
+
 
 class SandboxConfig(ServerConfig):
     """The sandbox service's fields."""
@@ -107,6 +109,9 @@ class SandboxConfig(ServerConfig):
     session_idle_timeout_s: float = 600.0
     session_cpu_s: int = 3600
     """CPU seconds a whole session may use."""
+    warm_sandboxes: int | None = Field(None, ge=0)
+    """Sandboxes kept started ahead for one-shot Python runs (`sandbox.warm`: each used by one run only, then
+    replaced), so a run does not wait for its sandbox to start; default: the run slots, at most 8; 0: none."""
     memory_accounting: Literal["auto", "cgroup", "rss"] = "auto"
     """How a run's `memory_mb` is counted: `cgroup` (a memory cgroup per run and session, v2 or v1: everything
     counted, kernel buffers included; a start-up error where none can be made), `rss` (sampling the processes,
@@ -122,6 +127,8 @@ class SandboxServer(Server):
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)
         slots = self.config.max_concurrent_runs or (os.cpu_count() or 1) * self.config.runs_per_core
+        if self.config.warm_sandboxes is None:
+            self.config.warm_sandboxes = min(slots, MAX_DEFAULT_WARM)
         self.admission = Admission(slots, self.config.queue_length, self._memory_budget_mb(),
                                    self.config.admission_timeout_s)
         self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
@@ -159,9 +166,13 @@ class SandboxServer(Server):
         self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy)
         self.sandbox_metrics.count_cgroups(hierarchy)
         self.sessions = Sessions(self.runner)
+        if self.runner.warm is not None:
+            self.runner.warm.fill()
         try:
             await self._check_isolation()
         except BaseException:
+            if self.runner.warm is not None:
+                await self.runner.warm.close()
             prepared.close()
             raise
         self._background = [asyncio.create_task(self.sessions.expire_forever()),
@@ -184,6 +195,8 @@ class SandboxServer(Server):
         if self.sessions is not None:
             await self.sessions.close_all()
         if self.runner is not None:
+            if self.runner.warm is not None:
+                await self.runner.warm.close()
             await self.runner.drain()
             self.runner.isolation.close()
         await super().shutdown()

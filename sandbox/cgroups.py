@@ -75,8 +75,8 @@ class Hierarchy:
     def __str__(self) -> str:
         return f"cgroup v{self.version} ({self.parent})"
 
-    def create(self, limit_bytes: int) -> RunCgroup:
-        """A new, empty cgroup limited to `limit_bytes`.
+    def create(self, limit_bytes: int | None) -> RunCgroup:
+        """A new, empty cgroup limited to `limit_bytes` (None: not yet, `RunCgroup.set_limit` before any run).
 
         Raises:
             OSError: it could not be made or limited.
@@ -85,7 +85,8 @@ class Hierarchy:
         cgroup = RunCgroup(self.parent / f"{self.instance}{secrets.token_hex(6)}", self)
         cgroup.path.mkdir()
         try:
-            cgroup.set_limit(limit_bytes)
+            if limit_bytes is not None:
+                cgroup.set_limit(limit_bytes)
         except BaseException:
             with contextlib.suppress(OSError):
                 cgroup.path.rmdir()

@@ -34,6 +34,7 @@ from sandbox.models import (
     to_result,
 )
 from sandbox.process import Frame, ProtocolError, SandboxProcess, SandboxStartError
+from sandbox.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,42 @@ class Runner:
         self.metrics = metrics
         self.memory = MemoryWatch()
         self._cleanups: set[asyncio.Task] = set()
+        self.warm: WarmPool | None = None
+        """Sandboxes started ahead for one-shot Python runs (`sandbox.warm`); None: each run starts its own."""
+        if isolation.pidns and config.warm_sandboxes:
+            self.warm = WarmPool(config.warm_sandboxes, self._spawn_warm)
+
+    async def _spawn_warm(self) -> SandboxProcess:
+        """A direct-run sandbox started ahead, in a memory cgroup of its own whose limit `take_warm` sets."""
+        cgroup = None
+        if self.cgroups is not None:
+            try:
+                cgroup = self.cgroups.create(None)
+            except OSError as exc:
+                raise SandboxStartError(f"cannot make the sandbox's memory cgroup: {exc}") from exc
+        return await SandboxProcess.spawn(self.isolation, timeout_s=self.config.startup_timeout_s, direct=True,
+                                          cgroup=cgroup)
+
+    async def take_warm(self, payload: dict[str, Any]) -> SandboxProcess:
+        """A warm sandbox (`sandbox.warm`) given its run's memory limit and request; a cold one if the limit cannot
+        be set (a v1 cgroup refuses a limit below what the idle launcher already holds).
+
+        Raises:
+            SandboxStartError: no sandbox could be started.
+        """
+        process = await self.warm.take()
+        try:
+            if process.cgroup is not None:
+                process.cgroup.set_limit(payload["memory_bytes"])
+        except BaseException as exc:
+            await process.close()
+            if not isinstance(exc, OSError):
+                raise
+            log.info("a warm sandbox's cgroup refused the limit of %d MiB (%s): starting a cold one",
+                     payload["memory_bytes"] >> 20, exc)
+            return await self.start(payload, direct=True)
+        process.begin(payload)
+        return process
 
     def limits(self, timeout_s: float | None, memory_mb: int | None, max_output: int | None) -> Limits:
         """Fill defaults and refuse values above the server's maxima or memory budget (a 400 naming the limit)."""
@@ -184,7 +221,10 @@ class Runner:
         direct = len(request.cases) == 1 and request.language == "python" and self.isolation.pidns
         release = await self.admission.acquire(limits.memory_mb)  # once: the cases run one at a time
         try:
-            process = await self.start(payload, direct=direct)
+            if direct and self.warm is not None:
+                process = await self.take_warm(payload)
+            else:
+                process = await self.start(payload, direct=direct)
         except BaseException:
             release()
             raise

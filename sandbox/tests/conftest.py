@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from gymfleet.testing import serve
+from sandbox import warm
 from sandbox.app import SandboxServer
 
 SECRET_ENV = "GYMFLEET_FAKE_SECRET"
@@ -50,19 +51,23 @@ def ran_out(result: dict, memory_mb: int) -> bool:
 def sandbox_processes() -> list[psutil.Process]:
     """Processes running as the sandbox uid (there must be none once a run is over): those under this test process,
     and orphans (nothing but sandboxed processes between them and init). Those a parallel pytest worker's sandbox
-    runs are its own business, and so are zombies (dead, holding nothing but a pid, waiting for their parent)."""
+    runs are its own business, and so are zombies (dead, holding nothing but a pid, waiting for their parent), and
+    the warm sandboxes waiting for a run (`sandbox.warm`: started ahead, no run has been in them)."""
     found = []
+    idle = warm.idle_pids()
     for process in psutil.process_iter(["uids", "pid", "num_threads", "status"]):
         uids = process.info["uids"]
         if (uids is not None and SANDBOX_UID in (uids.real, uids.effective)
-                and process.info["status"] != psutil.STATUS_ZOMBIE and _ours(process)):
+                and process.info["status"] != psutil.STATUS_ZOMBIE and _ours(process, idle)):
             found.append(process)
     return found
 
 
-def _ours(process: psutil.Process) -> bool:
+def _ours(process: psutil.Process, idle: set[int]) -> bool:
     try:
         ancestors = process.parents()
+        if process.pid in idle or any(ancestor.pid in idle for ancestor in ancestors):
+            return False
         if any(ancestor.pid == os.getpid() for ancestor in ancestors):
             return True
         return all(ancestor.pid == 1 or ancestor.uids().real == SANDBOX_UID for ancestor in ancestors)
