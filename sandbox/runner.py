@@ -78,34 +78,26 @@ class Runner:
             self.warm = WarmPool(config.warm_sandboxes, self._spawn_warm)
 
     async def _spawn_warm(self) -> SandboxProcess:
-        """A direct-run sandbox started ahead, in a memory cgroup of its own whose limit `take_warm` sets."""
-        cgroup = None
-        if self.cgroups is not None:
-            try:
-                cgroup = self.cgroups.create(None)
-            except OSError as exc:
-                raise SandboxStartError(f"cannot make the sandbox's memory cgroup: {exc}") from exc
-        return await SandboxProcess.spawn(self.isolation, timeout_s=self.config.startup_timeout_s, direct=True,
-                                          cgroup=cgroup)
+        """A direct-run sandbox started ahead (its memory cgroup is made when a run takes it: `take_warm`)."""
+        return await SandboxProcess.spawn(self.isolation, timeout_s=self.config.startup_timeout_s, direct=True)
 
     async def take_warm(self, payload: dict[str, Any]) -> SandboxProcess:
-        """A warm sandbox (`sandbox.warm`) given its run's memory limit and request; a cold one if the limit cannot
-        be set (a v1 cgroup refuses a limit below what the idle launcher already holds).
+        """A warm sandbox (`sandbox.warm`), moved into a memory cgroup of its own limited to the run's memory (where
+        cgroups are used), and sent its request.
 
         Raises:
-            SandboxStartError: no sandbox could be started.
+            SandboxStartError: no sandbox could be started, or its cgroup made.
         """
         process = await self.warm.take()
-        try:
-            if process.cgroup is not None:
-                process.cgroup.set_limit(payload["memory_bytes"])
-        except BaseException as exc:
-            await process.close()
-            if not isinstance(exc, OSError):
+        if self.cgroups is not None:
+            try:
+                process.cgroup = self.cgroups.create(payload["memory_bytes"])
+                await asyncio.to_thread(process.cgroup.adopt, process.popen.pid)
+            except BaseException as exc:
+                await process.close()
+                if isinstance(exc, OSError):
+                    raise SandboxStartError(f"cannot move a warm sandbox into its memory cgroup: {exc}") from exc
                 raise
-            log.info("a warm sandbox's cgroup refused the limit of %d MiB (%s): starting a cold one",
-                     payload["memory_bytes"] >> 20, exc)
-            return await self.start(payload, direct=True)
         process.begin(payload)
         return process
 

@@ -1,12 +1,13 @@
 """Warm sandboxes: one-shot Python runs take a sandbox that was started before they came.
 
 Starting a sandbox is mostly waiting: bubblewrap makes its namespaces (a network namespace alone is milliseconds of
-kernel latency), the interpreter starts, and on cgroup v1 the move into the run's memory cgroup waits for an RCU
-grace period. A run that starts its sandbox when it arrives pays all of that on its own clock. The pool keeps
+kernel latency) and the interpreter starts. A run that starts its sandbox when it arrives pays all of that on its
+own clock. The pool keeps
 `warm_sandboxes` of them started ahead, each exactly what a cold start makes (`SandboxProcess.spawn`: its own
-bubblewrap namespaces, its own tmpfs workspace, its own memory cgroup with no limit yet, the launcher up and waiting
-on stdin for its request), and hands each to one run only: `take` sets the cgroup's limit to the run's
-`memory_mb` and the run sends its request. Nothing is shared between runs and nothing is reused: a warm sandbox
+bubblewrap namespaces, its own tmpfs workspace, the launcher up and waiting on stdin for its request), and hands
+each to one run only; the run moves it into a memory cgroup of its own, limited to its `memory_mb`, before it sends
+its request (`Runner.take_warm`; what the idle launcher had charged before the move stays with the service's
+cgroup: on v1 charges do not move). Nothing is shared between runs and nothing is reused: a warm sandbox
 has run no code but the launcher before its run, and is torn down after it like any other. Each `take` starts one
 replacement, so the pool's size is constant; a run that finds it empty waits for the replacement started first.
 
