@@ -112,6 +112,9 @@ class SandboxConfig(ServerConfig):
     warm_sandboxes: int | None = Field(None, ge=0)
     """Sandboxes kept started ahead for one-shot Python runs (`sandbox.warm`: each used by one run only, then
     replaced), so a run does not wait for its sandbox to start; default: the run slots, at most 8; 0: none."""
+    fork_server: bool = True
+    """One-shot Python runs forked from a warm interpreter (`sandbox.forkserver`: each in namespaces, a workspace, a
+    memory cgroup and limits of its own, from a state no run has touched) instead of a sandbox started per run."""
     memory_accounting: Literal["auto", "cgroup", "rss"] = "auto"
     """How a run's `memory_mb` is counted: `cgroup` (a memory cgroup per run and session, v2 or v1: everything
     counted, kernel buffers included; a start-up error where none can be made), `rss` (sampling the processes,
@@ -171,8 +174,7 @@ class SandboxServer(Server):
         try:
             await self._check_isolation()
         except BaseException:
-            if self.runner.warm is not None:
-                await self.runner.warm.close()
+            await self.runner.close()
             prepared.close()
             raise
         self._background = [asyncio.create_task(self.sessions.expire_forever()),
@@ -195,8 +197,7 @@ class SandboxServer(Server):
         if self.sessions is not None:
             await self.sessions.close_all()
         if self.runner is not None:
-            if self.runner.warm is not None:
-                await self.runner.warm.close()
+            await self.runner.close()
             await self.runner.drain()
             self.runner.isolation.close()
         await super().shutdown()

@@ -81,6 +81,12 @@ def main():
     try:
         if request["mode"] != "direct":  # a supervisor: the program must not reach into it (the module's docstring)
             prctl(PR_SET_DUMPABLE, 0)
+        if request["mode"] == "forkserver":  # `sandbox.forkserver`: forks one sandbox per one-shot Python run
+            modules = dict(sys.modules)
+            forkserver = {"__name__": "gymfleet_forkserver"}
+            exec(marshal.loads(request["forkserver"]), forkserver)
+            forkserver["serve"](request, proto_in, proto_out, _namespace(), modules)
+            return
         posix.chdir(request["workdir"])
         if request.get("archive"):
             extract_archive(request["workdir"], request["archive"])
@@ -93,16 +99,21 @@ def main():
     if request["mode"] == "direct":
         run_direct(request, program, request["cases"][0])
     if request["mode"] == "session":
-        namespace = type(sys)("launcher")
-        namespace.__dict__.update(globals())
         kernel = {"__name__": "gymfleet_kernel"}
         exec(marshal.loads(request["kernel"]), kernel)
-        kernel["serve"](request, program, proto_in, proto_out, namespace)
+        kernel["serve"](request, program, proto_in, proto_out, _namespace())
         return
     for case in request["cases"]:
         kind, code = run_case(request, program, case, proto_out)
         if request.get("stop_on_failure") and not (kind == EXITED and code == 0):
             break
+
+
+def _namespace():
+    """This module, for the code the launcher runs (session kernel, fork server)."""
+    namespace = type(sys)("launcher")
+    namespace.__dict__.update(globals())
+    return namespace
 
 
 class Program:

@@ -19,6 +19,7 @@ from typing import Any
 from gymfleet.errors import BadRequestError
 from sandbox.admission import Admission
 from sandbox.cgroups import Hierarchy
+from sandbox.forked import ForkServer
 from sandbox.isolation import Isolation
 from sandbox.memory import MemoryWatch
 from sandbox.metrics import SandboxMetrics
@@ -74,12 +75,27 @@ class Runner:
         self._cleanups: set[asyncio.Task] = set()
         self.warm: WarmPool | None = None
         """Sandboxes started ahead for one-shot Python runs (`sandbox.warm`); None: each run starts its own."""
+        self.forkserver: ForkServer | None = None
+        """Where one-shot Python runs are forked (`sandbox.forkserver`); None: each starts a sandbox of its own."""
+        if isolation.pidns and config.fork_server and isolation.forkserver_argv:
+            self.forkserver = ForkServer(isolation, workspace_mb=config.workspace_mb,
+                                         startup_timeout_s=config.startup_timeout_s)
         if isolation.pidns and config.warm_sandboxes:
             self.warm = WarmPool(config.warm_sandboxes, self._spawn_warm)
 
     async def _spawn_warm(self) -> SandboxProcess:
-        """A direct-run sandbox started ahead (its memory cgroup is made when a run takes it: `take_warm`)."""
+        """A direct-run sandbox started ahead (its memory cgroup is made when a run takes it: `take_warm`): forked
+        by the fork server, or a sandbox of its own."""
+        if self.forkserver is not None:
+            return await self.forkserver.fork()
         return await SandboxProcess.spawn(self.isolation, timeout_s=self.config.startup_timeout_s, direct=True)
+
+    async def close(self) -> None:
+        """Stop the warm sandboxes and the fork server (at server shutdown)."""
+        if self.warm is not None:
+            await self.warm.close()
+        if self.forkserver is not None:
+            await self.forkserver.close()
 
     async def take_warm(self, payload: dict[str, Any]) -> SandboxProcess:
         """A warm sandbox (`sandbox.warm`), moved into a memory cgroup of its own limited to the run's memory (where

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from gymfleet.testing import serve
-from sandbox import warm
+from sandbox import forked, warm
 from sandbox.app import SandboxServer
 
 SECRET_ENV = "GYMFLEET_FAKE_SECRET"
@@ -52,13 +52,15 @@ def sandbox_processes() -> list[psutil.Process]:
     """Processes running as the sandbox uid (there must be none once a run is over): those under this test process,
     and orphans (nothing but sandboxed processes between them and init). Those a parallel pytest worker's sandbox
     runs are its own business, and so are zombies (dead, holding nothing but a pid, waiting for their parent), and
-    the warm sandboxes waiting for a run (`sandbox.warm`: started ahead, no run has been in them)."""
+    the warm sandboxes waiting for a run (`sandbox.warm`: started ahead, no run has been in them) and the fork
+    server's own processes (`sandbox.forkserver`: runs are forked from it, it runs none)."""
     found = []
-    idle = warm.idle_pids()
+    idle, infrastructure = warm.idle_pids(), forked.server_pids()
     for process in psutil.process_iter(["uids", "pid", "num_threads", "status"]):
         uids = process.info["uids"]
         if (uids is not None and SANDBOX_UID in (uids.real, uids.effective)
-                and process.info["status"] != psutil.STATUS_ZOMBIE and _ours(process, idle)):
+                and process.info["status"] != psutil.STATUS_ZOMBIE and process.pid not in infrastructure
+                and _ours(process, idle)):
             found.append(process)
     return found
 
