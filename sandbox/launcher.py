@@ -69,6 +69,7 @@ CHUNK = 65536
 
 
 def main():
+    modules = dict(sys.modules)  # what a direct run's program finds; the fork server gives each run this table
     proto_in, proto_out = posix.dup(0), posix.dup(1)
     null = posix.open("/dev/null", posix.O_RDWR)
     posix.dup2(null, 0)
@@ -82,7 +83,6 @@ def main():
         if request["mode"] != "direct":  # a supervisor: the program must not reach into it (the module's docstring)
             prctl(PR_SET_DUMPABLE, 0)
         if request["mode"] == "forkserver":  # `sandbox.forkserver`: forks one sandbox per one-shot Python run
-            modules = dict(sys.modules)
             forkserver = {"__name__": "gymfleet_forkserver"}
             exec(marshal.loads(request["forkserver"]), forkserver)
             forkserver["serve"](request, proto_in, proto_out, _namespace(), modules)
