@@ -289,20 +289,25 @@ class ForkServer:
         request: dict[str, Any] = {
             "mode": "forkserver", "language": "python", "forkserver": self.isolation.forkserver_code,
             "workdir": self.isolation.workdir, "pidns": True, "workspace_bytes": self.workspace_mb << 20,
-            "shm_bytes": SHM_MB << 20,
+            "shm_bytes": SHM_MB << 20, "env": self.isolation.program_env,
         }
-        await loop.sock_sendall(ours, encode(self.isolation.launcher_code) + encode(request))
+        line = None
         try:
+            await loop.sock_sendall(ours, encode(self.isolation.launcher_code) + encode(request))
             async with asyncio.timeout(self.startup_timeout_s):
                 line = await self._stdout.readline(len(READY))
+            problem = "exited before it was ready"
         except TimeoutError:
-            line = None
+            problem = f"was not ready within {self.startup_timeout_s:g}s"
+        except OSError:  # it is gone already (its stderr says why)
+            problem = "exited before it was ready"
         init = _children(self.popen.pid)
         launcher = _children(init[0]) if init else []
         if line != READY or not launcher:
-            problem = self.stderr_text or "no error output"
+            await self._stderr.wait_eof(timeout_s=1.0)
+            stderr = self.stderr_text or "no error output"
             await self.close()
-            raise SandboxStartError(f"the sandbox fork server did not start: {problem}")
+            raise SandboxStartError(f"the sandbox fork server {problem}: {stderr}")
         self.host_pid = launcher[0]
         self._reading = asyncio.create_task(self._read_forked(self._stdout))
 

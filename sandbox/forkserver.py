@@ -13,9 +13,10 @@ request pipe's read end, the program's stdout and stderr pipes, and the status p
   status, or 128 + the signal that ended it, as bwrap reports it) on the status pipe;
 - the init (pid 1 of the run's PID namespace) mounts that namespace's own `/proc` (no process of another run or of
   the fork server can be seen), brings the loopback of the run's network namespace up (no other interface: no
-  network), drops every capability (bounding set, ambient, effective, permitted, inheritable), makes itself
-  non-dumpable and forks the program; when the program ends it kills every process left in the namespace, reaps
-  them and exits with the program's status;
+  network), drops every capability (bounding set, ambient, effective, permitted, inheritable) and forks the
+  program; it then holds only /dev/null (as bwrap's init, it is dumpable and its environment is empty: the fork
+  server runs with none, and each program sets the sandbox's own, `Isolation.program_env`); when the program ends
+  it kills every process left in the namespace, reaps them and exits with the program's status;
 - the program (pid 2) waits for its request on the request pipe (the service first moves the leader's tree into
   the run's memory cgroup, so nothing of the run escapes its accounting), restores the interpreter's module table to
   the launcher's, and runs the request as a direct run does (`launcher.run_direct`: files written, limits set, every
@@ -114,12 +115,13 @@ def init(request, fds, launcher, modules):
         check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mounting /proc")
         loopback_up()
         drop_capabilities()
-        launcher.prctl(launcher.PR_SET_DUMPABLE, 0)
+        launcher.prctl(launcher.PR_SET_DUMPABLE, 1)  # as bwrap's init: it holds nothing the program may not see
         pid = posix.fork()
         if pid == 0:
-            program(fds, launcher, modules)
+            program(fds, launcher, modules, request["env"])
         for fd in fds:
             posix.close(fd)
+        posix.dup2(0, 2)  # the fork server's stderr: /dev/null from here on, like stdin and stdout
         code = reap(pid)
     except BaseException as exc:
         launcher._write_all(2, f"sandbox fork server: cannot start a run: {launcher.describe(exc)}\n".encode())
@@ -167,7 +169,7 @@ def drop_capabilities():
     check(libc.capset(header, (ctypes.c_uint32 * 6)()), "dropping capabilities")
 
 
-def program(fds, launcher, modules):
+def program(fds, launcher, modules, env):
     """The program's process, pid 2: wait for the request, then run it as a direct run; never returns. A request
     that cannot be set up (a bad file name, a broken archive) is reported on the status pipe, as the launcher does."""
     request_fd, out_fd, err_fd, status_fd = fds
@@ -181,6 +183,12 @@ def program(fds, launcher, modules):
         request.update(mode="direct", stdout_fd=out_fd, stderr_fd=err_fd, pidns=True)
         sys.modules.clear()
         sys.modules.update(modules)
+        for name in list(posix.environ):  # the interpreter's own (LC_CTYPE, from its C locale coercion)
+            posix.unsetenv(name)
+            del posix.environ[name]
+        for name, value in env.items():  # the fork server has none (the module's docstring)
+            posix.putenv(name, value)
+            posix.environ[name.encode()] = value.encode()
         posix.chdir(request["workdir"])
         if request.get("archive"):
             launcher.extract_archive(request["workdir"], request["archive"])

@@ -72,7 +72,10 @@ class Isolation:
     forkserver_code: bytes = b""
     forkserver_argv: list[str] = field(default_factory=list)
     """The fork server's sandbox (`sandbox.forkserver`): `argv` with the capabilities it needs to make a sandbox per
-    run inside its own user namespace; empty without bubblewrap."""
+    run inside its own user namespace, started by `env -i` (its runs' init shows no environment, as bwrap's does: each
+    program sets `program_env` itself); empty without bubblewrap."""
+    program_env: dict[str, str] = field(default_factory=dict)
+    """The environment a program starts with (bwrap's `--setenv`s, and `PWD` as bwrap sets it)."""
     _etc: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def close(self) -> None:
@@ -120,8 +123,10 @@ def prepare(
     etc = tempfile.TemporaryDirectory(prefix="gymfleet-sandbox-etc-")
     argv = [*prefix, binary, *_bwrap_args(interpreter, Path(etc.name), workspace_mb, uid)]
     command = ["--", interpreter, *flags, "-c", STUB]
+    empty_env = ["--", shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env", "-i", *command[1:]]
     return Isolation("bwrap", argv + command, interpreter, launcher_code, kernel_code, pidns=True, _etc=etc,
-                     forkserver_code=forkserver_code, forkserver_argv=argv + FORKSERVER_CAPS + command)
+                     forkserver_code=forkserver_code, forkserver_argv=argv + FORKSERVER_CAPS + empty_env,
+                     program_env={**ENV, "HOME": WORKDIR, "PWD": WORKDIR})
 
 
 def _interpreter(python: str | None) -> str:
