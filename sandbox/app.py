@@ -166,7 +166,11 @@ class SandboxServer(Server):
             prepared.close()
             raise ConfigError(f"memory_accounting: cgroup, but {exc}",
                               hint="run the service where it can make memory cgroups, or use auto or rss") from exc
-        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy)
+        pids = await asyncio.to_thread(cgroups.detect_pids, hierarchy) if config.fork_server else None
+        if config.fork_server and pids is None and prepared.pidns:
+            log.warning("no per-run pids cgroup can be made here: one-shot Python runs start a sandbox each instead "
+                        "of being forked (forked runs share a user namespace: RLIMIT_NPROC would count them together)")
+        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy, pids)
         self.sandbox_metrics.count_cgroups(hierarchy)
         self.sessions = Sessions(self.runner)
         if self.runner.warm is not None:

@@ -28,6 +28,7 @@ import subprocess
 import weakref
 from typing import Any
 
+from sandbox.cgroups import RunCgroup
 from sandbox.isolation import SHM_MB, Isolation
 from sandbox.launcher import READY
 from sandbox.pipes import PipeReader, PipeWriter
@@ -107,6 +108,8 @@ class ForkedRun(SandboxProcess):
         self.server = server
         self.server_popen = server.popen
         self.workdir = server.isolation.workdir
+        self.pids: RunCgroup | None = None
+        """Its pids cgroup (v1), removed by `close()`; on v2 its memory cgroup limits its processes."""
         self.lost = False
         """Set when the status pipe closed with no status (the leader or the fork server was killed)."""
 
@@ -168,8 +171,9 @@ class ForkedRun(SandboxProcess):
             for reader in (self._stdout, *self._output):
                 reader.close()
             os.close(self.leader.pidfd)
-            if self.cgroup is not None:
-                await self.cgroup.remove()
+            for cgroup in (self.cgroup, self.pids):
+                if cgroup is not None:
+                    await cgroup.remove()
 
 
 class ForkServer:

@@ -279,7 +279,8 @@ def set_limits(request, cpu_s=None):
     cpu_s = cpu_s or max(1, -int(-request["timeout_s"] // 1))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))  # SIGXCPU at the limit, SIGKILL a second later
     limit(resource.RLIMIT_AS, request["memory_bytes"])
-    limit(resource.RLIMIT_NPROC, request["max_processes"])
+    if request["max_processes"] is not None:  # None: a pids cgroup limits the run (`sandbox.forkserver`)
+        limit(resource.RLIMIT_NPROC, request["max_processes"])
     limit(resource.RLIMIT_FSIZE, request["max_file_bytes"])
     limit(resource.RLIMIT_NOFILE, request["max_open_files"])
     limit(resource.RLIMIT_CORE, 0)

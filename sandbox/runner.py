@@ -19,7 +19,7 @@ from typing import Any
 from gymfleet.errors import BadRequestError
 from sandbox.admission import Admission
 from sandbox.cgroups import Hierarchy
-from sandbox.forked import ForkServer
+from sandbox.forked import ForkedRun, ForkServer
 from sandbox.isolation import Isolation
 from sandbox.memory import MemoryWatch
 from sandbox.metrics import SandboxMetrics
@@ -43,6 +43,8 @@ CASE_GRACE_S = 3.0
 DIRECT_SETUP_S = 0.5
 """Time a direct run's launcher may take to write the files and compile the program before the limit starts."""
 EXIT_GRACE_S = 1.0
+FORKED_INFRASTRUCTURE = 2
+"""A forked run's processes that are not the program's: its leader and its init (`sandbox.forkserver`)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class Runner:
     """Starts sandboxes for requests and turns their frames into results."""
 
     def __init__(self, config: Any, isolation: Isolation, admission: Admission, metrics: SandboxMetrics,
-                 cgroups: Hierarchy | None = None):
+                 cgroups: Hierarchy | None = None, pids: Hierarchy | str | None = None):
         self.config = config
         self.cgroups = cgroups
         """Where each sandbox gets a memory cgroup of its own (`sandbox.cgroups`); None: the sampling watch."""
@@ -77,7 +79,9 @@ class Runner:
         """Sandboxes started ahead for one-shot Python runs (`sandbox.warm`); None: each run starts its own."""
         self.forkserver: ForkServer | None = None
         """Where one-shot Python runs are forked (`sandbox.forkserver`); None: each starts a sandbox of its own."""
-        if isolation.pidns and config.fork_server and isolation.forkserver_argv:
+        self.pids = pids
+        """Forked runs' process limits (`cgroups.detect_pids`): a pids hierarchy, "memory" (v2), or None."""
+        if isolation.pidns and config.fork_server and isolation.forkserver_argv and pids is not None:
             self.forkserver = ForkServer(isolation, workspace_mb=config.workspace_mb,
                                          startup_timeout_s=config.startup_timeout_s)
         if isolation.pidns and config.warm_sandboxes:
@@ -105,15 +109,24 @@ class Runner:
             SandboxStartError: no sandbox could be started, or its cgroup made.
         """
         process = await self.warm.take()
-        if self.cgroups is not None:
-            try:
+        try:
+            if self.cgroups is not None:
                 process.cgroup = self.cgroups.create(payload["memory_bytes"])
+            if isinstance(process, ForkedRun):  # its own process limit: runs share the fork server's user namespace
+                processes = payload["max_processes"] + FORKED_INFRASTRUCTURE
+                payload = {**payload, "max_processes": None}
+                if isinstance(self.pids, Hierarchy):
+                    process.pids = self.pids.create(processes)
+                    await asyncio.to_thread(process.pids.adopt, process.popen.pid)
+                elif process.cgroup is not None:
+                    process.cgroup.set_process_limit(processes)
+            if process.cgroup is not None:
                 await asyncio.to_thread(process.cgroup.adopt, process.popen.pid)
-            except BaseException as exc:
-                await process.close()
-                if isinstance(exc, OSError):
-                    raise SandboxStartError(f"cannot move a warm sandbox into its memory cgroup: {exc}") from exc
-                raise
+        except BaseException as exc:
+            await process.close()
+            if isinstance(exc, OSError):
+                raise SandboxStartError(f"cannot move a warm sandbox into its cgroups: {exc}") from exc
+            raise
         process.begin(payload)
         return process
 

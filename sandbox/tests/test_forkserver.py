@@ -11,7 +11,9 @@ run (`fork_server: false`) prints the same.
 from __future__ import annotations
 
 import json
+import resource
 import threading
+import time
 
 import httpx
 import pytest
@@ -127,9 +129,34 @@ def test_nothing_crosses_between_runs_side_by_side(client_module, baseline):
     assert_no_leftovers()
 
 
+def test_a_runs_process_limit_is_its_own(client_module):
+    # Forked runs share the fork server's user namespace, where RLIMIT_NPROC would count them together: a fork bomb
+    # beside a run would leave it no process; each run's pids cgroup keeps the limit per run.
+    bomb = "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass"
+    forks = ("import os, time\npids = []\nfor _ in range(40):\n    pid = os.fork()\n    if pid == 0:\n"
+             "        time.sleep(0.5)\n        os._exit(0)\n    pids.append(pid)\n"
+             "for pid in pids:\n    os.waitpid(pid, 0)\nprint('40 processes')")
+    answer: dict = {}
+    bombing = threading.Thread(target=lambda: answer.update(run(client_module, bomb, timeout_s=3)))
+    bombing.start()
+    try:
+        time.sleep(1.0)
+        for _ in range(2):
+            result = run(client_module, forks, timeout_s=10)
+            assert result["status"] == "ok" and result["stdout"] == "40 processes\n", result
+    finally:
+        bombing.join()
+    assert answer["status"] in ("timeout", "killed", "failed"), answer
+    assert_no_leftovers()
+
+
 def test_a_forked_run_starts_as_a_cold_one(baseline):
+    # But for RLIMIT_NPROC: a forked run's processes are limited by its pids cgroup instead (the test above).
     server = SandboxServer({"name": "sandbox", "fork_server": False, "warm_sandboxes": 0, "default_timeout_s": 5})
     with serve(server.create_app()) as url, httpx.Client(base_url=url, timeout=120) as client:
         assert server.runner.forkserver is None
         cold = probe(client)
-    assert not differences(cold, baseline)
+    nproc = sorted(name for name in dir(resource) if name.startswith("RLIMIT_")).index("RLIMIT_NPROC")
+    cold, forked = ({**state, "limits": [limit for index, limit in enumerate(state["limits"]) if index != nproc]}
+                    for state in (cold, baseline))
+    assert not differences(cold, forked)
