@@ -190,6 +190,8 @@ class ForkServer:
         self._stdout: PipeReader | None = None
         self._stderr: PipeReader | None = None
         self._forked: dict[bytes, asyncio.Future] = {}
+        self._known: dict[int, int] = {}
+        """Host pid -> the fork server's pid, of its children seen so far."""
         self._lock = asyncio.Lock()
         self._reading: asyncio.Task | None = None
         _SERVERS.add(self)
@@ -259,11 +261,17 @@ class ForkServer:
         Raises:
             LookupError: no such child (it failed and exited already).
         """
-        for child in _children(self.host_pid):
-            with contextlib.suppress(OSError), open(f"/proc/{child}/status") as status:
-                for line in status:
-                    if line.startswith("NSpid:") and int(line.split()[-1]) == pid:
-                        return child
+        children = _children(self.host_pid)
+        self._known = {child: self._known[child] for child in children if child in self._known}
+        for child in children:
+            if child not in self._known:
+                with contextlib.suppress(OSError), open(f"/proc/{child}/status") as status:
+                    for line in status:
+                        if line.startswith("NSpid:"):
+                            self._known[child] = int(line.split()[-1])
+                            break
+            if self._known.get(child) == pid:
+                return child
         raise LookupError(f"the fork server's child {pid} is gone")
 
     async def _restart(self) -> None:

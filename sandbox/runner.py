@@ -110,18 +110,20 @@ class Runner:
         """
         process = await self.warm.take()
         try:
+            groups = []
             if self.cgroups is not None:
                 process.cgroup = self.cgroups.create(payload["memory_bytes"])
+                groups.append(process.cgroup)
             if isinstance(process, ForkedRun):  # its own process limit: runs share the fork server's user namespace
                 processes = payload["max_processes"] + FORKED_INFRASTRUCTURE
                 payload = {**payload, "max_processes": None}
                 if isinstance(self.pids, Hierarchy):
                     process.pids = self.pids.create(processes)
-                    await asyncio.to_thread(process.pids.adopt, process.popen.pid)
+                    groups.append(process.pids)
                 elif process.cgroup is not None:
                     process.cgroup.set_process_limit(processes)
-            if process.cgroup is not None:
-                await asyncio.to_thread(process.cgroup.adopt, process.popen.pid)
+            if groups:
+                await asyncio.to_thread(lambda: [group.adopt(process.popen.pid) for group in groups])
         except BaseException as exc:
             await process.close()
             if isinstance(exc, OSError):
