@@ -79,7 +79,9 @@ class Leader:
         self.pidfd = os.pidfd_open(pid)
 
     def gone(self) -> bool:
-        return bool(select.select([self.pidfd], [], [], 0)[0])
+        poller = select.poll()  # not select(): descriptors past 1023 are common under load
+        poller.register(self.pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def poll(self) -> int | None:
         return self.returncode
