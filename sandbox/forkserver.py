@@ -35,7 +35,7 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x20000, 0x20000000, 0x40000000, 0x08000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
-PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+PR_SET_NAME, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 15, 24, 47, 4
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 CAP_LAST = 63
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -51,6 +51,8 @@ def serve(request, proto_in, proto_out, launcher, modules):
     table, before this file's imports (each run gets it back)."""
     import _socket
 
+    request["comm"] = open("/proc/self/comm", "rb").read().strip()
+    rename(b"gf-forkserver")
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # leaders are reaped by the kernel; their status is on a pipe
     channel = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, proto_in)
     space = _socket.CMSG_SPACE(FDS * 4)
@@ -76,6 +78,11 @@ def serve(request, proto_in, proto_out, launcher, modules):
         launcher._write_all(proto_out, b"@@GF-FORKED %s %d\n" % (token.hex().encode(), pid))
 
 
+def rename(name):
+    """The process's name (`comm`): the fork server's processes say what they are (tests tell them from a run's)."""
+    libc.prctl(PR_SET_NAME, name, 0, 0, 0)
+
+
 def check(result, what):
     if result != 0:
         errno = ctypes.get_errno()
@@ -86,6 +93,7 @@ def leader(request, fds, proto_in, proto_out, launcher, modules):
     """The run's leader (see the module's docstring); never returns."""
     request_fd, out_fd, err_fd, status_fd = fds
     code = 255
+    rename(b"gf-run-leader")
     try:
         for fd in (proto_in, proto_out):
             posix.close(fd)
@@ -113,6 +121,7 @@ def leader(request, fds, proto_in, proto_out, launcher, modules):
 def init(request, fds, launcher, modules):
     """The run's init, pid 1 of its PID namespace (see the module's docstring); never returns."""
     code = 255
+    rename(b"gf-run-init")
     try:
         check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mounting /proc")
         loopback_up()
@@ -120,7 +129,7 @@ def init(request, fds, launcher, modules):
         launcher.prctl(launcher.PR_SET_DUMPABLE, 1)  # as bwrap's init: it holds nothing the program may not see
         pid = posix.fork()
         if pid == 0:
-            program(fds, launcher, modules, request["env"])
+            program(fds, launcher, modules, request["env"], request["comm"])
         for fd in fds:
             posix.close(fd)
         posix.dup2(0, 2)  # the fork server's stderr: /dev/null from here on, like stdin and stdout
@@ -171,15 +180,17 @@ def drop_capabilities():
     check(libc.capset(header, (ctypes.c_uint32 * 6)()), "dropping capabilities")
 
 
-def program(fds, launcher, modules, env):
+def program(fds, launcher, modules, env, comm):
     """The program's process, pid 2: wait for the request, then run it as a direct run; never returns. A request
     that cannot be set up (a bad file name, a broken archive) is reported on the status pipe, as the launcher does."""
     request_fd, out_fd, err_fd, status_fd = fds
     try:
         posix.setsid()
         launcher.prctl(launcher.PR_SET_DUMPABLE, 1)  # as a cold run's program is; the init stays non-dumpable
+        rename(b"gf-run-idle")  # until its request comes
         request = launcher.read_frame(request_fd)
         posix.close(request_fd)
+        rename(comm)
         if request is None:  # the service gave this run up before sending it
             posix._exit(0)
         request.update(mode="direct", stdout_fd=out_fd, stderr_fd=err_fd, pidns=True)

@@ -60,9 +60,31 @@ def sandbox_processes() -> list[psutil.Process]:
         uids = process.info["uids"]
         if (uids is not None and SANDBOX_UID in (uids.real, uids.effective)
                 and process.info["status"] != psutil.STATUS_ZOMBIE and process.pid not in infrastructure
-                and _ours(process, idle)):
+                and not _fork_server_or_idle(process) and _ours(process, idle)):
             found.append(process)
     return found
+
+
+IDLE_RUN = {"gf-run-leader", "gf-run-init", "gf-run-idle"}
+
+
+def _fork_server_or_idle(process: psutil.Process) -> bool:
+    """A fork server's own process (`sandbox.forkserver`: bwrap outside, the sandbox's init, the fork server), or a
+    forked run prepared ahead whose program still waits for its request (by the names they give themselves; so a
+    sandbox service in another process is seen through too)."""
+    try:
+        name = process.name()
+        if name == "gf-forkserver":
+            return True
+        if name in IDLE_RUN:
+            tree = [process, *process.children(recursive=True)]
+            names = [member.name() for member in tree]
+            return all(found in IDLE_RUN for found in names) and "gf-run-idle" in names
+        below = process.children()
+        return name == "bwrap" and any(member.name() == "gf-forkserver" for child in below
+                                       for member in (child, *child.children()))
+    except psutil.Error:
+        return False
 
 
 def _ours(process: psutil.Process, idle: set[int]) -> bool:
