@@ -60,7 +60,7 @@ def sandbox_processes() -> list[psutil.Process]:
         uids = process.info["uids"]
         if (uids is not None and SANDBOX_UID in (uids.real, uids.effective)
                 and process.info["status"] != psutil.STATUS_ZOMBIE and process.pid not in infrastructure
-                and not _fork_server_or_idle(process) and _ours(process, idle)):
+                and not fork_server_or_idle(process) and _ours(process, idle)):
             found.append(process)
     return found
 
@@ -68,7 +68,7 @@ def sandbox_processes() -> list[psutil.Process]:
 IDLE_RUN = {"gf-run-leader", "gf-run-init", "gf-run-idle"}
 
 
-def _fork_server_or_idle(process: psutil.Process) -> bool:
+def fork_server_or_idle(process: psutil.Process) -> bool:
     """A fork server's own process (`sandbox.forkserver`: bwrap outside, the sandbox's init, the fork server), or a
     forked run prepared ahead whose program still waits for its request (by the names they give themselves; so a
     sandbox service in another process is seen through too)."""
