@@ -7,6 +7,10 @@ same interpreter with the same flags the sandbox uses (`/usr/bin/python3 -I -S -
 so the ratio is what isolation, the service and HTTP cost on top of starting the program.
 
     python bench/sandbox_throughput.py [--concurrency 1 2 32] [--seconds 9] [--slices 6] [--code "print(1)"]
+        [--sandbox-config sandbox.yaml]
+
+`--sandbox-config` passes a YAML file of the service's fields (e.g. `fork_server: false` and `warm_sandboxes: 0`:
+a sandbox started per run, as before the fork server), to see what each step saves.
 
 Prints one table: runs/s, p50 and p99 latency for both, and the per-run cost ratio (bare runs/s / sandbox runs/s).
 """
@@ -105,16 +109,19 @@ def main() -> None:
     parser.add_argument("--code", default="print(1)")
     parser.add_argument("--json", type=Path, help="also write the numbers there (for bench/report.py)")
     parser.add_argument("--python", default="/usr/bin/python3", help="interpreter of the bare runs (the sandbox's)")
+    parser.add_argument("--sandbox-config", type=Path, help="YAML file of the sandbox service's fields")
     args = parser.parse_args()
     port = free_port()
-    server, url = spawn_server([sys.executable, "-m", "sandbox", "--port", str(port)], port, cwd=ROOT,
+    config = ["--config", str(args.sandbox_config.resolve())] if args.sandbox_config else []
+    server, url = spawn_server([sys.executable, "-m", "sandbox", "--port", str(port), *config], port, cwd=ROOT,
                                stderr=subprocess.DEVNULL)
     try:
         rows = asyncio.run(main_async(args, url, args.python))
     finally:
         server.terminate()
         server.wait(30)
-    print(f"trivial program {args.code!r}; {os.cpu_count()} CPUs; {args.seconds:g}s per cell in {args.slices} slices")
+    print(f"trivial program {args.code!r}; {os.cpu_count()} CPUs; {args.seconds:g}s per cell in {args.slices} slices"
+          + (f"; sandbox config {args.sandbox_config}" if args.sandbox_config else ""))
     print(f"{'concurrency':>11} {'mode':>8} {'runs/s':>8} {'p50 ms':>9} {'p99 ms':>9} {'cost/run':>10}")
     print("\n".join(rows))
 

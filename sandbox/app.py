@@ -60,6 +60,8 @@ from sandbox.sessions import SessionNotFound, Sessions
 
 log = logging.getLogger(__name__)
 
+MAX_DEFAULT_WARM = 8
+
 
 class SandboxConfig(ServerConfig):
     """The sandbox service's fields."""
@@ -107,6 +109,12 @@ class SandboxConfig(ServerConfig):
     session_idle_timeout_s: float = 600.0
     session_cpu_s: int = 3600
     """CPU seconds a whole session may use."""
+    warm_sandboxes: int | None = Field(None, ge=0)
+    """Sandboxes kept started ahead for one-shot Python runs (`sandbox.warm`: each used by one run only, then
+    replaced), so a run does not wait for its sandbox to start; default: the run slots, at most 8; 0: none."""
+    fork_server: bool = True
+    """One-shot Python runs forked from a warm interpreter (`sandbox.forkserver`: each in namespaces, a workspace, a
+    memory cgroup and limits of its own, from a state no run has touched) instead of a sandbox started per run."""
     memory_accounting: Literal["auto", "cgroup", "rss"] = "auto"
     """How a run's `memory_mb` is counted: `cgroup` (a memory cgroup per run and session, v2 or v1: everything
     counted, kernel buffers included; a start-up error where none can be made), `rss` (sampling the processes,
@@ -122,6 +130,8 @@ class SandboxServer(Server):
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)
         slots = self.config.max_concurrent_runs or (os.cpu_count() or 1) * self.config.runs_per_core
+        if self.config.warm_sandboxes is None:
+            self.config.warm_sandboxes = min(slots, MAX_DEFAULT_WARM)
         self.admission = Admission(slots, self.config.queue_length, self._memory_budget_mb(),
                                    self.config.admission_timeout_s)
         self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
@@ -156,12 +166,19 @@ class SandboxServer(Server):
             prepared.close()
             raise ConfigError(f"memory_accounting: cgroup, but {exc}",
                               hint="run the service where it can make memory cgroups, or use auto or rss") from exc
-        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy)
+        pids = await asyncio.to_thread(cgroups.detect_pids, hierarchy) if config.fork_server else None
+        if config.fork_server and pids is None and prepared.pidns:
+            log.warning("no per-run pids cgroup can be made here: one-shot Python runs start a sandbox each instead "
+                        "of being forked (forked runs share a user namespace: RLIMIT_NPROC would count them together)")
+        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy, pids)
         self.sandbox_metrics.count_cgroups(hierarchy)
         self.sessions = Sessions(self.runner)
+        if self.runner.warm is not None:
+            self.runner.warm.fill()
         try:
             await self._check_isolation()
         except BaseException:
+            await self.runner.close()
             prepared.close()
             raise
         self._background = [asyncio.create_task(self.sessions.expire_forever()),
@@ -184,6 +201,7 @@ class SandboxServer(Server):
         if self.sessions is not None:
             await self.sessions.close_all()
         if self.runner is not None:
+            await self.runner.close()
             await self.runner.drain()
             self.runner.isolation.close()
         await super().shutdown()

@@ -51,6 +51,7 @@ KILL_ROUNDS = 100
 REMOVE_TRIES = 50
 REMOVE_PAUSE_S = 0.02
 SWEEP_WAIT_S = 5.0
+PID_MAX = 1 << 22
 LIMIT_SLACK_BYTES = 1 << 20
 """A v1 peak this close to the limit means the limit was reached (a charge that did not fit is never counted)."""
 
@@ -62,9 +63,11 @@ class CgroupUnavailable(Exception):
 class Hierarchy:
     """Where this service makes its sandboxes' cgroups: under its own cgroup in the memory hierarchy found at start."""
 
-    def __init__(self, version: int, parent: Path):
+    def __init__(self, version: int, parent: Path, controller: str = "memory"):
         self.version = version
         self.parent = parent
+        self.controller = controller
+        """`memory`, or `pids` (v1: the per-run process limits of forked runs, `detect_pids`)."""
         pid = os.getpid()
         self.owner = f"{PREFIX}{pid}-{_start_time(pid)}-"
         self.instance = f"{self.owner}{secrets.token_hex(3)}-"
@@ -75,8 +78,8 @@ class Hierarchy:
     def __str__(self) -> str:
         return f"cgroup v{self.version} ({self.parent})"
 
-    def create(self, limit_bytes: int) -> RunCgroup:
-        """A new, empty cgroup limited to `limit_bytes`.
+    def create(self, limit_bytes: int | None) -> RunCgroup:
+        """A new, empty cgroup limited to `limit_bytes` (None: not yet, `RunCgroup.set_limit` before any run).
 
         Raises:
             OSError: it could not be made or limited.
@@ -85,7 +88,8 @@ class Hierarchy:
         cgroup = RunCgroup(self.parent / f"{self.instance}{secrets.token_hex(6)}", self)
         cgroup.path.mkdir()
         try:
-            cgroup.set_limit(limit_bytes)
+            if limit_bytes is not None:
+                cgroup.set_limit(limit_bytes)
         except BaseException:
             with contextlib.suppress(OSError):
                 cgroup.path.rmdir()
@@ -136,8 +140,11 @@ class RunCgroup:
         self._oom_kills_seen = 0
 
     def set_limit(self, limit_bytes: int) -> None:
+        """Its memory limit (a `pids` cgroup: its process limit)."""
         self.limit_bytes = limit_bytes
-        if self.v1:
+        if self.hierarchy.controller == "pids":
+            _write(self.path / "pids.max", min(limit_bytes, PID_MAX))
+        elif self.v1:
             _write(self.path / "memory.limit_in_bytes", limit_bytes)
             swap = self.path / "memory.memsw.limit_in_bytes"  # absent where swap accounting is off
             if swap.exists():
@@ -147,6 +154,10 @@ class RunCgroup:
             swap = self.path / "memory.swap.max"
             if swap.exists():
                 _write(swap, 0)
+
+    def set_process_limit(self, count: int) -> None:
+        """Its process limit (v2, where the pids controller is enabled beside memory: `detect_pids`)."""
+        _write(self.path / "pids.max", count)
 
     def adopt(self, root: int) -> None:
         """Move process `root` and every process below it into this cgroup, parents first (the module's docstring).
@@ -276,6 +287,26 @@ def detect(mode: str, *, proc: Path = Path("/proc/self")) -> Hierarchy | None:
     return hierarchy
 
 
+def detect_pids(memory: Hierarchy | None, *, proc: Path = Path("/proc/self")) -> Hierarchy | str | None:
+    """Where forked runs (`sandbox.forkserver`, which share one user namespace, so RLIMIT_NPROC would count them
+    together) get a process limit of their own: the v1 pids hierarchy (a `Hierarchy` of `pids` cgroups), "memory"
+    (v2: the run's memory cgroup also limits its processes), or None (neither: no fork server)."""
+    if memory is not None and memory.version == 2:
+        return "memory" if "pids" in _read_words(memory.parent / "cgroup.subtree_control") else None
+    memberships, mounts = _memberships(proc / "cgroup"), _mounts(proc / "mountinfo")
+    own = _under(mounts["pids"], memberships["pids"]) if "pids" in memberships and "pids" in mounts else None
+    if own is None:
+        return None
+    hierarchy = Hierarchy(1, own, "pids")
+    try:
+        _probe(hierarchy)
+    except CgroupUnavailable as exc:
+        log.info("no per-run pids cgroups (%s)", exc)
+        return None
+    hierarchy.sweep()
+    return hierarchy
+
+
 def _find(proc: Path) -> Hierarchy:
     """The service's own cgroup in the hierarchy that has the memory controller (v2 preferred)."""
     memberships = _memberships(proc / "cgroup")
@@ -305,9 +336,11 @@ def _delegate(own: Path) -> Path:
     """
     control = own / "cgroup.subtree_control"
     if "memory" in _read_words(control):
+        _enable_pids(control)
         return own
     try:
         _write(control, "+memory")
+        _enable_pids(control)
         return own
     except OSError as exc:
         if exc.errno != errno.EBUSY:
@@ -322,7 +355,15 @@ def _delegate(own: Path) -> Path:
         raise CgroupUnavailable(f"cannot enable the memory controller in {control} ({exc}): give the service a "
                                 "cgroup of its own (a container, or systemd's Delegate=yes)") from exc
     log.info("moved the service into %s to enable the memory controller for its sandboxes' cgroups", leaf)
+    _enable_pids(control)
     return own
+
+
+def _enable_pids(control: Path) -> None:
+    """Enable the pids controller beside memory where it can be (v2): forked runs' process limits (`detect_pids`)."""
+    with contextlib.suppress(OSError):
+        if "pids" not in _read_words(control):
+            _write(control, "+pids")
 
 
 def _probe(hierarchy: Hierarchy) -> None:

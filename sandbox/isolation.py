@@ -46,6 +46,8 @@ DEVICES = ("null", "zero", "random", "urandom")
 SHM_MB = 64  # /dev/shm, for multiprocessing's semaphores and shared memory
 TMPFS_MOUNTS = ("/dev/shm", WORKDIR)
 """The sandbox's writable mounts: size-capped tmpfs, whose contents the memory watch counts (`sandbox.memory`)."""
+FORKSERVER_CAPS = [arg for cap in ("CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SETPCAP") for arg in ("--cap-add", cap)]
+"""What the fork server needs inside its user namespace: mounts and namespaces (its runs drop every capability)."""
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 RUNTIME = Path(__file__).resolve().parent
 INSTALL_HINT = (
@@ -67,6 +69,13 @@ class Isolation:
     pidns: bool
     workdir: str = WORKDIR
     env: dict[str, str] = field(default_factory=dict)
+    forkserver_code: bytes = b""
+    forkserver_argv: list[str] = field(default_factory=list)
+    """The fork server's sandbox (`sandbox.forkserver`): `argv` with the capabilities it needs to make a sandbox per
+    run inside its own user namespace, started by `env -i` (its runs' init shows no environment, as bwrap's does: each
+    program sets `program_env` itself); empty without bubblewrap."""
+    program_env: dict[str, str] = field(default_factory=dict)
+    """The environment a program starts with (bwrap's `--setenv`s, and `PWD` as bwrap sets it)."""
     _etc: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def close(self) -> None:
@@ -91,7 +100,8 @@ def prepare(
     """
     interpreter = _interpreter(python)
     flags = ["-I"] if site_packages else ["-I", "-S"]
-    launcher_code, kernel_code = (_compile(interpreter, RUNTIME / name) for name in ("launcher.py", "kernel.py"))
+    launcher_code, kernel_code, forkserver_code = (
+        _compile(interpreter, RUNTIME / name) for name in ("launcher.py", "kernel.py", "forkserver.py"))
     if mode == "none":
         log.warning(
             "SANDBOX ISOLATION IS DISABLED (isolation: none): model code runs as uid %d on this host with only "
@@ -112,8 +122,11 @@ def prepare(
     uid = sandbox_uid if prefix else os.geteuid()
     etc = tempfile.TemporaryDirectory(prefix="gymfleet-sandbox-etc-")
     argv = [*prefix, binary, *_bwrap_args(interpreter, Path(etc.name), workspace_mb, uid)]
-    argv += ["--", interpreter, *flags, "-c", STUB]
-    return Isolation("bwrap", argv, interpreter, launcher_code, kernel_code, pidns=True, _etc=etc)
+    command = ["--", interpreter, *flags, "-c", STUB]
+    empty_env = ["--", shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env", "-i", *command[1:]]
+    return Isolation("bwrap", argv + command, interpreter, launcher_code, kernel_code, pidns=True, _etc=etc,
+                     forkserver_code=forkserver_code, forkserver_argv=argv + FORKSERVER_CAPS + empty_env,
+                     program_env={**ENV, "HOME": WORKDIR, "PWD": WORKDIR})
 
 
 def _interpreter(python: str | None) -> str:

@@ -69,6 +69,7 @@ CHUNK = 65536
 
 
 def main():
+    modules = dict(sys.modules)  # what a direct run's program finds; the fork server gives each run this table
     proto_in, proto_out = posix.dup(0), posix.dup(1)
     null = posix.open("/dev/null", posix.O_RDWR)
     posix.dup2(null, 0)
@@ -81,6 +82,11 @@ def main():
     try:
         if request["mode"] != "direct":  # a supervisor: the program must not reach into it (the module's docstring)
             prctl(PR_SET_DUMPABLE, 0)
+        if request["mode"] == "forkserver":  # `sandbox.forkserver`: forks one sandbox per one-shot Python run
+            forkserver = {"__name__": "gymfleet_forkserver"}
+            exec(marshal.loads(request["forkserver"]), forkserver)
+            forkserver["serve"](request, proto_in, proto_out, _namespace(), modules)
+            return
         posix.chdir(request["workdir"])
         if request.get("archive"):
             extract_archive(request["workdir"], request["archive"])
@@ -93,16 +99,21 @@ def main():
     if request["mode"] == "direct":
         run_direct(request, program, request["cases"][0])
     if request["mode"] == "session":
-        namespace = type(sys)("launcher")
-        namespace.__dict__.update(globals())
         kernel = {"__name__": "gymfleet_kernel"}
         exec(marshal.loads(request["kernel"]), kernel)
-        kernel["serve"](request, program, proto_in, proto_out, namespace)
+        kernel["serve"](request, program, proto_in, proto_out, _namespace())
         return
     for case in request["cases"]:
         kind, code = run_case(request, program, case, proto_out)
         if request.get("stop_on_failure") and not (kind == EXITED and code == 0):
             break
+
+
+def _namespace():
+    """This module, for the code the launcher runs (session kernel, fork server)."""
+    namespace = type(sys)("launcher")
+    namespace.__dict__.update(globals())
+    return namespace
 
 
 class Program:
@@ -268,7 +279,8 @@ def set_limits(request, cpu_s=None):
     cpu_s = cpu_s or max(1, -int(-request["timeout_s"] // 1))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))  # SIGXCPU at the limit, SIGKILL a second later
     limit(resource.RLIMIT_AS, request["memory_bytes"])
-    limit(resource.RLIMIT_NPROC, request["max_processes"])
+    if request["max_processes"] is not None:  # None: a pids cgroup limits the run (`sandbox.forkserver`)
+        limit(resource.RLIMIT_NPROC, request["max_processes"])
     limit(resource.RLIMIT_FSIZE, request["max_file_bytes"])
     limit(resource.RLIMIT_NOFILE, request["max_open_files"])
     limit(resource.RLIMIT_CORE, 0)

@@ -87,6 +87,10 @@ class SandboxProcess:
         self.cgroup = cgroup
         """The sandbox's memory cgroup (`sandbox.cgroups`), removed by `close()`; None where memory is sampled."""
         self.max_frame_bytes = 0
+        self.workdir = ""
+        """Where the program's files go, as the launcher sees it."""
+        self.direct_fds: tuple[int, ...] = ()
+        """The launcher's descriptors of a direct run's stdout and stderr pipes (none: not made for a direct run)."""
         self.memory_exceeded_bytes = 0
         """Set (to what they held) when the memory watch killed the program's processes (`sandbox.memory`)."""
         self.stopped_by_service = False
@@ -97,18 +101,27 @@ class SandboxProcess:
         cls, isolation: Isolation, request: dict[str, Any], *, timeout_s: float, direct: bool = False,
         cgroup: RunCgroup | None = None,
     ) -> SandboxProcess:
-        """Start a sandbox (in `cgroup`, before it is sent any code), send it the launcher and `request`, and wait
-        for its ready line.
+        """Start a sandbox (in `cgroup`, before it is sent any code), wait for its ready line, send it `request`.
+
+        Raises:
+            SandboxStartError: it did not come up within `timeout_s` (the message carries bwrap's stderr).
+        """
+        process = await cls.spawn(isolation, timeout_s=timeout_s, direct=direct, cgroup=cgroup)
+        process.begin(request)
+        return process
+
+    @classmethod
+    async def spawn(
+        cls, isolation: Isolation, *, timeout_s: float, direct: bool = False, cgroup: RunCgroup | None = None,
+    ) -> SandboxProcess:
+        """Start a sandbox (in `cgroup`, before it is sent any code), send it the launcher and wait for its ready
+        line; it then waits for its request (`begin`). `direct`: with the pipes of a direct run's program output.
 
         Raises:
             SandboxStartError: it did not come up within `timeout_s` (the message carries bwrap's stderr).
         """
         host_dir = tempfile.mkdtemp(prefix="gymfleet-run-") if isolation.mode == "none" else None
-        request = {**request, "workdir": host_dir or isolation.workdir, "pidns": isolation.pidns}
-        max_output = request.get("max_output", 0)
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(5 if direct else 3)]
-        if direct:  # the program's own stdout and stderr, handed through bwrap under their numbers here
-            request.update(mode="direct", stdout_fd=pipes[3][1], stderr_fd=pipes[4][1])
         child_ends = [pipes[0][0]] + [write_end for _, write_end in pipes[1:]]
         try:
             popen = subprocess.Popen(
@@ -131,12 +144,13 @@ class SandboxProcess:
             os.close(fd)
         loop = asyncio.get_running_loop()
         readers = [
-            PipeReader(loop, pipes[1][0], max_buffer=4 * max_output + (1 << 20)),
+            PipeReader(loop, pipes[1][0], max_buffer=1 << 20),
             PipeReader(loop, pipes[2][0], max_buffer=STDERR_KEEP_BYTES, keep_head=True),
-            *(PipeReader(loop, read_end, max_buffer=max_output, keep_head=True) for read_end, _ in pipes[3:]),
+            *(PipeReader(loop, read_end, max_buffer=0, keep_head=True) for read_end, _ in pipes[3:]),
         ]
         process = cls(popen, readers, PipeWriter(loop, pipes[0][1]), host_dir, isolation.pidns, cgroup)
-        process.max_frame_bytes = 2 * max_output
+        process.workdir = host_dir or isolation.workdir
+        process.direct_fds = tuple(write_end for _, write_end in pipes[3:])  # their numbers in the sandbox
         if cgroup is not None:
             try:
                 await asyncio.to_thread(cgroup.adopt, popen.pid)  # v1: waits for an RCU grace period
@@ -146,7 +160,6 @@ class SandboxProcess:
                     raise SandboxStartError(f"cannot move the sandbox into its cgroup {cgroup.path}: {exc}") from exc
                 raise
         process.send(isolation.launcher_code)
-        process.send(request)
         problem = "exited before it was ready"
         try:
             async with asyncio.timeout(timeout_s):
@@ -155,10 +168,30 @@ class SandboxProcess:
             line, problem = None, f"was not ready within {timeout_s:g}s"
         except ProtocolError:
             line = None
+        except BaseException:
+            await process.close()
+            raise
         if line != READY:
             await process.close()
             raise SandboxStartError(f"the sandbox {problem}: {process.stderr_text or 'no error output'}")
         return process
+
+    def begin(self, request: dict[str, Any]) -> None:
+        """Send the request to a sandbox that said it is ready (`spawn`): from here on, the program may run."""
+        max_output = request.get("max_output", 0)
+        request = {**request, "workdir": self.workdir, "pidns": self.pidns}
+        if self.direct_fds:  # the program's own stdout and stderr, handed through bwrap under their numbers here
+            request.update(mode="direct", stdout_fd=self.direct_fds[0], stderr_fd=self.direct_fds[1])
+        self._stdout.max_buffer = 4 * max_output + (1 << 20)
+        for reader in self._output:
+            reader.max_buffer = max_output
+        self.max_frame_bytes = 2 * max_output
+        self.send(request)
+
+    def alive(self) -> bool:
+        """Whether a sandbox waiting for its request (`spawn`) is still there to take it."""
+        stdout = self._stdout
+        return self.popen.poll() is None and not (stdout.eof or stdout.buffer or self._stdin.closed)
 
     @property
     def stderr_text(self) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from gymfleet.errors import BadRequestError
 from sandbox.admission import Admission
 from sandbox.cgroups import Hierarchy
+from sandbox.forked import ForkedRun, ForkServer
 from sandbox.isolation import Isolation
 from sandbox.memory import MemoryWatch
 from sandbox.metrics import SandboxMetrics
@@ -34,6 +35,7 @@ from sandbox.models import (
     to_result,
 )
 from sandbox.process import Frame, ProtocolError, SandboxProcess, SandboxStartError
+from sandbox.warm import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ CASE_GRACE_S = 3.0
 DIRECT_SETUP_S = 0.5
 """Time a direct run's launcher may take to write the files and compile the program before the limit starts."""
 EXIT_GRACE_S = 1.0
+FORKED_INFRASTRUCTURE = 2
+"""A forked run's processes that are not the program's: its leader and its init (`sandbox.forkserver`)."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class Runner:
     """Starts sandboxes for requests and turns their frames into results."""
 
     def __init__(self, config: Any, isolation: Isolation, admission: Admission, metrics: SandboxMetrics,
-                 cgroups: Hierarchy | None = None):
+                 cgroups: Hierarchy | None = None, pids: Hierarchy | str | None = None):
         self.config = config
         self.cgroups = cgroups
         """Where each sandbox gets a memory cgroup of its own (`sandbox.cgroups`); None: the sampling watch."""
@@ -71,6 +75,62 @@ class Runner:
         self.metrics = metrics
         self.memory = MemoryWatch()
         self._cleanups: set[asyncio.Task] = set()
+        self.warm: WarmPool | None = None
+        """Sandboxes started ahead for one-shot Python runs (`sandbox.warm`); None: each run starts its own."""
+        self.forkserver: ForkServer | None = None
+        """Where one-shot Python runs are forked (`sandbox.forkserver`); None: each starts a sandbox of its own."""
+        self.pids = pids
+        """Forked runs' process limits (`cgroups.detect_pids`): a pids hierarchy, "memory" (v2), or None."""
+        if isolation.pidns and config.fork_server and isolation.forkserver_argv and pids is not None:
+            self.forkserver = ForkServer(isolation, workspace_mb=config.workspace_mb,
+                                         startup_timeout_s=config.startup_timeout_s)
+        if isolation.pidns and config.warm_sandboxes:
+            self.warm = WarmPool(config.warm_sandboxes, self._spawn_warm)
+
+    async def _spawn_warm(self) -> SandboxProcess:
+        """A direct-run sandbox started ahead (its memory cgroup is made when a run takes it: `take_warm`): forked
+        by the fork server, or a sandbox of its own."""
+        if self.forkserver is not None:
+            return await self.forkserver.fork()
+        return await SandboxProcess.spawn(self.isolation, timeout_s=self.config.startup_timeout_s, direct=True)
+
+    async def close(self) -> None:
+        """Stop the warm sandboxes and the fork server (at server shutdown)."""
+        if self.warm is not None:
+            await self.warm.close()
+        if self.forkserver is not None:
+            await self.forkserver.close()
+
+    async def take_warm(self, payload: dict[str, Any]) -> SandboxProcess:
+        """A warm sandbox (`sandbox.warm`), moved into a memory cgroup of its own limited to the run's memory (where
+        cgroups are used), and sent its request.
+
+        Raises:
+            SandboxStartError: no sandbox could be started, or its cgroup made.
+        """
+        process = await self.warm.take()
+        try:
+            groups = []
+            if self.cgroups is not None:
+                process.cgroup = self.cgroups.create(payload["memory_bytes"])
+                groups.append(process.cgroup)
+            if isinstance(process, ForkedRun):  # its own process limit: runs share the fork server's user namespace
+                processes = payload["max_processes"] + FORKED_INFRASTRUCTURE
+                payload = {**payload, "max_processes": None}
+                if isinstance(self.pids, Hierarchy):
+                    process.pids = self.pids.create(processes)
+                    groups.append(process.pids)
+                elif process.cgroup is not None:
+                    process.cgroup.set_process_limit(processes)
+            if groups:
+                await asyncio.to_thread(lambda: [group.adopt(process.popen.pid) for group in groups])
+        except BaseException as exc:
+            await process.close()
+            if isinstance(exc, OSError):
+                raise SandboxStartError(f"cannot move a warm sandbox into its cgroups: {exc}") from exc
+            raise
+        process.begin(payload)
+        return process
 
     def limits(self, timeout_s: float | None, memory_mb: int | None, max_output: int | None) -> Limits:
         """Fill defaults and refuse values above the server's maxima or memory budget (a 400 naming the limit)."""
@@ -184,7 +244,10 @@ class Runner:
         direct = len(request.cases) == 1 and request.language == "python" and self.isolation.pidns
         release = await self.admission.acquire(limits.memory_mb)  # once: the cases run one at a time
         try:
-            process = await self.start(payload, direct=direct)
+            if direct and self.warm is not None:
+                process = await self.take_warm(payload)
+            else:
+                process = await self.start(payload, direct=direct)
         except BaseException:
             release()
             raise

@@ -18,6 +18,7 @@ from gymfleet.testing.fleets import agent_fleet
 from resources_servers.swebench.app import SWEBenchServer
 from responses_api_models.scripted_model.app import ScriptedModel
 from sandbox.app import SandboxServer
+from sandbox.tests.conftest import fork_server_or_idle
 
 ROWS = [json.loads(line) for line in (Path(__file__).parents[1] / "data/example.jsonl").read_text().splitlines()]
 BY_NAME = {row["repo"].split("/")[1]: row for row in ROWS}
@@ -50,11 +51,12 @@ def fleet(sandbox_url: str, rules: list[dict], *, model_fields: dict | None = No
 
 
 def sandbox_children() -> list[psutil.Process]:
-    """Sandbox processes started by this test process (as the sandbox uid, or bwrap itself)."""
+    """Sandbox processes started by this test process (as the sandbox uid, or bwrap itself), but the fork server's
+    own and the one-shot runs it prepared ahead (`sandbox.forkserver`)."""
     found = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.uids().real == 65534 or child.name() == "bwrap":
+            if (child.uids().real == 65534 or child.name() == "bwrap") and not fork_server_or_idle(child):
                 found.append(child)
     return found
 

@@ -1,0 +1,217 @@
+"""The fork server: a warm interpreter inside a sandbox that forks one fresh, isolated sandbox per one-shot Python run.
+
+Started by `launcher.main` (mode "forkserver", this file compiled and sent with the request) in a bubblewrap sandbox
+like any other (`sandbox.isolation`), plus the capabilities it needs to make namespaces inside it (CAP_SYS_ADMIN,
+CAP_NET_ADMIN, CAP_SETPCAP, within the sandbox's own user namespace only). It runs no model code. The service
+(`sandbox.forked`) asks it for a run by sending 8 bytes with four descriptors on its stdin (a unix socket): the
+request pipe's read end, the program's stdout and stderr pipes, and the status pipe; it answers
+`@@GF-FORKED <token> <pid>` on stdout. Per run, three processes:
+
+- the leader (a child of the fork server, in its PID namespace) makes new mount, PID, network and IPC namespaces
+  (`unshare`), marks every mount private, mounts a fresh size-capped tmpfs on `/workspace` (also `/tmp`, a link to
+  it) and on `/dev/shm`, forks the init, waits for it and writes its status (`@@GF-EXIT <code>`: the program's exit
+  status, or 128 + the signal that ended it, as bwrap reports it) on the status pipe;
+- the init (pid 1 of the run's PID namespace) mounts that namespace's own `/proc` (no process of another run or of
+  the fork server can be seen), brings the loopback of the run's network namespace up (no other interface: no
+  network), drops every capability (bounding set, ambient, effective, permitted, inheritable) and forks the
+  program; it then holds only /dev/null (as bwrap's init, it is dumpable and its environment is empty: the fork
+  server runs with none, and each program sets the sandbox's own, `Isolation.program_env`); when the program ends
+  it kills every process left in the namespace, reaps them and exits with the program's status;
+- the program (pid 2) waits for its request on the request pipe (the service first moves the leader's tree into
+  the run's memory cgroup, so nothing of the run escapes its accounting), restores the interpreter's module table to
+  the launcher's, and runs the request as a direct run does (`launcher.run_direct`: files written, limits set, every
+  descriptor but stdin, stdout and stderr closed, the program run in this process).
+
+So every run starts from the same state, a fork of a fork server that has never run model code: nothing one run
+does (files, environment, imported or patched modules, descriptors, signal handlers, working directory, processes,
+SysV IPC, sockets) exists in the next one's processes or namespaces.
+"""
+
+import _signal
+import ctypes
+import gc
+import posix
+import sys
+
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x20000, 0x20000000, 0x40000000, 0x08000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+PR_SET_NAME, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 15, 24, 47, 4
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+CAP_LAST = 63
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+TOKEN_BYTES = 8
+FDS = 4
+SIGKILL = 9
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def serve(request, proto_in, proto_out, launcher, modules):
+    """Fork a leader for each request on the socket until the service closes it. `modules`: the launcher's module
+    table, before this file's imports (each run gets it back)."""
+    import _socket
+
+    request["comm"] = open("/proc/self/comm", "rb").read().strip()
+    rename(b"gf-forkserver")
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # leaders are reaped by the kernel; their status is on a pipe
+    channel = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, proto_in)
+    space = _socket.CMSG_SPACE(FDS * 4)
+    gc.freeze()  # a run's collections leave the fork server's objects alone: fewer pages copied per fork
+    while True:
+        token, ancillary, _, _ = channel.recvmsg(TOKEN_BYTES, space)
+        fds = [int.from_bytes(data[i:i + 4], sys.byteorder) for level, kind, data in ancillary
+               if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS for i in range(0, len(data) - 3, 4)]
+        if not token:
+            return
+        if len(token) != TOKEN_BYTES or len(fds) != FDS:
+            for fd in fds:
+                posix.close(fd)
+            launcher._write_all(proto_out, b"@@GF-FORKED %s 0\n" % token.hex().encode())
+            continue
+        pid = posix.fork()
+        if pid == 0:
+            channel.detach()
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+            leader(request, fds, proto_in, proto_out, launcher, modules)
+        for fd in fds:
+            posix.close(fd)
+        launcher._write_all(proto_out, b"@@GF-FORKED %s %d\n" % (token.hex().encode(), pid))
+
+
+def rename(name):
+    """The process's name (`comm`): the fork server's processes say what they are (tests tell them from a run's)."""
+    libc.prctl(PR_SET_NAME, name, 0, 0, 0)
+
+
+def check(result, what):
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {posix.strerror(errno)}")
+
+
+def leader(request, fds, proto_in, proto_out, launcher, modules):
+    """The run's leader (see the module's docstring); never returns."""
+    request_fd, out_fd, err_fd, status_fd = fds
+    code = 255
+    rename(b"gf-run-leader")
+    try:
+        for fd in (proto_in, proto_out):
+            posix.close(fd)
+        check(libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
+        check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making mounts private")
+        for path, size in ((request["workdir"], request["workspace_bytes"]), (b"/dev/shm", request["shm_bytes"])):
+            options = b"size=%d,mode=1777" % size
+            path = path if isinstance(path, bytes) else path.encode()
+            check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mounting {path!r}")
+        pid = posix.fork()
+        if pid == 0:
+            init(request, fds, launcher, modules)
+        for fd in (request_fd, out_fd, err_fd):
+            posix.close(fd)
+        status = posix.waitpid(pid, 0)[1]
+        code = posix.WEXITSTATUS(status) if posix.WIFEXITED(status) else 128 + posix.WTERMSIG(status)
+    except BaseException as exc:
+        launcher._write_all(2, f"sandbox fork server: cannot set a run up: {launcher.describe(exc)}\n".encode())
+    try:
+        launcher._write_all(status_fd, b"@@GF-EXIT %d\n" % code)
+    finally:
+        posix._exit(0)
+
+
+def init(request, fds, launcher, modules):
+    """The run's init, pid 1 of its PID namespace (see the module's docstring); never returns."""
+    code = 255
+    rename(b"gf-run-init")
+    try:
+        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mounting /proc")
+        loopback_up()
+        drop_capabilities()
+        launcher.prctl(launcher.PR_SET_DUMPABLE, 1)  # as bwrap's init: it holds nothing the program may not see
+        pid = posix.fork()
+        if pid == 0:
+            program(fds, launcher, modules, request["env"], request["comm"])
+        for fd in fds:
+            posix.close(fd)
+        posix.dup2(0, 2)  # the fork server's stderr: /dev/null from here on, like stdin and stdout
+        code = reap(pid)
+    except BaseException as exc:
+        launcher._write_all(2, f"sandbox fork server: cannot start a run: {launcher.describe(exc)}\n".encode())
+    posix._exit(code)
+
+
+def reap(pid):
+    """Wait for the program; then kill and reap whatever is left. Returns the program's status as bwrap gives it."""
+    code = None
+    while True:
+        try:
+            child, status = posix.waitpid(-1, 0)
+        except ChildProcessError:
+            return 255 if code is None else code
+        if child == pid:
+            code = posix.WEXITSTATUS(status) if posix.WIFEXITED(status) else 128 + posix.WTERMSIG(status)
+            try:
+                posix.kill(-1, SIGKILL)  # every process of the run but this one
+            except OSError:
+                pass
+
+
+def loopback_up():
+    """Bring `lo` up in the run's network namespace (as bwrap does), so local sockets work; nothing else exists."""
+    sock = libc.socket(2, 2, 0)  # AF_INET, SOCK_DGRAM
+    if sock < 0:
+        raise OSError(ctypes.get_errno(), "socket for the loopback")
+    try:
+        request = ctypes.create_string_buffer(b"lo", 40)
+        check(0 if libc.ioctl(sock, SIOCGIFFLAGS, request) >= 0 else -1, "reading the loopback's flags")
+        flags = int.from_bytes(request.raw[16:18], sys.byteorder) | IFF_UP
+        request.raw = request.raw[:16] + flags.to_bytes(2, sys.byteorder) + request.raw[18:]
+        check(0 if libc.ioctl(sock, SIOCSIFFLAGS, request) >= 0 else -1, "bringing the loopback up")
+    finally:
+        posix.close(sock)
+
+
+def drop_capabilities():
+    """No capability left, and none to be had again: bounding set, ambient set, effective/permitted/inheritable."""
+    for cap in range(CAP_LAST + 1):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # EINVAL: no such cap
+            raise OSError(ctypes.get_errno(), f"dropping capability {cap} from the bounding set")
+    check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clearing the ambient capabilities")
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    check(libc.capset(header, (ctypes.c_uint32 * 6)()), "dropping capabilities")
+
+
+def program(fds, launcher, modules, env, comm):
+    """The program's process, pid 2: wait for the request, then run it as a direct run; never returns. A request
+    that cannot be set up (a bad file name, a broken archive) is reported on the status pipe, as the launcher does."""
+    request_fd, out_fd, err_fd, status_fd = fds
+    try:
+        posix.setsid()
+        launcher.prctl(launcher.PR_SET_DUMPABLE, 1)  # as a cold run's program is; the init stays non-dumpable
+        rename(b"gf-run-idle")  # until its request comes
+        request = launcher.read_frame(request_fd)
+        posix.close(request_fd)
+        rename(comm)
+        if request is None:  # the service gave this run up before sending it
+            posix._exit(0)
+        request.update(mode="direct", stdout_fd=out_fd, stderr_fd=err_fd, pidns=True)
+        sys.modules.clear()
+        sys.modules.update(modules)
+        for name in list(posix.environ):  # the interpreter's own (LC_CTYPE, from its C locale coercion)
+            posix.unsetenv(name)
+            del posix.environ[name]
+        for name, value in env.items():  # the fork server has none (the module's docstring)
+            posix.putenv(name, value)
+            posix.environ[name.encode()] = value.encode()
+        posix.chdir(request["workdir"])
+        if request.get("archive"):
+            launcher.extract_archive(request["workdir"], request["archive"])
+        for name, content in request.get("files", {}).items():
+            launcher.write_file(request["workdir"], name, content)
+        compiled = launcher.Program(request)
+    except BaseException as exc:
+        message = launcher.describe(exc).encode()
+        launcher.send_result(status_fd, launcher.SETUP_FAILED, 0, 0, 0, b"", message, 0)
+        posix._exit(0)
+    posix.close(status_fd)
+    launcher.run_direct(request, compiled, request["cases"][0])
+
