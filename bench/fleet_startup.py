@@ -41,6 +41,8 @@ READY_TIMEOUT_S = 300
 MIB = 1024 * 1024
 STARTED = re.compile(r"^started (\S+) .* pid (\d+),")
 # "started mcqa (resources_servers/mcqa) on http://127.0.0.1:10523, pid 4242, log: ..." -> mcqa, 4242
+ZYGOTE_DONE = re.compile(r"zygote: shared stack imported in ([\d.]+)s, \d+ servers' in ([\d.]+)s")
+ZYGOTE_IMPORTED = re.compile(r"zygote \(pid \d+\): imported (.+) in ([\d.]+)s")
 
 
 def overlay(mode: str, folder: Path) -> Path:
@@ -83,21 +85,47 @@ def memory(pid: int) -> tuple[float, float, float]:
     return rss, pss, uss
 
 
-def start_once(mode: str, folder: Path, settle_s: float) -> dict:
-    """Start the fleet once in `mode`; measure; stop it. Returns the measurements."""
+def breakdown(timed: list[tuple[float, str]], ready_s: float) -> dict[str, float]:
+    """What the time to ready is made of, from `ng_run`'s timestamped output (its zygote logging at DEBUG): the
+    zygote's shared-stack import and its (two-process) server imports, the gap to the first fork (validating every
+    server in a zygote child, binding ports), the forks, and the servers building their apps until every one
+    answers. Empty for a start without a zygote."""
+    done = next(((t, m) for t, line in timed if (m := ZYGOTE_DONE.search(line))), None)
+    started = [t for t, line in timed if STARTED.match(line)]
+    if done is None or not started:
+        return {}
+    done_s, match = done
+    shared_s, servers_s = float(match.group(1)), float(match.group(2))
+    slowest = max(((float(m.group(2)), m.group(1)) for _, line in timed if (m := ZYGOTE_IMPORTED.search(line))),
+                  default=(0.0, "-"))
+    return {
+        "ng_run start, zygote interpreter start": done_s - shared_s - servers_s,
+        "zygote: shared stack import": shared_s,
+        f"zygote + helper: server imports (slowest: {slowest[1][:40]} {slowest[0]:.2f} s)": servers_s,
+        "validation in a zygote child, ports, to first fork": started[0] - done_s,
+        f"forking {len(started)} servers": started[-1] - started[0],
+        "last fork to every server answering": ready_s - started[-1],
+    }
+
+
+def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False) -> dict:
+    """Start the fleet once in `mode`; measure; stop it. Returns the measurements (with `trace`: `breakdown`)."""
     config = overlay(mode, folder)
     command = [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{config}]",
                f"+head_server.port={free_port()}"]
     began = time.monotonic()
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env={**os.environ, "GYMFLEET_LOG_LEVEL": "WARNING"})
+                               start_new_session=True,
+                               env={**os.environ, "GYMFLEET_LOG_LEVEL": "DEBUG" if trace else "WARNING"})
     servers: dict[str, int] = {}
     lines: list[str] = []
+    timed: list[tuple[float, str]] = []
     try:
         ready_s = None
         deadline = began + READY_TIMEOUT_S
         for line in process.stdout:
             lines.append(line.rstrip())
+            timed.append((time.monotonic() - began, line))
             if match := STARTED.match(line):
                 servers[match.group(1)] = int(match.group(2))
             if "servers ready!" in line:
@@ -112,6 +140,7 @@ def start_once(mode: str, folder: Path, settle_s: float) -> dict:
         per_server = [memory(pid) for pid in servers.values()]
         count = len(psutil.Process(process.pid).children(recursive=True)) + 1
         return {"mode": mode, "ready_s": ready_s, "servers": len(servers), "processes": count, "total": total,
+                "breakdown": breakdown(timed, ready_s) if trace else {},
                 "per_server": [statistics.median(values) for values in zip(*per_server, strict=True)]}
     finally:
         with_signal(process, signal.SIGINT)
@@ -160,6 +189,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--settle-s", type=float, default=2.0, help="wait after ready before measuring memory")
     parser.add_argument("--modes", default="spawn,zygote")
+    parser.add_argument("--trace", action="store_true",
+                        help="log the zygote at DEBUG and print what each start's time to ready is made of")
     parser.add_argument("--json", type=Path, help="also write the numbers there (for bench/report.py)")
     args = parser.parse_args()
     modes = args.modes.split(",")
@@ -167,9 +198,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(args.repeats):
             for mode in modes:
-                result = start_once(mode, Path(folder), args.settle_s)
+                result = start_once(mode, Path(folder), args.settle_s, args.trace)
                 print(f"run {repeat + 1}/{args.repeats} {mode}: ready in {result['ready_s']:.1f} s, "
                       f"RSS {result['total'][0]:.0f} MiB, PSS {result['total'][1]:.0f} MiB", flush=True)
+                for part, seconds in result["breakdown"].items():
+                    print(f"    {seconds:6.2f} s  {part}", flush=True)
                 results.append(result)
     print(table(results))
     sys.path.insert(0, str(ROOT))

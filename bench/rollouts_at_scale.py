@@ -54,10 +54,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+import psutil  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from bench.nemo_rl_rollouts import PeakRSS, instance_pids  # noqa: E402
-from gymfleet import http  # noqa: E402
+from bench.nemo_rl_rollouts import PeakRSS  # noqa: E402
+from gymfleet import auth, http  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
 from gymfleet.fleet.launch import raise_nofile_limit  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
@@ -261,8 +262,53 @@ async def collect(rows: list[dict], head, stall_s: float, abort_s: float) -> Run
 # ---------------------------------------------------------------------------------------------- /metrics hops
 
 
-def scrape(url: str) -> list:
-    text = httpx.get(f"{url}/metrics", timeout=60).text
+def head_get(rh: RunHelper, url_path: str, base_url: str | None = None) -> httpx.Response:
+    """GET `url_path` from the head server (or from `base_url`, a server of the same fleet) with the fleet's token."""
+    head = rh.head_server_config
+    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
+    base = base_url or f"http://{host}:{head.port}"
+    response = httpx.get(f"{base}{url_path}", headers=auth.head_headers(head.host, head.port), timeout=60)
+    return response.raise_for_status()
+
+
+def instance_pids(rh: RunHelper) -> dict[int, str]:
+    """Each server's pid -> its instance name, from the head server (`GET /server_instances`)."""
+    return {row["pid"]: row["process_name"] for row in head_get(rh, "/server_instances").json() if row.get("pid")}
+
+
+class FleetMemory(PeakRSS):
+    """`PeakRSS`, plus the peak PSS of this client and of the fleet (all its processes), sampled every
+    `pss_every_s`: PSS splits the pages forked servers share with the zygote among them, so the fleet's sum counts
+    each page once (the RSS sum counts a shared page once per process)."""
+
+    def __init__(self, pids: dict[int, str], pss_every_s: float = 5.0):
+        super().__init__(pids)
+        self.client_pss = self.fleet_pss = 0
+        self.pss_every_s, self._pss_at = pss_every_s, 0.0
+
+    def sample(self) -> None:
+        super().sample()
+        if not hasattr(self, "cpu_start"):
+            self.cpu_start = dict(self.cpu_s)  # CPU time the servers had used before the run (start-up)
+        now = time.monotonic()
+        if now - self._pss_at < self.pss_every_s:
+            return
+        self._pss_at = now
+        self.client_pss = max(self.client_pss, self._me.memory_full_info().pss)
+        total = 0
+        for child in self._me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_full_info().pss
+        self.fleet_pss = max(self.fleet_pss, total)
+
+    def __exit__(self, *exc):
+        self._pss_at = 0.0
+        self.sample()  # one last PSS sample: the end of a short run is its fullest
+        return super().__exit__(*exc)
+
+
+def scrape(rh: RunHelper, url: str) -> list:
+    text = head_get(rh, "/metrics", url).text
     return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
@@ -303,9 +349,7 @@ def _seconds(value: float) -> str:
 
 def server_urls(rh: RunHelper) -> list[tuple[str, str]]:
     """(instance, base URL) of every server and, under Ray placement, of every replica (`/server_instances`)."""
-    head = rh.head_server_config
-    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
-    rows = httpx.get(f"http://{host}:{head.port}/server_instances", timeout=60).json()
+    rows = head_get(rh, "/server_instances").json()
     return [(row["process_name"], f"http://{replica['host']}:{replica['port']}")
             for row in rows for replica in (row.get("replicas") or [row])]
 
@@ -315,7 +359,7 @@ def hops(rh: RunHelper) -> dict[str, Buckets]:
     found: dict[str, Buckets] = defaultdict(Buckets)
     agents = {f"{env}_simple_agent" for env in ENVS}
     for name, url in server_urls(rh):
-        for sample in scrape(url):
+        for sample in scrape(rh, url):
             if sample.name == "gymfleet_upstream_seconds_bucket":
                 target = sample.labels["target"]
                 if name in agents:
@@ -348,7 +392,7 @@ def one_size(size: int, args: argparse.Namespace) -> dict:
         spin_up_s = time.perf_counter() - started
         rows = nemo_rl_rows(size, args.generations, args.seed)
         print(f"\n{size} rollouts: fleet up in {spin_up_s:.1f}s; sending them all at once", flush=True)
-        with PeakRSS(instance_pids(rh.head_server_config)) as rss:
+        with FleetMemory(instance_pids(rh)) as rss:
             run = asyncio.run(collect(rows, rh.head_server_config, args.stall_s, args.abort_s))
         latency = hops(rh)
         rh.poll()
@@ -383,6 +427,8 @@ def print_tables(results: list[dict], args: argparse.Namespace) -> None:
             if hop in o["hops"] else "-"))
     row("peak RSS fleet / client",
         lambda o: f"{o['rss'].fleet / mib:.0f} MiB / {o['rss'].client / mib:.0f} MiB")
+    row("peak PSS fleet / client (every 5 s)",
+        lambda o: f"{o['rss'].fleet_pss / mib:.0f} MiB / {o['rss'].client_pss / mib:.0f} MiB")
     row("errors", lambda o: str(sum(o["run"].errors.values())))
     row("stalls (no result for 60 s)", lambda o: str(len(o["run"].stalls)))
     row("fleet up", lambda o: f"{o['spin_up_s']:.1f} s")
@@ -394,12 +440,14 @@ def print_tables(results: list[dict], args: argparse.Namespace) -> None:
     print("\n".join([header, rule, *lines]))
 
     servers = sorted({name for one in results for name in one["rss"].per_server})
-    print("\nPer server: peak RSS (all its processes) / peak open file descriptors (its busiest process)\n")
+    print("\nPer server: peak RSS (all its processes) / peak open file descriptors (its busiest process) / CPU "
+          "seconds used during the run (all its processes)\n")
     print("| server | " + " | ".join(f"{one['size']:,}" for one in results) + " |")
     print("|---|" + "---:|" * len(results))
     for name in servers:
         print(f"| {name} | " + " | ".join(
-            f"{one['rss'].per_server.get(name, 0) / mib:.0f} MiB / {one['rss'].fds.get(name, 0)}" for one in results
+            f"{one['rss'].per_server.get(name, 0) / mib:.0f} MiB / {one['rss'].fds.get(name, 0)} / "
+            f"{one['rss'].cpu_s.get(name, 0.0) - one['rss'].cpu_start.get(name, 0.0):.0f} s" for one in results
         ) + " |")
     for one in results:
         for note in one["run"].stalls:
@@ -440,8 +488,10 @@ def main() -> None:
     os.environ.setdefault("GYMFLEET_LOG_LEVEL", "WARNING")  # the fleet's processes inherit it: no per-request INFO
     raise_nofile_limit()  # this process holds one socket per rollout in flight
     with local_ray_cluster(args.ray_nodes, args.ray_node_cpus):
-        results = [one_size(size, args) for size in sizes]
-    print_tables(results, args)
+        results = []
+        for size in sizes:
+            results.append(one_size(size, args))
+            print_tables(results, args)  # after each size: a long run's first numbers are not lost to a later one
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gymfleet import auth, metrics
+from gymfleet import auth, connections, metrics
 from gymfleet.errors import ServerRefError, TransportError
 from gymfleet.replicas import (  # noqa: F401  (re-exported: callers use http.rollout_scope)
     REFRESH_MIN_INTERVAL_S,
@@ -65,7 +65,9 @@ IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 """Methods HTTP defines as idempotent (RFC 9110 9.2.2): sending one twice does what sending it once does."""
 DEFAULT_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 20.0
-"""Connecting is retried (safe: nothing was sent); the bound covers a SYN backlog overflowing in a 4k-rollout burst."""
+"""Connecting is retried (safe: nothing was sent); the bound covers a SYN backlog overflowing in a 4k-rollout burst.
+It bounds the TCP connect only: a request waiting for a free connection of a full pool waits within its deadline
+(`timeout_s`), as a rollout waiting for its turn does."""
 
 
 @dataclass(frozen=True)
@@ -218,9 +220,10 @@ def _session() -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
     session = _sessions.get(loop)
     if session is None or session.closed:
-        connector = aiohttp.TCPConnector(
-            limit=_limits.limit,
-            limit_per_host=_limits.limit_per_host,
+        limit = min(_limits.limit or connections.OPEN_FILES_TARGET, connections.budget())  # past it: EMFILE
+        connector = connections.PacedConnector(
+            limit=limit,
+            limit_per_host=min(_limits.limit_per_host or limit, limit),
             keepalive_timeout=_limits.keepalive_timeout_s,
             ttl_dns_cache=300,
         )
@@ -232,7 +235,13 @@ def _session() -> aiohttp.ClientSession:
             trace_configs=[_TRACE],
         )
         _sessions[loop] = session
+        connections.make_room(loop, limit)
     return session
+
+
+def plan_in_flight(count: int, what: str = "requests") -> int:
+    """`connections.plan_in_flight` for this process's pool (`configure`'s limits)."""
+    return connections.plan_in_flight(count, what, _limits.limit)
 
 
 async def close() -> None:
@@ -279,6 +288,22 @@ async def request(
         TransportError: the server could not be reached, the connection was lost, or no answer came in time
             (`failure_class` is `connection_error` or `timeout`), and retrying was spent or unsafe.
     """
+    _session()  # this loop's pool, its connection slots and its connect turns
+    began = time.monotonic()
+    try:
+        async with connections.first_turn(timeout_s):  # before anything is built
+            return await _send(method, url, json=json, data=data, cookies=cookies, headers=headers,
+                               timeout_s=timeout_s, retry=retry, target=target, began=began)
+    except connections.NoTurn:
+        raise TransportError(f"no connection to {url} could be started within {timeout_s:g}s (this process has "
+                             f"{connections.CONNECTS_AT_ONCE} connect turns; all were taken the whole time)", url=url,
+                             failure_class="timeout") from None
+
+
+async def _send(method: str, url: str, *, json: Any, data: bytes | None, cookies: dict[str, str] | None,
+                headers: dict[str, str] | None, timeout_s: float, retry: RetryPolicy, target: str | None,
+                began: float) -> HttpResponse:
+    """`request`, holding a connect turn taken at `began` (see `request`)."""
     body = orjson.dumps(json) if json is not None else data
     send_headers = {"Content-Type": "application/json"} if json is not None else {}
     if headers:
@@ -288,7 +313,6 @@ async def request(
     token = auth.token_of(url)
     if token is not None and auth.TOKEN_HEADER not in send_headers:
         send_headers[auth.TOKEN_HEADER] = token
-    timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
     session = _session()
     idempotent = retry.is_idempotent(method)
     target = target or metrics.target_of(url)
@@ -298,8 +322,9 @@ async def request(
         start = time.perf_counter()
         never_connected = False
         try:
-            async with session.request(method, url, data=_payload(body), headers=send_headers,
-                                       timeout=timeout) as resp:
+            async with connections.pool_slot(timeout_s, began if attempt == 0 else time.monotonic()) as left_s, \
+                    session.request(method, url, data=_payload(body), headers=send_headers,
+                                    timeout=_deadline(left_s)) as resp:
                 payload = await resp.read()
                 result = HttpResponse(
                     status=resp.status,
@@ -360,11 +385,15 @@ async def request(
         await asyncio.sleep(delay)
 
 
+def _deadline(timeout_s: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(CONNECT_TIMEOUT_S, timeout_s))
+
+
 _STATUS_CLASSES = ("0xx", "1xx", "2xx", "3xx", "4xx", "5xx")
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exc}{connections.out_of_files_hint(exc)}"
 
 
 def _connection_lost(method: str, url: str, exc: BaseException, *, forgone_retry: bool) -> TransportError:

@@ -8,13 +8,17 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 from fastapi import FastAPI, Request, Response
 
 from agents.simple_agent.app import MODEL_RETRY, SimpleAgent
-from gymfleet import http
+from gymfleet import connections, http
 from gymfleet.errors import JudgeError, SandboxError, ServerRefError, TransportError
 from gymfleet.grading.judge import JudgeClient
 from gymfleet.grading.sandbox_client import SandboxClient
@@ -138,6 +142,110 @@ async def test_many_concurrent_requests_complete(url):
         *(http.request("POST", f"{url}/flaky/many{i}/0/200", json={"i": i}) for i in range(500))
     )
     assert sorted(r.json()["body"]["i"] for r in responses) == list(range(500))
+
+
+async def test_waiting_for_a_free_pooled_connection_is_not_a_connect_timeout(url, monkeypatch):
+    """A request queued behind a full pool waits within its own deadline: only the TCP connect is bounded by
+    `CONNECT_TIMEOUT_S`. (With the connect deadline covering the wait, a burst bigger than the pool failed as
+    `connection_error` once it had waited that long.)"""
+    monkeypatch.setattr(http, "CONNECT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(http, "_limits", http.ClientLimits(limit=1, limit_per_host=1))
+    started = asyncio.get_running_loop().time()
+    slow, queued = await asyncio.gather(
+        http.request("GET", f"{url}/slow", timeout_s=1.0, retry=http.NO_RETRY),
+        http.request("POST", f"{url}/flaky/queued/0/200", json={"q": 1}, timeout_s=30.0, retry=http.NO_RETRY),
+        return_exceptions=True,
+    )
+    assert isinstance(slow, TransportError) and slow.failure_class == "timeout"
+    assert not isinstance(queued, BaseException), queued
+    assert queued.json()["body"] == {"q": 1}
+    assert asyncio.get_running_loop().time() - started >= 0.9, "the second request waited for the only connection"
+
+
+async def test_a_burst_opens_connections_a_bounded_number_at_a_time(url, monkeypatch):
+    """However many requests start at once, at most `CONNECTS_AT_ONCE` connects are in progress; every request
+    is served."""
+    monkeypatch.setattr(connections, "CONNECTS_AT_ONCE", 3)
+    opening, peak = 0, 0
+    create = aiohttp.TCPConnector._create_connection
+
+    async def counted(self, *args, **kwargs):
+        nonlocal opening, peak
+        opening += 1
+        peak = max(peak, opening)
+        try:
+            await asyncio.sleep(0.01)  # a connect that takes a moment, so unpaced ones would overlap
+            return await create(self, *args, **kwargs)
+        finally:
+            opening -= 1
+
+    monkeypatch.setattr(aiohttp.TCPConnector, "_create_connection", counted)
+    responses = await asyncio.gather(
+        *(http.request("POST", f"{url}/flaky/burst{i}/0/200", json={"i": i}) for i in range(60))
+    )
+    assert sorted(r.json()["body"]["i"] for r in responses) == list(range(60))
+    assert peak == 3
+
+
+async def test_a_burst_slow_to_build_does_not_outrun_its_connect_deadlines(url, monkeypatch, caplog):
+    """Requests started together are built `CONNECTS_AT_ONCE` at a time: building thousands in one event-loop pass
+    (slow on a loaded machine) kept the loop from seeing the first connects done before their deadline, which failed
+    them as `connection_error` although the server had accepted them."""
+    real = http.orjson
+
+    class SlowDumps:  # each body takes 5 ms to build: 200 of them in one pass outlast the 0.2 s connect deadline
+        loads = staticmethod(real.loads)
+
+        @staticmethod
+        def dumps(obj):
+            time.sleep(0.005)
+            return real.dumps(obj)
+
+    monkeypatch.setattr(connections, "CONNECTS_AT_ONCE", 4)
+    monkeypatch.setattr(http, "CONNECT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(http, "orjson", SlowDumps)
+    caplog.set_level(logging.WARNING, logger=http.__name__)
+    responses = await asyncio.gather(
+        *(http.request("POST", f"{url}/flaky/slowbuild{i}/0/200", json={"i": i}, retry=http.NO_RETRY)
+          for i in range(200)))
+    assert sorted(r.json()["body"]["i"] for r in responses) == list(range(200))
+    assert not [r.message for r in caplog.records if "cannot reach" in r.message]
+
+
+_OPEN_FILES_PROBE = """
+import logging, resource, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+resource.setrlimit(resource.RLIMIT_NOFILE, (300, 4096))
+from gymfleet import connections, http
+for limit, count in [(100_000, 3000), (1000, 10_000), (100_000, 20_000), (100_000, 20_000)]:
+    http.configure(http.ClientLimits(limit=limit, limit_per_host=limit))
+    print("case", count, "pool", http.plan_in_flight(count, "rollouts"), flush=True)
+print("soft", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+def test_requests_in_flight_beyond_the_open_files_limit_are_said_once_and_wait():
+    """`plan_in_flight` lifts the soft open-files limit to the hard one; when the requests still do not fit (or the
+    pool's own limit is lower) it says once how many wait, why and what to raise; when they fit it says nothing.
+    (In a child process: a lowered hard limit cannot be raised again.)"""
+    done = subprocess.run([sys.executable, "-c", _OPEN_FILES_PROBE], capture_output=True, text=True, timeout=120,
+                          check=True)
+    budget = 4096 - connections.OPEN_FILES_RESERVE
+    assert done.stdout.splitlines() == [
+        f"case 3000 pool {budget}",
+        "10,000 rollouts in flight at once need 10,000 sockets, but the connection pool holds at most 1,000 "
+        "(`global_aiohttp_connector_limit`); raise it to send them all at once. The other 9,000 wait in the pool for "
+        "a free connection (they start later; none fails for it).",
+        "case 10000 pool 1000",
+        "20,000 rollouts in flight at once need 20,000 sockets, but this process may open 4,096 files (RLIMIT_NOFILE "
+        f"soft 4,096, hard 4,096), so its pool holds at most {budget:,} connections. To send all 20,000 at once, "
+        "raise the hard limit to at least 20,512 (`ulimit -Hn 20512` as root, systemd `LimitNOFILE=`, `docker run "
+        f"--ulimit nofile=...`, Slurm/K8s limits). The other {20_000 - budget:,} wait in the pool for a free "
+        "connection (they start later; none fails for it).",
+        f"case 20000 pool {budget}",
+        f"case 20000 pool {budget}",
+        "soft 4096",
+    ]
 
 
 # ------------------------------------------------------------ failures after the request may have reached the server

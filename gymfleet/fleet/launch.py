@@ -70,7 +70,6 @@ if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and shoul
 
 log = logging.getLogger(__name__)
 
-NOFILE_TARGET = 65_535
 EXIT_PORT_IN_USE = 98
 """Exit code of a supervised child whose port is taken (Linux's EADDRINUSE); the supervisor reports it."""
 WORKDIR_PREFIX = "gymfleet-"
@@ -248,16 +247,11 @@ def _remove_workdir(workdir: Path | None) -> None:
 
 
 def raise_nofile_limit() -> None:
-    """Lift the open-files soft limit: thousands of rollouts in flight need thousands of sockets."""
-    try:
-        import resource
+    """Lift the open-files soft limit as far as the hard one allows: thousands of rollouts in flight need thousands
+    of sockets (`gymfleet.connections.raise_open_files_limit`)."""
+    from gymfleet.connections import raise_open_files_limit
 
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = NOFILE_TARGET if hard == resource.RLIM_INFINITY else min(NOFILE_TARGET, hard)
-        if soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ImportError, ValueError, OSError) as exc:
-        log.warning("could not raise the open-files limit: %s", exc)
+    raise_open_files_limit()
 
 
 KEEP_ALIVE_S = 30  # longer than clients' keep-alive (gymfleet.http's 25 s), so clients close idle connections first

@@ -301,6 +301,7 @@ async def _dispatch(
     mode = "ab" if config.resume_from_cache else "wb"
     retry = _run_retry(config)
     semaphore = asyncio.Semaphore(config.num_samples_in_parallel) if config.num_samples_in_parallel else None
+    http.plan_in_flight(min(len(todo), config.num_samples_in_parallel or len(todo)), "rollouts (POST /run)")
     stop = asyncio.Event()
     results: list[dict[str, Any]] = []
     reward_sum, reward_count = 0.0, 0

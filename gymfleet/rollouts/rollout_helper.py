@@ -63,15 +63,25 @@ class RolloutCollectionHelper:
             return iter([])
         client_task = self._client(head_address(head_server_config))
         window = SendWindow()
+        ready = asyncio.ensure_future(_planned(client_task, 0 if semaphore is not None else len(examples)))
 
         async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-            client = await asyncio.shield(client_task)
+            client = await asyncio.shield(ready)
             async with semaphore or contextlib.nullcontext(), window.sending():
                 response = await client.post(row["agent_ref"]["name"], "/run", json=row,
                                              timeout_s=self.request_timeout_s, retry=RUN_RETRY)
             return row, response.raise_for_status().json()
 
         return asyncio.as_completed([asyncio.ensure_future(one(row)) for row in examples])
+
+
+async def _planned(client_task: asyncio.Future, in_flight: int) -> ServerClient:
+    """The client, once this loop's pool is ready for `in_flight` rollouts at once (`http.plan_in_flight` raises the
+    open-files limit, or says once why some must wait for a connection)."""
+    client = await asyncio.shield(client_task)
+    if in_flight:
+        http.plan_in_flight(in_flight, "rollouts (POST /run)")
+    return client
 
 
 async def _bootstrap(head: tuple[str, int]) -> ServerClient:
