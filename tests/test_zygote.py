@@ -189,26 +189,6 @@ def test_secrets_reach_the_forked_server_and_never_its_argv_or_environment(recor
             assert SECRET not in json.dumps(process.environ())
 
 
-def test_servers_a_zygote_dying_during_the_start_up_batch_left_unforked_start_as_fresh_interpreters(monkeypatch):
-    """Start-up asks the zygote for every server at once (`Zygote.spawn_many`); when it dies partway, the servers it
-    forked are supervised as they are, the others start as fresh interpreters, and the fleet serves."""
-    spawn_many = Zygote.spawn_many
-
-    def one_then_die(zygote: Zygote, requests: list) -> list:
-        forked = spawn_many(zygote, requests[:1])
-        os.kill(zygote.pid, signal.SIGKILL)
-        wait_for(lambda: not zygote.alive, "the supervisor noticing its zygote died")
-        return forked + spawn_many(zygote, requests[1:])
-
-    monkeypatch.setattr(Zygote, "spawn_many", one_then_die)
-    with fleet_with() as (fleet, output):
-        kinds = [type(child.process) for child in fleet.children.values()]
-        assert kinds[0] is ForkedProcess and set(kinds[1:]) == {subprocess.Popen}, kinds
-        assert len(kinds) > 2
-        assert "the zygote (pid" in output.getvalue()
-        assert rollout_reward(fleet) == 1.0
-
-
 def test_server_start_spawn_starts_fresh_interpreters():
     with fleet_with({"server_start": "spawn"}) as (fleet, _):
         assert not zygotes()

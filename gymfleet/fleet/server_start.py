@@ -22,7 +22,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
@@ -134,30 +133,6 @@ class ServerStart:
             except ZygoteError as exc:
                 self._zygote_lost(zygote, str(exc))
         return self._spawn_popen(instance, sock)
-
-    def _popen_all(self, listening: dict[str, socket.socket]
-                   ) -> Iterator[tuple[ServerInstance, subprocess.Popen | ForkedProcess]]:
-        """`_popen` for every instance of `listening` (instance name -> its bound socket) at once, yielding each
-        process as it is known: those the zygote serves are asked for in one batch (`Zygote.spawn_many`: it forks
-        them back to back) and yielded first, then the rest, and any it could not fork, start as fresh
-        interpreters."""
-        zygote = self._zygote
-        instances = [self.config.instances[name] for name in listening]
-        batch = [instance for instance in instances if instance.folder is None] if zygote is not None else []
-        unforked = [instance for instance in instances if instance.name not in {each.name for each in batch}]
-        if batch:
-            env = {**os.environ, **self.credential.child_env()}
-            secrets = json.loads(self._secrets_env)
-            results = zygote.spawn_many([(instance.name, own_secrets(secrets, instance.name), env,
-                                          listening[instance.name].fileno()) for instance in batch])
-            for instance, result in zip(batch, results, strict=True):
-                if isinstance(result, ZygoteError):
-                    self._zygote_lost(zygote, str(result))
-                    unforked.append(instance)
-                else:
-                    yield instance, result
-        for instance in unforked:
-            yield instance, self._spawn_popen(instance, listening[instance.name])
 
     def _spawn_popen(self, instance: ServerInstance, sock: socket.socket) -> subprocess.Popen:
         """`instance` as a fresh interpreter: `python -m gymfleet.fleet.launch`."""

@@ -165,7 +165,9 @@ class Fleet(ServerStart, Readiness, Watched):
             else:
                 self.validate()
                 self._start_head()
-            self._spawn_all(self._bind_ports())
+            listening = self._bind_ports()
+            for instance in self.config.instances.values():
+                self._spawn(instance, listening.pop(instance.name))
             self._wait_ready(timeout_s, report=True)
             self._wait_model_endpoints()
         except BaseException:
@@ -225,22 +227,14 @@ class Fleet(ServerStart, Readiness, Watched):
                 raise ServerCrashedError("head server did not start within 10s")
             time.sleep(0.02)
 
-    def _spawn_all(self, listening: dict[str, socket.socket]) -> None:
-        """Start every instance for the first time on its bound socket (`listening`: instance name -> socket, all
-        closed here once handed over), every fork asked of the zygote at once (`_popen_all`); each is supervised as
-        soon as it is started, and said (for a folder of another tree, which folder serves it)."""
-        try:
-            for instance, process in self._popen_all(listening):
-                if instance.folder is not None:
-                    self._say(describe(instance))
-                self._started_child(instance, process)
-        finally:
-            for sock in listening.values():
-                sock.close()
-
-    def _started_child(self, instance: ServerInstance, process: subprocess.Popen | ForkedProcess) -> None:
-        """Supervise `process`, just started for `instance`, and say so: name, what it is, URL, pid, where its
-        output goes."""
+    def _spawn(self, instance: ServerInstance, sock: socket.socket) -> None:
+        """Start `instance` for the first time on its bound socket `sock` (closed here once handed over) and say so:
+        name, what it is, URL, pid, where its output goes (and, for a folder of another tree, which folder serves
+        it)."""
+        if instance.folder is not None:
+            self._say(describe(instance))
+        with sock:
+            process = self._popen(instance, sock)
         child = self.children[instance.name] = _Child(instance, process, time.time())
         self._start_pump(child)
         self._say(f"started {instance.name} ({instance.server_type}/{instance.impl}) on {instance.url}, "

@@ -204,8 +204,6 @@ class Zygote:
         self._lock = threading.Lock()
         self._request_lock = threading.Lock()
         self._next_id = 0
-        self._keys: dict[int, int] = {}
-        """Request id -> the caller's key for it, for the requests awaiting a reply."""
         threading.Thread(target=self._read, name=f"zygote-{self.pid}", daemon=True).start()
         threading.Thread(target=self._pump, name=f"log-zygote-{self.pid}", daemon=True).start()
 
@@ -294,85 +292,37 @@ class Zygote:
         Raises:
             ZygoteError: the zygote is gone or did not answer within `REPLY_TIMEOUT_S`.
         """
-        (result,) = self.spawn_many([(instance, secrets, env, listen_fd)])
-        if isinstance(result, ZygoteError):
-            raise result
-        return result
-
-    def spawn_many(self, requests: list[tuple[str, list, dict[str, str], int]]) -> list[ForkedProcess | ZygoteError]:
-        """`spawn` for several servers (`(instance, secrets, env, listen_fd)` each): every request is sent before
-        the first answer is awaited, so the zygote and its helper fork back to back rather than one round trip
-        apart. Returns, in order, each server's process, or the `ZygoteError` that left it unforked (the zygote is
-        gone, or did not answer within `REPLY_TIMEOUT_S`)."""
-        pending: dict[int, int] = {}  # request id -> the read end of its server's output pipe
-        results: dict[int, ForkedProcess | ZygoteError] = {}
-        with self._request_lock:
-            try:
-                self.wait_ready()
-            except ZygoteError as exc:
-                return [exc] * len(requests)
-            failure: ZygoteError | None = None
-            for index, (instance, secrets, env, listen_fd) in enumerate(requests):
-                read_fd, write_fd = os.pipe()
-                try:
-                    self._send_request({"op": "spawn", "instance": instance, "secrets": secrets, "env": env}, index,
-                                       write_fd, listen_fd)
-                    pending[index] = read_fd
-                except ZygoteError as exc:
-                    os.close(read_fd)
-                    failure = results[index] = exc
-                    break
-                finally:
-                    os.close(write_fd)  # the child holds its copy: EOF on our end is the child (and its workers) gone
-            for index, reply in self._replies_to(set(pending)).items():
-                if isinstance(reply, ZygoteError):
-                    os.close(pending[index])
-                    results[index] = reply
-                else:
-                    results[index] = ForkedProcess(reply["pid"], os.fdopen(pending[index], "r", errors="replace"),
-                                                   self)
-        return [results.get(index) or failure or ZygoteError("not sent") for index in range(len(requests))]
+        read_fd, write_fd = os.pipe()
+        try:
+            reply = self._request({"op": "spawn", "instance": instance, "secrets": secrets, "env": env}, write_fd,
+                                  listen_fd)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)  # the child holds its copy: EOF on our end is the child (and its workers) gone
+        stdout = os.fdopen(read_fd, "r", errors="replace")
+        return ForkedProcess(reply["pid"], stdout, self)
 
     def _request(self, message: dict[str, Any], fd: int, *more_fds: int) -> dict[str, Any]:
         with self._request_lock:
             self.wait_ready()
-            self._send_request(message, 0, fd, *more_fds)
-            reply = self._replies_to({0})[0]
-        if isinstance(reply, ZygoteError):
-            raise reply
-        return reply
-
-    def _send_request(self, message: dict[str, Any], key: int, fd: int, *more_fds: int) -> None:
-        """Send `message` under a fresh id, remembered as `key` for `_replies_to` (hold `_request_lock`)."""
-        self._next_id += 1
-        message["id"] = self._next_id
-        self._keys[self._next_id] = key
-        try:
-            _send(self._control, message, [fd, *more_fds])
-        except OSError as exc:
-            self._keys.pop(self._next_id, None)
-            raise ZygoteError(f"the zygote (pid {self.pid}) cannot be reached: {exc}") from None
-
-    def _replies_to(self, keys: set[int]) -> dict[int, dict[str, Any] | ZygoteError]:
-        """The replies to the requests sent as `keys` (hold `_request_lock`): each a reply, or the `ZygoteError`
-        for one that none came for (the zygote died, or `REPLY_TIMEOUT_S` passed without a reply)."""
-        replies: dict[int, dict[str, Any] | ZygoteError] = {}
-        while len(replies) < len(keys):
+            self._next_id += 1
+            message["id"] = self._next_id
             try:
-                reply = self._replies.get(timeout=REPLY_TIMEOUT_S)
-            except queue.Empty:
-                reply = ZygoteError(f"the zygote (pid {self.pid}) did not answer within {REPLY_TIMEOUT_S:g}s")
-            if reply is None:
-                self._replies.put(None)  # for the next caller too: the zygote is gone for good
-                reply = ZygoteError(f"the zygote (pid {self.pid}) {self.death_text()}")
-            if isinstance(reply, ZygoteError):
-                replies.update({key: reply for key in keys if key not in replies})
-                break
-            key = self._keys.pop(reply.get("id"), None)
-            if key in keys:
-                replies[key] = reply
-        self._keys.clear()
-        return replies
+                _send(self._control, message, [fd, *more_fds])
+            except OSError as exc:
+                raise ZygoteError(f"the zygote (pid {self.pid}) cannot be reached: {exc}") from None
+            while True:
+                try:
+                    reply = self._replies.get(timeout=REPLY_TIMEOUT_S)
+                except queue.Empty:
+                    raise ZygoteError(f"the zygote (pid {self.pid}) did not answer within {REPLY_TIMEOUT_S:g}s") \
+                        from None
+                if reply is None:
+                    raise ZygoteError(f"the zygote (pid {self.pid}) {self.death_text()}")
+                if reply.get("id") == message["id"]:
+                    return reply
 
     def _read(self) -> None:
         try:
