@@ -27,7 +27,7 @@ def test_there_are_environments():
 
 @pytest.mark.parametrize("env", ENVS)
 def test_environment_conforms(env):
-    name, fields = environment_block(env)
+    name, fields = environment_block(env, ROOT)  # ROOT: a scaffolded tree in test_cli_tools
     instance = ServerInstance(name=name, server_type="resources_servers", impl=env,
                               fields={**fields, "host": "127.0.0.1", "port": 0})
     server = build_server(instance, {})

@@ -262,7 +262,7 @@ class Servers:
         self.urls: dict[str, str] = {}
         self.instances = {environment_block(env)[0]: env for env in ENVS}
 
-    def globalenvironment_block(self, fields: dict) -> dict:
+    def global_config(self, fields: dict) -> dict:
         config: dict[str, Any] = {}
         for ref_type, name in _refs(fields):
             if ref_type == "responses_api_models":
@@ -280,7 +280,7 @@ class Servers:
             fields = {**fields, "checker_url": self.checker_url}
         instance = ServerInstance(name=name, server_type="resources_servers", impl=env,
                                   fields={**fields, "host": "127.0.0.1", "port": 0})
-        return build_server(instance, self.globalenvironment_block(fields))
+        return build_server(instance, self.global_config(fields))
 
     def url(self, env: str) -> str:
         if env not in self.urls:

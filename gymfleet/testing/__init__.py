@@ -287,9 +287,9 @@ def jsonl_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def environment_block(env: str) -> tuple[str, dict[str, Any]]:
-    """The resources server instance that environment `env`'s own config (`resources_servers/<env>/configs/<env>.yaml`)
-    declares: its instance name and its fields.
+def environment_block(env: str, root: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The resources server instance that environment `env`'s own config (`resources_servers/<env>/configs/<env>.yaml`
+    under `root`, gymfleet's checkout unless given) declares: its instance name and its fields.
 
     Raises:
         AssertionError: the config declares no `resources_servers.<env>` instance.
@@ -298,7 +298,7 @@ def environment_block(env: str) -> tuple[str, dict[str, Any]]:
 
     from gymfleet.fleet.config_instances import repository_root
 
-    path = repository_root() / "resources_servers" / env / "configs" / f"{env}.yaml"
+    path = (root or repository_root()) / "resources_servers" / env / "configs" / f"{env}.yaml"
     for name, block in yaml.safe_load(path.read_text()).items():
         if isinstance(block, dict) and env in (block.get("resources_servers") or {}):
             return name, block["resources_servers"][env]
