@@ -5,10 +5,10 @@ has (a wrongly typed `temperature` is an error naming the field) and keeps any o
 Responses API gains parameters with each `openai` release (`context_management`, `prompt_cache_retention`,
 `stream_options`, ...), and a newer client must not break the fleet. Each model server decides what such a key
 means for its upstream (`openai_model` passes it on; `vllm_model` forwards, drops with a warning, or refuses it:
-`gymfleet.serving.convert.chat_extras`). `KNOWN_PARAMS` lists every parameter name the installed `openai` package
+`gymfleet.serving.convert.chat_extras`). `known_params()` lists every parameter name the installed `openai` package
 knows.
 The response model (`Response`) types what gymfleet reads of OpenAI's `Response` (its `output` items are the `openai`
-package's item models), widened so that
+package's item models, written out here so that no server imports `openai` to start), widened so that
 message, function_call and reasoning items may carry `prompt_token_ids`, `generation_token_ids` and
 `generation_log_probs` (all three or none), and `function_call_output` items may appear (agents put tool outputs
 into the episode's output). Unknown item types are kept as-is so hosted-tool items round-trip.
@@ -16,13 +16,18 @@ into the episode's output). Unknown item types are kept as-is so hosted-tool ite
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import json
+import logging
 import uuid
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
-from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+log = logging.getLogger(__name__)
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
@@ -49,6 +54,134 @@ class TokenFields(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------- output items
+
+
+# The `openai` package's output item models (openai 3.57's `ResponseOutputMessage`, `ResponseFunctionToolCall`,
+# `ResponseReasoningItem` and their parts), field for field, with its models' config (extra keys kept, schema built
+# on first use). They are written out here rather than imported: importing any `openai.types` module runs the
+# package's `__init__` (its client, httpx, every type of the API), about a second of CPU before a server's first
+# fork. tests/test_wire.py checks they validate and dump as the installed package's classes do. They keep its class
+# names, which a 422 shows in an error's location (`content.0.ResponseOutputText.text`).
+_OPENAI_CONFIG = ConfigDict(extra="allow", defer_build=True)
+_ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class _OpenAIModel(BaseModel):
+    model_config = _OPENAI_CONFIG
+
+
+class AnnotationFileCitation(_OpenAIModel):
+    file_id: str
+    filename: str
+    index: int
+    type: Literal["file_citation"]
+
+
+class AnnotationURLCitation(_OpenAIModel):
+    end_index: int
+    start_index: int
+    title: str
+    type: Literal["url_citation"]
+    url: str
+
+
+class AnnotationContainerFileCitation(_OpenAIModel):
+    container_id: str
+    end_index: int
+    file_id: str
+    filename: str
+    start_index: int
+    type: Literal["container_file_citation"]
+
+
+class AnnotationFilePath(_OpenAIModel):
+    file_id: str
+    index: int
+    type: Literal["file_path"]
+
+
+class LogprobTopLogprob(_OpenAIModel):
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class Logprob(_OpenAIModel):
+    token: str
+    bytes: list[int]
+    logprob: float
+    top_logprobs: list[LogprobTopLogprob]
+
+
+class ResponseOutputText(_OpenAIModel):
+    """An `output_text` part of a message."""
+
+    annotations: list[
+        AnnotationFileCitation | AnnotationURLCitation | AnnotationContainerFileCitation | AnnotationFilePath
+    ]
+    text: str
+    type: Literal["output_text"]
+    logprobs: list[Logprob] | None = None
+
+
+class ResponseOutputRefusal(_OpenAIModel):
+    """A `refusal` part of a message."""
+
+    refusal: str
+    type: Literal["refusal"]
+
+
+class ResponseOutputMessage(_OpenAIModel):
+    id: str
+    content: list[ResponseOutputText | ResponseOutputRefusal]
+    role: Literal["assistant"]
+    status: _ItemStatus
+    type: Literal["message"]
+    phase: Literal["commentary", "final_answer"] | None = None
+
+
+class CallerDirect(_OpenAIModel):
+    type: Literal["direct"]
+
+
+class CallerProgram(_OpenAIModel):
+    caller_id: str
+    type: Literal["program"]
+
+
+class ResponseFunctionToolCall(_OpenAIModel):
+    arguments: str
+    call_id: str
+    name: str
+    type: Literal["function_call"]
+    id: str | None = None
+    async_: bool | None = Field(alias="async", default=None)
+    caller: CallerDirect | CallerProgram | None = None
+    namespace: str | None = None
+    status: _ItemStatus | None = None
+
+
+class Summary(_OpenAIModel):
+    """A `summary_text` part of a reasoning item."""
+
+    text: str
+    type: Literal["summary_text"]
+
+
+class Content(_OpenAIModel):
+    """A `reasoning_text` part of a reasoning item."""
+
+    text: str
+    type: Literal["reasoning_text"]
+
+
+class ResponseReasoningItem(_OpenAIModel):
+    id: str
+    summary: list[Summary]
+    type: Literal["reasoning"]
+    content: list[Content] | None = None
+    encrypted_content: str | None = None
+    status: _ItemStatus | None = None
 
 
 class OutputMessage(ResponseOutputMessage, TokenFields):
@@ -125,10 +258,10 @@ class Usage(BaseModel):
 class Response(BaseModel):
     """A Responses API response (NeMo-Gym's `NeMoGymResponse`): `output` holds every item of the episode.
 
-    The fields read by gymfleet are typed (`output` items are the `openai` package's item models, widened with the
-    token fields); every other field of OpenAI's `Response` (`reasoning`, `text`, `tools`, ...) is accepted and kept
-    as sent. Declaring all forty of them would triple the cost of validating a `/verify` body and break whenever a
-    new `openai` release adds a required field.
+    The fields read by gymfleet are typed (`output` items are the `openai` package's item models, as written out
+    above, widened with the token fields); every other field of OpenAI's `Response` (`reasoning`, `text`, `tools`,
+    ...) is accepted and kept as sent. Declaring all forty of them would triple the cost of validating a `/verify`
+    body and break whenever a new `openai` release adds a required field.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -265,8 +398,47 @@ class ResponseCreateParams(BaseModel):
         return ""
 
 
-KNOWN_PARAMS = frozenset(ResponseCreateParams.model_fields) | frozenset(ResponseCreateParamsBase.__annotations__)
-"""Every top-level Responses parameter name gymfleet or the installed `openai` package knows (for did-you-mean)."""
+@functools.cache
+def known_params() -> frozenset[str]:
+    """Every top-level Responses parameter name gymfleet or the installed `openai` package knows (for did-you-mean).
+
+    The package's names are its `ResponseCreateParamsBase` keys, read from its source file (a millisecond) rather
+    than by importing it (a second of CPU, on the event loop of the server that first warns); where the file cannot
+    be read that way, the class is imported.
+    """
+    return frozenset(ResponseCreateParams.model_fields) | _openai_params()
+
+
+OPENAI_PARAMS_FILE = ("types", "responses", "response_create_params.py")
+OPENAI_PARAMS_CLASS = "ResponseCreateParamsBase"
+
+
+def _openai_params() -> frozenset[str]:
+    try:
+        spec = importlib.util.find_spec("openai")  # finds the package without running its __init__
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        tree = ast.parse(folder.joinpath(*OPENAI_PARAMS_FILE).read_text(encoding="utf-8"))
+        names = frozenset(
+            node.target.id
+            for cls in tree.body
+            if isinstance(cls, ast.ClassDef) and cls.name == OPENAI_PARAMS_CLASS
+            for node in cls.body
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        )
+    except (AttributeError, OSError, StopIteration, SyntaxError, TypeError, ValueError) as exc:
+        log.debug("reading openai's Responses parameters from its source failed (%s); importing it", exc)
+        names = frozenset()
+    if not names:
+        from openai.types.responses.response_create_params import ResponseCreateParamsBase
+
+        names = frozenset(ResponseCreateParamsBase.__annotations__)
+    return names
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KNOWN_PARAMS":  # `known_params()` under its former constant's name
+        return known_params()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------- building

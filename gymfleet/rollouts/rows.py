@@ -16,7 +16,7 @@ from gymfleet.errors import DataError, GymfleetError, did_you_mean
 from gymfleet.fleet.config_checks import resolve_server_ref
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.progress import Progress
-from gymfleet.wire import KNOWN_PARAMS, Response, ResponseCreateParams, make_response
+from gymfleet.wire import Response, ResponseCreateParams, known_params, make_response
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,13 @@ def warn_unknown_params(path: Path, rows: Iterable[tuple[int, dict[str, Any]]]) 
     for lineno, row in rows:
         params = row.get("responses_create_params")
         for name in params if isinstance(params, dict) else ():
-            if name not in KNOWN_PARAMS:
+            if name not in known_params():
                 line, count = first_seen.get(name, (lineno, 0))
                 first_seen[name] = (line, count + 1)
     for name, (line, count) in first_seen.items():
         log.warning("%s:%d: responses_create_params.%s (in %d rows) is not a Responses API parameter gymfleet or "
                     "the installed openai package knows; model servers pass it on, drop it or refuse it.%s",
-                    path, line, name, count, did_you_mean(name, KNOWN_PARAMS))
+                    path, line, name, count, did_you_mean(name, known_params()))
     return list(first_seen)
 
 

@@ -43,7 +43,7 @@ from collections.abc import Collection
 from typing import Any, Literal
 
 from gymfleet.errors import BadRequestError, did_you_mean
-from gymfleet.wire import KNOWN_PARAMS, TOKEN_FIELDS
+from gymfleet.wire import TOKEN_FIELDS, known_params
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +238,10 @@ def _warn_dropped(name: str) -> None:
     if name in _warned_dropped:
         return
     _warned_dropped.add(name)
-    if name in KNOWN_PARAMS:
+    if name in known_params():
         why = "Chat Completions has no equivalent"
     else:
-        why = f"not a Responses API parameter gymfleet knows.{did_you_mean(name, KNOWN_PARAMS)}"
+        why = f"not a Responses API parameter gymfleet knows.{did_you_mean(name, known_params())}"
     log.warning("Responses parameter %r is not sent to the Chat Completions upstream (%s); warned once per process",
                 name, why)
 

@@ -222,6 +222,7 @@ class ResourcesServer(Server):
         async def verify_route(request: Request) -> StarletteResponse:
             raw = await read_json(request)
             body = validate(verify_model, raw)
+            await self.warmed()
             row = await self._verify_row(body, raw, timeout_s)
             row[PROVENANCE_KEY] = self.reward_provenance()  # replaces a stored row's when re-verified
             self.metrics.record_verify(environment, row)
@@ -367,6 +368,7 @@ def _tool_route(name: str, method: Any, model: type[BaseModel]):
         except ValidationError as exc:
             problems, many = _describe(model, data, exc), exc.error_count() > MAX_REPORTED_ERRORS
         else:
+            await method.__self__.warmed()
             return JSONResponse(_to_json(await method(arguments)))
         if many:  # out of the except block, pydantic's errors are freed: give their memory back
             release_freed_memory()

@@ -31,10 +31,12 @@ its own server, never another process that holds the same port.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import logging
 import math
+import time
 import typing
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
@@ -167,6 +169,7 @@ class Server:
         self.global_config = global_config or {}
         self.client = http.ServerClient(self.global_config)
         self.metrics = ServerMetrics()
+        self._warming: asyncio.Future[None] | None = None
 
     @functools.cached_property
     def secret_values(self) -> tuple[str, ...]:
@@ -231,6 +234,32 @@ class Server:
         pages (`gymfleet.fleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing.
         """
 
+    def warm_up(self) -> None:
+        """Load what requests need but serving need not wait for (tokenizer models, a large scoring library): run in a
+        thread once the app has started, so the fleet is ready without it. Every route that needs it awaits
+        `warmed()` first (`ResourcesServer` does before `/verify` and each tool), so no request is ever answered
+        with it half loaded. What every process of the server shares read-only belongs in `preload` instead.
+        Default: nothing (no thread).
+        """
+
+    async def warmed(self) -> None:
+        """Return once `warm_up` has finished (at once after that, or when there is none).
+
+        Raises:
+            Exception: what `warm_up` raised (on every call: the server cannot serve those requests).
+        """
+        if self._warming is not None:
+            await asyncio.shield(self._warming)  # a waiting request that is cancelled must not cancel the warm-up
+
+    def _warm_up_timed(self) -> None:
+        started = time.monotonic()
+        try:
+            self.warm_up()
+        except Exception:
+            log.exception("%s: warming up failed; requests that need it fail", self.config.name)
+            raise
+        log.info("%s: warmed up in %.2fs", self.config.name, time.monotonic() - started)
+
     async def startup(self) -> None:
         """Called once when the app starts serving."""
 
@@ -244,6 +273,8 @@ class Server:
         @asynccontextmanager
         async def lifespan(app: FastAPI):
             await self.startup()
+            if type(self).warm_up is not Server.warm_up:
+                self._warming = asyncio.get_running_loop().run_in_executor(None, self._warm_up_timed)
             gc.freeze()  # what start-up built lives as long as the server: out of every later collection's scan
             try:
                 yield

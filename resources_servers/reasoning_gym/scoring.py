@@ -9,32 +9,82 @@ Scoring: `reasoning_gym.get_score_answer_fn(task)(answer=..., entry={question, a
 scorers raise on answers they cannot read, which is the model's fault. Scorers are CPU-bound Python and some (the
 sympy-based ones) slow down sharply with input size, so answers longer than the cap are not scored at all (0.0).
 
-Import: reasoning-gym imports every task module up front, and its `game_of_life` tasks import `cellpylib`, which
-imports `matplotlib.pyplot` (about half of reasoning-gym's import time, and memory in every fleet that serves it):
-`cellpylib` is deferred (`gymfleet.grading.deferred.defer_module`) and loads only when something generates such a
-board; no scorer uses it.
+Import: reasoning-gym imports every task module up front (sympy among them: about a second and a half of CPU), so
+it is imported on first use (`load`: the server does it in the background once it is up), and the names of its
+tasks, which every row is checked against, come from gymfleet's cache folder, keyed by reasoning-gym's version
+(`tasks`; written by the first process that imports it, rewritten by one that finds it out of date). Its
+`game_of_life` tasks import `cellpylib`, which imports `matplotlib.pyplot` (about half of reasoning-gym's import
+time, and memory in every fleet that serves it): `cellpylib` is deferred (`gymfleet.grading.deferred.defer_module`)
+and loads only when something generates such a board; no scorer uses it.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import logging
 import math
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from gymfleet.fleet.cache import cache_dir
 from gymfleet.grading import answers
 from gymfleet.grading.deferred import defer_module
 
 defer_module("cellpylib")  # before reasoning_gym, whose game_of_life tasks import it (and with it matplotlib.pyplot)
 
-import reasoning_gym  # noqa: E402
-from reasoning_gym.factory import DATASETS  # noqa: E402
-
 log = logging.getLogger(__name__)
 
-TASKS: frozenset[str] = frozenset(DATASETS)
-"""Task names reasoning-gym has registered (a row's `metadata.source_dataset` must be one of them)."""
+_known_tasks: frozenset[str] | None = None
+
+
+def load() -> frozenset[str]:
+    """Import reasoning-gym (every task module) and return the task names it registered; the cached names are
+    corrected if they differ."""
+    global _known_tasks
+    from reasoning_gym.factory import DATASETS
+
+    registered = frozenset(DATASETS)
+    if _read_cache() != registered:
+        _write_cache(registered)
+    _known_tasks = registered
+    return registered
+
+
+def tasks() -> frozenset[str]:
+    """Task names reasoning-gym has registered (a row's `metadata.source_dataset` must be one of them): from the
+    cache when it holds this version's, else by importing reasoning-gym (`load`)."""
+    global _known_tasks
+    if _known_tasks is None:
+        _known_tasks = _read_cache() or load()
+    return _known_tasks
+
+
+def _cache_path() -> Any:
+    return cache_dir() / f"reasoning-gym-{importlib.metadata.version('reasoning-gym')}-tasks.json"
+
+
+def _read_cache() -> frozenset[str] | None:
+    try:
+        names = json.loads(_cache_path().read_text())
+    except (OSError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
+        return None
+    return frozenset(names)
+
+
+def _write_cache(names: frozenset[str]) -> None:
+    try:
+        path = _cache_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(sorted(names)))
+        os.replace(temporary, path)
+    except (OSError, importlib.metadata.PackageNotFoundError) as exc:  # best effort: the next start imports again
+        log.debug("could not cache reasoning-gym's task names: %s", exc)
 
 
 def first_plain_box(text: str) -> str | None:
@@ -85,6 +135,8 @@ def extract_answer(text: str) -> str:
 @cache
 def scorer(task: str) -> Callable[..., Any]:
     """The task's `score_answer` (building a dataset object per call, as the package's helper does, is wasteful)."""
+    import reasoning_gym
+
     return reasoning_gym.get_score_answer_fn(task)
 
 
