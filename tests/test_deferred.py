@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -116,3 +118,35 @@ def test_the_zygote_imports_no_plotting_stack_and_no_scipy_stats():
     assert found["before"] == {"matplotlib": False, "matplotlib.pyplot": False, "scipy.stats": False}
     assert found["board"].startswith("[[")
     assert found["fisher"] == pytest.approx(0.034965034965)
+
+
+NANO3_APPS = ("responses_api_models.vllm_model.app", "resources_servers.math_with_judge.app",
+              "resources_servers.code_gen.app", "sandbox.app", "resources_servers.instruction_following.app",
+              "resources_servers.structured_outputs.app", "resources_servers.reasoning_gym.app",
+              "resources_servers.calendar.app", "resources_servers.mcqa.app",
+              "resources_servers.workplace_assistant.app", "agents.simple_agent.app")
+
+
+def test_the_nano3_zygote_imports_no_openai_nltk_reasoning_gym_or_sympy(tmp_path):
+    """What the zygote imports before the Nano 3 fleet's first fork (the shared stack, every server class, each
+    `preload`) leaves out what no server needs to start: the `openai` package, and what instruction_following and
+    reasoning_gym load once they are up (`Server.warm_up`), reasoning-gym's task names coming from the cache."""
+    version = importlib.metadata.version("reasoning-gym")
+    (tmp_path / f"reasoning-gym-{version}-tasks.json").write_text('["basic_arithmetic"]')
+    code = textwrap.dedent(f"""
+        import importlib, inspect, json, sys
+        from gymfleet.fleet.zygote_main import import_shared
+        from gymfleet.serving.server import Server
+        import_shared()
+        for name in {NANO3_APPS!r}:
+            module = importlib.import_module(name)
+            for _, cls in inspect.getmembers(module, inspect.isclass):
+                if issubclass(cls, Server) and cls.__module__ == name:
+                    cls.preload()
+        print(json.dumps(sorted(m for m in ("openai", "nltk", "langdetect", "reasoning_gym", "sympy")
+                                if m in sys.modules)))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            check=False, env={**os.environ, "GYMFLEET_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []

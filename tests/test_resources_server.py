@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import httpx
@@ -263,3 +265,52 @@ def test_sessions_of_this_process_stay_its_own_when_the_clock_is_set_back(monkey
 
 def _header(cookies) -> str:
     return "; ".join(f"{name}={value}" for name, value in cookies.items())
+
+
+class WarmingServer(ResourcesServer):
+    """Its `warm_up` waits for the test's word (`release`), then succeeds or fails."""
+
+    def __init__(self, *args, release: threading.Event, fail: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.release, self.fail, self.loaded = release, fail, False
+
+    def warm_up(self) -> None:
+        self.release.wait(60)
+        if self.fail:
+            raise RuntimeError("model files missing")
+        self.loaded = True
+
+    async def bump(self, body: Counter) -> dict:
+        return {"loaded": self.loaded}
+
+    async def verify(self, body: Behaviour) -> VerifyResponse:
+        return VerifyResponse.echo(body, reward=float(self.loaded))
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["warm-up-succeeds", "warm-up-fails"])
+def test_verify_and_tools_wait_for_warm_up_and_its_failure_is_a_500_on_each(fail):
+    release = threading.Event()
+    server = WarmingServer({"name": "warming"}, release=release, fail=fail)
+    with serve(server.create_app()) as url, ThreadPoolExecutor(2) as pool:
+        assert httpx.get(f"{url}/").status_code == 200  # up (ready) while warming
+        calls = [pool.submit(httpx.post, f"{url}/verify", json=_row(), timeout=60),
+                 pool.submit(httpx.post, f"{url}/bump", json={}, timeout=60)]
+        assert httpx.post(f"{url}/verify", json={}, timeout=60).status_code == 422  # validation does not wait
+        while _in_flight(url) < 3:  # both calls are in the server (and this /metrics request)
+            assert not any(call.done() for call in calls), [call.result().text for call in calls if call.done()]
+            time.sleep(0.01)
+        assert not any(call.done() for call in calls)
+        release.set()
+        verify, tool = (call.result() for call in calls)
+        if fail:
+            assert (verify.status_code, tool.status_code) == (500, 500)
+            assert "model files missing" in verify.json()["detail"]
+            assert httpx.post(f"{url}/verify", json=_row()).status_code == 500
+        else:
+            assert (verify.json()["reward"], tool.json()) == (1.0, {"loaded": True})
+
+
+def _in_flight(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics").text
+    return next(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("gymfleet_requests_in_flight "))

@@ -102,3 +102,20 @@ def test_first_plain_box_is_linear_on_empty_boxes():
     start = time.thread_time()
     assert first_plain_box("\\boxed{}" * 300_000) is None
     assert time.thread_time() - start < 2
+
+
+def test_task_names_come_from_the_cache_and_importing_reasoning_gym_corrects_it(tmp_path, monkeypatch):
+    from reasoning_gym.factory import DATASETS
+
+    from resources_servers.reasoning_gym import scoring
+
+    monkeypatch.setenv("GYMFLEET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(scoring, "_known_tasks", None)
+    assert scoring.tasks() == frozenset(DATASETS)  # no cache yet: from reasoning-gym itself, then cached
+    cached = scoring._cache_path()
+    assert json.loads(cached.read_text()) == sorted(DATASETS)
+    cached.write_text('["knights_knaves"]')  # out of date (an editable install grew tasks, same version)
+    monkeypatch.setattr(scoring, "_known_tasks", None)
+    assert scoring.tasks() == {"knights_knaves"}  # a fresh process reads the cache
+    assert scoring.load() == frozenset(DATASETS) == scoring.tasks()  # the server's warm-up corrects it
+    assert json.loads(cached.read_text()) == sorted(DATASETS)
