@@ -155,6 +155,8 @@ class Server:
     ray_resources_default: ClassVar[dict[str, Any]] = {"num_cpus": 1}
     """What each replica asks of its Ray node when the config gives no `ray_resources` (CPU-heavy servers, such as
     the sandbox and the code environments, ask for more)."""
+    _warming: asyncio.Future[None] | None = None
+    """`warm_up` running in its thread (from start-up on; None when the server has none)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -169,7 +171,6 @@ class Server:
         self.global_config = global_config or {}
         self.client = http.ServerClient(self.global_config)
         self.metrics = ServerMetrics()
-        self._warming: asyncio.Future[None] | None = None
 
     @functools.cached_property
     def secret_values(self) -> tuple[str, ...]:
