@@ -32,10 +32,13 @@ its own server, never another process that holds the same port.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
 import math
+import os
+import threading
 import time
 import typing
 from contextlib import asynccontextmanager
@@ -147,6 +150,10 @@ def dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_unset=False, exclude_none=False)
 
 
+WARM_UP_NICE = 10
+"""Niceness of the thread that runs `Server.warm_up` (about a tenth of a core's share against busy processes)."""
+
+
 class Server:
     """Base class: subclasses declare `config: <TheirConfig>` and add routes in `routes()`."""
 
@@ -252,14 +259,31 @@ class Server:
         if self._warming is not None:
             await asyncio.shield(self._warming)  # a waiting request that is cancelled must not cancel the warm-up
 
-    def _warm_up_timed(self) -> None:
-        started = time.monotonic()
-        try:
-            self.warm_up()
-        except Exception:
-            log.exception("%s: warming up failed; requests that need it fail", self.config.name)
-            raise
-        log.info("%s: warmed up in %.2fs", self.config.name, time.monotonic() - started)
+    def _start_warm_up(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._warming = future = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not future.done():
+                future.set_exception(error) if error else future.set_result(None)
+
+        def run() -> None:
+            # Its own thread, niced (Linux: this thread only), so that while a fleet starts the servers still
+            # starting get the CPU first; a daemon, so a server stopped while warming exits at once.
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)
+            started, error = time.monotonic(), None
+            try:
+                self.warm_up()
+            except Exception as exc:  # noqa: BLE001 - handed to every request that awaits `warmed()`
+                log.exception("%s: warming up failed; requests that need it fail", self.config.name)
+                error = exc
+            else:
+                log.info("%s: warmed up in %.2fs", self.config.name, time.monotonic() - started)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped meanwhile
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(target=run, name=f"warm-up-{self.config.name}", daemon=True).start()
 
     async def startup(self) -> None:
         """Called once when the app starts serving."""
@@ -275,7 +299,7 @@ class Server:
         async def lifespan(app: FastAPI):
             await self.startup()
             if type(self).warm_up is not Server.warm_up:
-                self._warming = asyncio.get_running_loop().run_in_executor(None, self._warm_up_timed)
+                self._start_warm_up()
             gc.freeze()  # what start-up built lives as long as the server: out of every later collection's scan
             try:
                 yield
