@@ -5,7 +5,8 @@ model (a `scripted_llm` instance in the fleet, as `configs/quickstart.yaml` has:
 and repeat, alternating: `server_start: spawn` (every server is `python -m gymfleet.fleet.launch`, importing its stack
 anew) and `server_start: zygote` (every server forked from one pre-imported `python -m gymfleet.fleet.zygote_main`).
 For each start it takes the time from `ng_run`'s launch to its `All N / N servers ready` line, then (after
-`--settle-s`) the memory of every process of the fleet (the supervisor, the zygote, every server and its workers)
+`--settle-s`: long enough for the servers that load what their requests need once they are up, `Server.warm_up`,
+to have done so; `--trace` says when they had) the memory of every process of the fleet (the supervisor, the zygote, every server and its workers)
 with psutil's `memory_full_info`:
 
 - RSS counts every page a process maps, shared ones included, so forked servers sharing the zygote's imports
@@ -21,7 +22,9 @@ Prints one table: per mode, the median over repeats of the time to ready, the to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import queue
 import re
 import signal
 import socket
@@ -29,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +47,8 @@ STARTED = re.compile(r"^started (\S+) .* pid (\d+),")
 # "started mcqa (resources_servers/mcqa) on http://127.0.0.1:10523, pid 4242, log: ..." -> mcqa, 4242
 ZYGOTE_DONE = re.compile(r"zygote: shared stack imported in ([\d.]+)s, \d+ servers' in ([\d.]+)s")
 ZYGOTE_IMPORTED = re.compile(r"zygote \(pid \d+\): imported (.+) in ([\d.]+)s")
+WARMED = re.compile(r": warmed up in [\d.]+s")
+# a server that loads what its requests need once it is up (`Server.warm_up`: instruction_following, reasoning_gym)
 
 
 def overlay(mode: str, folder: Path) -> Path:
@@ -98,6 +104,7 @@ def breakdown(timed: list[tuple[float, str]], ready_s: float) -> dict[str, float
     shared_s, servers_s = float(match.group(1)), float(match.group(2))
     slowest = max(((float(m.group(2)), m.group(1)) for _, line in timed if (m := ZYGOTE_IMPORTED.search(line))),
                   default=(0.0, "-"))
+    warmed = [t for t, line in timed if WARMED.search(line)]
     return {
         "ng_run start, zygote interpreter start": done_s - shared_s - servers_s,
         "zygote: shared stack import": shared_s,
@@ -105,6 +112,8 @@ def breakdown(timed: list[tuple[float, str]], ready_s: float) -> dict[str, float
         "validation in a zygote child, ports, to first fork": started[0] - done_s,
         f"forking {len(started)} servers": started[-1] - started[0],
         "last fork to every server answering": ready_s - started[-1],
+        **({f"ready to the last of {len(warmed)} warm-ups done (within --settle-s)": max(warmed) - ready_s}
+           if warmed else {}),
     }
 
 
@@ -120,22 +129,27 @@ def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False) ->
     servers: dict[str, int] = {}
     lines: list[str] = []
     timed: list[tuple[float, str]] = []
+    output: queue.Queue[tuple[float, str] | None] = queue.Queue()
+    threading.Thread(target=_pump, args=(process, began, output), daemon=True).start()
     try:
         ready_s = None
         deadline = began + READY_TIMEOUT_S
-        for line in process.stdout:
+        while (item := output.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+            at, line = item
             lines.append(line.rstrip())
-            timed.append((time.monotonic() - began, line))
+            timed.append(item)
             if match := STARTED.match(line):
                 servers[match.group(1)] = int(match.group(2))
             if "servers ready!" in line:
-                ready_s = time.monotonic() - began
+                ready_s = at
                 break
             if time.monotonic() > deadline:
                 break
         if ready_s is None:
             raise RuntimeError(f"{mode}: the fleet did not become ready:\n" + "\n".join(lines[-40:]))
         time.sleep(settle_s)
+        while not output.empty() and (item := output.get()) is not None:  # what the servers said meanwhile
+            timed.append(item)
         total = memory(process.pid)
         per_server = [memory(pid) for pid in servers.values()]
         count = len(psutil.Process(process.pid).children(recursive=True)) + 1
@@ -151,6 +165,13 @@ def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False) ->
             process.wait()
         if process.stdout:
             process.stdout.close()
+
+
+def _pump(process: subprocess.Popen, began: float, output: queue.Queue) -> None:
+    with contextlib.suppress(ValueError, OSError):  # start_once closed the pipe
+        for line in process.stdout:
+            output.put((time.monotonic() - began, line))
+    output.put(None)
 
 
 def with_signal(process: subprocess.Popen, sig: int, group: bool = False) -> None:
