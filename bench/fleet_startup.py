@@ -6,8 +6,8 @@ and repeat, alternating: `server_start: spawn` (every server is `python -m gymfl
 anew) and `server_start: zygote` (every server forked from one pre-imported `python -m gymfleet.fleet.zygote_main`).
 For each start it takes the time from `ng_run`'s launch to its `All N / N servers ready` line, then (after
 `--settle-s`: long enough for the servers that load what their requests need once they are up, `Server.warm_up`,
-to have done so; `--trace` says when they had) the memory of every process of the fleet (the supervisor, the zygote, every server and its workers)
-with psutil's `memory_full_info`:
+to have done so; `--trace` says when they had) the memory of every process of the fleet (the supervisor, the
+zygote, every server and its workers) with psutil's `memory_full_info`:
 
 - RSS counts every page a process maps, shared ones included, so forked servers sharing the zygote's imports
   (copy-on-write) are counted once per server: the RSS sum double-counts. It is what `top` shows.
