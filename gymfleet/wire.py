@@ -409,22 +409,13 @@ def known_params() -> frozenset[str]:
     return frozenset(ResponseCreateParams.model_fields) | _openai_params()
 
 
-OPENAI_PARAMS_FILE = ("types", "responses", "response_create_params.py")
-OPENAI_PARAMS_CLASS = "ResponseCreateParamsBase"
-
-
 def _openai_params() -> frozenset[str]:
     try:
-        spec = importlib.util.find_spec("openai")  # finds the package without running its __init__
-        folder = Path(next(iter(spec.submodule_search_locations)))
-        tree = ast.parse(folder.joinpath(*OPENAI_PARAMS_FILE).read_text(encoding="utf-8"))
-        names = frozenset(
-            node.target.id
-            for cls in tree.body
-            if isinstance(cls, ast.ClassDef) and cls.name == OPENAI_PARAMS_CLASS
-            for node in cls.body
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-        )
+        folder = Path(next(iter(importlib.util.find_spec("openai").submodule_search_locations)))  # no __init__ run
+        tree = ast.parse((folder / "types/responses/response_create_params.py").read_text(encoding="utf-8"))
+        names = frozenset(node.target.id for cls in tree.body
+                          if isinstance(cls, ast.ClassDef) and cls.name == "ResponseCreateParamsBase"
+                          for node in cls.body if isinstance(node, ast.AnnAssign) and hasattr(node.target, "id"))
     except (AttributeError, OSError, StopIteration, SyntaxError, TypeError, ValueError) as exc:
         log.debug("reading openai's Responses parameters from its source failed (%s); importing it", exc)
         names = frozenset()
