@@ -315,3 +315,21 @@ def test_server_classes_are_claimed_slowest_first_as_last_timed(tmp_path, monkey
     assert order == ["instruction_following", "reasoning_gym", "mcqa", "policy", "agent"]
     (tmp_path / "zygote-import-seconds.json").write_text("{not json")
     assert read_import_times() == {}
+
+
+def test_gc_paused_pauses_the_collector_and_restores_what_it_found():
+    import gc
+
+    from gymfleet.fleet.zygote_main import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        gc.disable()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # an inner block leaves the outer one's pause alone
+    assert gc.isenabled()
+    with pytest.raises(ValueError), gc_paused():
+        raise ValueError("an import failed")
+    assert gc.isenabled()
