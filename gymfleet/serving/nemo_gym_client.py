@@ -12,7 +12,8 @@ included) and sends through `gymfleet.http.request`: pooled connections, a deadl
 (a refused connection, a 429/502/503/504; a POST that may have reached the server is never resent), and
 `gymfleet_upstream_*` metrics per instance. NeMo-Gym retries disconnects forever with a fixed 0.5 s sleep; here a
 call that cannot be completed raises `gymfleet.errors.TransportError`, which the resources server turns into a
-`transport_failed` row, never a reward.
+`transport_failed` row, never a reward. A call that failed (a non-2xx answer too) is noted in its request
+(`gymfleet.serving.nemo_gym_upstream`): whatever the folder raises after it is typed as well, never an untyped 500.
 
 The answer is aiohttp-shaped (`NeMoGymClientResponse`: `status`, `ok`, `headers`, `cookies` as a `SimpleCookie`,
 `await read()/json()/text()`, `content.read()`, `raise_for_status()`), already read whole. `raise_for_status`
@@ -41,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 from gymfleet import http
 from gymfleet.errors import JudgeError, TransportError
 from gymfleet.serving.nemo_gym_rollout import strip_rollout_prefix
+from gymfleet.serving.nemo_gym_upstream import FailedCall, is_model_server, note_failed_call
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +230,21 @@ async def request(method: str, url: str, **options: Any) -> NeMoGymClientRespons
         TransportError: the server could not be reached or did not answer in time, retries spent or unsafe.
     """
     params, arguments = _send_options(options)
-    return NeMoGymClientResponse(await http.request(method, _with_query(url, params), **arguments), method)
+    return NeMoGymClientResponse(await _noted(http.request(method, _with_query(url, params), **arguments),
+                                              url, "", to_model=False), method)
+
+
+async def _noted(call: Awaitable[http.HttpResponse], server: str, path: str, *, to_model: bool) -> http.HttpResponse:
+    """Await `call`; a non-2xx answer or a `TransportError` is noted in the request's record of failed calls
+    (`gymfleet.serving.nemo_gym_upstream`), so an exception the folder raises after it is typed."""
+    try:
+        answer = await call
+    except TransportError as exc:
+        note_failed_call(FailedCall(server, path, exc.status, str(exc), to_model))
+        raise
+    if not answer.ok:
+        note_failed_call(FailedCall(server, path, answer.status, answer.text[:500], to_model))
+    return answer
 
 
 class ServerClient(BaseModel):
@@ -268,7 +284,9 @@ class ServerClient(BaseModel):
         per-rollout capture."""
         params, arguments = _send_options(options)
         path = _with_query(strip_rollout_prefix(url_path), params)
-        answer = await self._fleet().call(method, server_name, path, **arguments)
+        fleet = self._fleet()
+        answer = await _noted(fleet.call(method, server_name, path, **arguments), server_name, path,
+                              to_model=is_model_server(fleet.config, server_name))
         return NeMoGymClientResponse(answer, method)
 
     async def get(self, server_name: str, url_path: str, **options: Any) -> NeMoGymClientResponse:

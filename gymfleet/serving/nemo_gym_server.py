@@ -17,7 +17,9 @@ with `app.post("/tool")(self.tool)` after `super().setup_webserver()`). Here:
   `reward_provenance` (`environment`: the folder's name; `version`: `folder@<12 hex>` of the folder's files; the
   folder config's hash). A `JudgeError`, `SandboxError` or `TransportError` out of `verify`, or a verify past
   `verify_timeout_s`, is a failure row (`_ng_failure_class`, `mask_sample: true`, `failure_kind`,
-  `failure_reason`; NeMo-Gym's `judge_failsafe` row for judges), never a reward; a non-finite reward is a 500.
+  `failure_reason`; NeMo-Gym's `judge_failsafe` row for judges), never a reward; so is any exception out of `verify`
+  after one of its `ServerClient` calls failed (a judge's error answer the folder parsed regardless:
+  `gymfleet.serving.nemo_gym_upstream`), and out of any other route it is a typed 502; a non-finite reward is a 500.
 - `NeMoGymResourcesHost` is the gymfleet `ResourcesServer` that holds one folder instance: `ng_run`'s launcher
   (`gymfleet.fleet.launch`) builds it (`host_class_for(FolderClass)`) from the instance's YAML fields (the folder's
   config validates them; a bad one is a `ConfigError` naming the instance), so supervision, restarts, the zygote,
@@ -45,11 +47,13 @@ import typing
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, PrivateAttr, TypeAdapter, ValidationError
+from starlette.requests import Request
 from starlette.responses import Response as StarletteResponse
 
 from gymfleet.errors import ConfigError
+from gymfleet.masking import redact
 from gymfleet.metrics import LOCAL_HOP
 from gymfleet.serving.nemo_gym_client import (
     FAILURE_REASON_CHARS,
@@ -75,6 +79,7 @@ from gymfleet.serving.nemo_gym_types import (
     ResourcesSeedSessionResponse,
     ReverifyMode,
 )
+from gymfleet.serving.nemo_gym_upstream import SCOPE_KEY, UpstreamWatchMiddleware, classify, watch_calls
 from gymfleet.serving.provenance import PROVENANCE_KEY, config_hash, library_versions
 from gymfleet.serving.resources import FAILURE_CLASSES, ResourcesServer, ResourcesServerConfig, _hop_of
 from gymfleet.serving.server import JSONResponse
@@ -276,7 +281,21 @@ class NeMoGymResourcesHost(ResourcesServer):
 
     def build_app(self) -> FastAPI:
         """gymfleet's app for this folder, with NeMo-Gym's base routes (the folder adds its tools to it)."""
-        return ResourcesServer.create_app(self)
+        app = ResourcesServer.create_app(self)
+        app.add_middleware(UpstreamWatchMiddleware)
+        return app
+
+    async def _on_error(self, request: Request, exc: Exception) -> StarletteResponse:
+        """An exception out of a route after one of its `ServerClient` calls failed: a typed 502 (as a
+        `TransportError` is answered); any other: the base's untyped 500."""
+        typed = classify(exc, request.scope.get(SCOPE_KEY) or [])
+        if typed is None:
+            return await super()._on_error(request, exc)
+        failure_class, reason = typed
+        log.warning("%s %s failed (%s): %s", request.method, request.url.path, failure_class, reason)
+        self.metrics.failures.labels(failure_class, LOCAL_HOP).inc()
+        return JSONResponse({"detail": f"{self.config.name}: {redact(reason, self.secret_values)}",
+                             "error_type": failure_class}, status_code=502)
 
     def adopt(self, own: FastAPI) -> FastAPI:
         """gymfleet's app (liveness, metrics, body deadline, error mapping, session cookies, `/reward_provenance`)
@@ -287,6 +306,7 @@ class NeMoGymResourcesHost(ResourcesServer):
             app = ResourcesServer.create_app(self)
         finally:
             self._adopting = False
+        app.add_middleware(UpstreamWatchMiddleware)
         app.router.routes.extend(route for route in own.router.routes if route.path not in _FASTAPI_DEFAULT_PATHS)
         app.user_middleware[:0] = [item for item in own.user_middleware if item.cls is not SessionCookieMiddleware]
         for key, handler in own.exception_handlers.items():
@@ -338,8 +358,9 @@ class NeMoGymResourcesHost(ResourcesServer):
             body = kwargs.get("body") or next(
                 (value for value in (*kwargs.values(), *args) if isinstance(value, BaseModel)), None)
             try:
-                async with asyncio.timeout(timeout_s):
-                    result = await verify(*args, **kwargs)
+                with watch_calls() as failed_calls:
+                    async with asyncio.timeout(timeout_s):
+                        result = await verify(*args, **kwargs)
             except TimeoutError:
                 row = self._nemo_failure_row(body, "verify_timeout", f"verify took longer than {timeout_s:g}s",
                                              LOCAL_HOP)
@@ -347,6 +368,13 @@ class NeMoGymResourcesHost(ResourcesServer):
                 failure_class = next(cls for error, cls in FAILURE_CLASSES.items() if isinstance(exc, error))
                 log.warning("verify failed (%s): %s", failure_class, exc)
                 row = self._nemo_failure_row(body, failure_class, str(exc), _hop_of(exc, failure_class))
+            except Exception as exc:
+                typed = None if isinstance(exc, HTTPException) else classify(exc, failed_calls)
+                if typed is None:
+                    raise  # the folder's own bug: an untyped 500
+                failure_class, reason = typed[0], redact(typed[1], self.secret_values)
+                log.warning("verify failed (%s): %s", failure_class, reason)
+                row = self._nemo_failure_row(body, failure_class, reason, LOCAL_HOP)
             else:
                 if isinstance(result, StarletteResponse):
                     return result
