@@ -126,3 +126,29 @@ def test_a_field_set_from_a_setting_nobody_gave_is_named_as_what_the_folder_need
     assert _unset_setting(config, refused) == ("needs service_api_key (an external service's key or setting: "
                                                "+service_api_key=...)")
     assert _unset_setting(config, "x.other: Field required") is None
+
+
+def test_a_folder_config_gets_what_the_files_it_includes_give_its_instance():
+    """terminal_bench_4's config names its `environment` only in a file its `config_paths` include (from the tree's
+    `benchmarks/`): the cut-down config has it, and the included agent instances stay out, as do the includes."""
+    from gymfleet.testing.nemo_gym_corpus import folder_config
+
+    data, servers = folder_config(nemo_gym_folder("terminal_bench_4"))
+    assert servers == ["terminal_bench_4"] and "config_paths" not in data
+    instance = data["terminal_bench_4"]["resources_servers"]["terminal_bench_4"]
+    assert instance["entrypoint"] == "app.py" and "sandbox_provider" in instance["environment"]
+    assert not any("responses_api_agents" in block or "environment_servers" in block for block in data.values())
+
+
+def test_a_test_file_that_cannot_be_collected_is_one_error_and_the_others_still_run(tmp_path):
+    from gymfleet.testing.nemo_gym_corpus import _tests
+
+    folder = tmp_path / "tree" / "resources_servers" / "fake"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "app.py").write_text("")
+    (folder / "tests" / "test_fine.py").write_text("def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
+    (folder / "tests" / "test_agents.py").write_text("import nemo_gym.no_such_module\n")
+    result = FolderResult("fake")
+    _tests(folder, tmp_path / "scratch", result, "check")
+    assert (result.tests_passed, result.tests_total) == (2, 3), result.why
+    assert "No module named 'nemo_gym.no_such_module'" in result.why[0]

@@ -113,12 +113,19 @@ def config_file(folder: Path) -> Path | None:
 
 
 def folder_config(folder: Path, model_url: str = STUB_MODEL_URL) -> tuple[dict[str, Any], list[str]]:
-    """The folder's resources server instances from its config, plus stand-ins for the model servers they name
+    """The folder's resources server instances from its config (with what the files its `config_paths` include give
+    them, resolved in the folder's tree, as NeMo-Gym merges them), plus stand-ins for the model servers they name
     (pointed at `model_url`); and the names of those instances."""
+    from gymfleet.errors import ConfigError
+    from gymfleet.fleet.config_merge import load_config_files, merge
+
     path = config_file(folder)
     if path is None:
         raise RuntimeError("no configs/*.yaml")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = merge(*(data for _, data, _ in load_config_files([str(path)], [folder.parent.parent])))
+    except ConfigError as exc:
+        raise RuntimeError(str(exc)) from None
     kept = {name: block for name, block in data.items()
             if isinstance(block, dict) and isinstance(block.get("resources_servers"), dict)
             and folder.name in block["resources_servers"]}
@@ -412,7 +419,8 @@ def run_tests_in_place(folder: Path, scratch: Path, python: str | None = None, t
                        ) -> subprocess.CompletedProcess:
     """Run `folder`'s own tests where the folder lies, with NeMo-Gym's pytest settings (asyncio_mode = auto, not
     gymfleet's `filterwarnings = error`), imports resolving in its tree (`gymfleet.testing.folder_pytest`), in a
-    subprocess of `python` (the folder's own environment's, when it has one)."""
+    subprocess of `python` (the folder's own environment's, when it has one). A test file that cannot be collected
+    counts as one error and the folder's other files still run (`--continue-on-collection-errors`)."""
     from gymfleet.testing.folder_pytest import FOLDER_ENV
     from gymfleet.testing.nemo_gym_folders import FOLDER_PYTEST_INI
 
@@ -422,7 +430,8 @@ def run_tests_in_place(folder: Path, scratch: Path, python: str | None = None, t
     env = {**os.environ, FOLDER_ENV: str(folder),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(_root()), os.environ.get("PYTHONPATH")]))}
     command = [python or sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir", str(folder), "-p",
-               "gymfleet.testing.folder_pytest", "-p", "no:cacheprovider", "-q", "--no-header", "tests"]
+               "gymfleet.testing.folder_pytest", "-p", "no:cacheprovider", "-q", "--no-header",
+               "--continue-on-collection-errors", "tests"]
     return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout_s,
                           stdin=subprocess.DEVNULL, errors="replace")
 
