@@ -180,11 +180,49 @@ class NeMoGymResponseCreateParamsNonStreaming(ResponseCreateParams):
 
 
 class NeMoGymChatCompletionCreateParamsNonStreaming(BaseModel):
-    """A Chat Completions request body (a judge's): `messages` plus any other parameter, kept as given."""
+    """A Chat Completions request body (a judge's): `messages` plus every parameter NeMo-Gym 0.7.0 declares, unset
+    ones reading as its defaults (`params.temperature is None`; `parallel_tool_calls` True, OpenAI's), and any other
+    parameter kept as given. Values are not checked against OpenAI's types here: the model server checks them.
+    Sent with `ServerClient`, only the fields set are sent (`exclude_unset`), as under NeMo-Gym."""
 
     model_config = ConfigDict(extra="allow")
     messages: list[dict[str, Any]]
     model: str | None = None
+    audio: Any = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, int] | None = None
+    logprobs: bool | None = None
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
+    metadata: dict[str, str] | None = None
+    moderation: Any = None
+    modalities: list[str] | None = None
+    n: int | None = None
+    parallel_tool_calls: bool = True
+    prediction: Any = None
+    presence_penalty: float | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    reasoning_effort: str | None = None
+    response_format: Any = None
+    seed: int | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    stop: str | list[str] | None = None
+    store: bool | None = None
+    stream_options: Any = None
+    temperature: float | None = None
+    tool_choice: Any = None
+    tools: list[Any] | None = None
+    top_logprobs: int | None = None
+    top_p: float | None = None
+    user: str | None = None
+    verbosity: str | None = None
+    web_search_options: Any = None
+    stream: Literal[False] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
 
 
 NeMoGymChatCompletion = ChatCompletion
