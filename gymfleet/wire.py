@@ -228,17 +228,36 @@ def _item_tag(value: Any) -> str:
     return item_type if item_type in _TYPED_ITEMS else "other"
 
 
-def item_union(message: type, call: type, reasoning: type) -> Any:
+def item_union(message: type, call: type, reasoning: type, prompt_message: type | None = None) -> Any:
     """The item union of `input` or `output` with these models for messages, tool calls and reasoning (the
-    `nemo_gym` surface builds NeMo-Gym's item classes into it)."""
-    return Annotated[
-        Annotated[message, Tag("message")]
-        | Annotated[call, Tag("function_call")]
-        | Annotated[FunctionCallOutput, Tag("function_call_output")]
-        | Annotated[reasoning, Tag("reasoning")]
-        | Annotated[OtherItem, Tag("other")],
-        Discriminator(_item_tag),
-    ]
+    `nemo_gym` surface builds NeMo-Gym's item classes into it). With `prompt_message`, a message item that is no
+    model output (NeMo-Gym's rule: a user, system or developer role, or content that does not start with an
+    `output_text` or `refusal` part, or empty content without an `id`) validates into that model instead: NeMo-Gym's
+    local agents return the prompt's messages in a response's `output`."""
+    items = (Annotated[message, Tag("message")] | Annotated[call, Tag("function_call")]
+             | Annotated[FunctionCallOutput, Tag("function_call_output")] | Annotated[reasoning, Tag("reasoning")]
+             | Annotated[OtherItem, Tag("other")])
+    if prompt_message is None:
+        return Annotated[items, Discriminator(_item_tag)]
+    return Annotated[items | Annotated[prompt_message, Tag("prompt_message")], Discriminator(_output_item_tag)]
+
+
+_OUTPUT_PARTS = frozenset({"output_text", "refusal"})
+
+
+def _output_item_tag(value: Any) -> str:
+    tag = _item_tag(value)
+    if tag != "message" or not isinstance(value, dict):
+        return "prompt_message" if isinstance(value, InputMessage) else tag
+    content = value.get("content")
+    if value.get("role") in ("user", "system", "developer") or not isinstance(content, list):
+        return "prompt_message"
+    if not content:
+        return "message" if isinstance(value.get("id"), str) else "prompt_message"
+    first = content[0]
+    part = (first.get("type") or ("refusal" if "refusal" in first else None)) if isinstance(first, dict) else getattr(
+        first, "type", None)
+    return "message" if part in _OUTPUT_PARTS else "prompt_message"
 
 
 OutputItem = item_union(OutputMessage, FunctionCall, Reasoning)

@@ -57,3 +57,32 @@ def test_chat_params_read_unset_fields_as_defaults_and_send_only_what_was_set():
     assert (params.temperature, params.top_p, params.parallel_tool_calls) == (None, 0.5, True)
     assert params.model_dump(exclude_unset=True) == {"messages": [{"role": "user", "content": "x"}], "top_p": 0.5,
                                                      "custom_field": 1}
+
+
+def test_prompt_messages_in_a_responses_output_validate_as_input_messages_as_under_0_7_0():
+    """NeMo-Gym's local agents return the prompt's messages in `output` (gdpval's recorded rollouts do): those are
+    input messages there; an assistant message whose content starts with output text (or is empty, with an id)
+    stays an output message. The rows of gdpval's recorded rollouts all validate."""
+    import json
+
+    from nemo_gym.openai_utils import NeMoGymEasyInputMessage, NeMoGymResponse, NeMoGymResponseOutputMessage
+
+    text = [{"type": "output_text", "text": "a", "annotations": []}]
+    cases = [  # (item, the class it validates into)
+        ({"type": "message", "role": "system", "content": "be brief"}, NeMoGymEasyInputMessage),
+        ({"role": "user", "content": [{"type": "input_text", "text": "q"}]}, NeMoGymEasyInputMessage),
+        ({"type": "message", "role": "assistant", "content": "plain"}, NeMoGymEasyInputMessage),
+        ({"type": "message", "role": "assistant", "content": []}, NeMoGymEasyInputMessage),
+        ({"type": "message", "role": "assistant", "content": [], "id": "m"}, NeMoGymResponseOutputMessage),
+        ({"type": "message", "role": "assistant", "content": text, "id": "m"}, NeMoGymResponseOutputMessage),
+        ({"type": "message", "role": "assistant", "content": [{"refusal": "no", "type": "refusal"}], "id": "m"},
+         NeMoGymResponseOutputMessage),
+        (NeMoGymEasyInputMessage(role="developer", content="rules"), NeMoGymEasyInputMessage),
+    ]
+    response = NeMoGymResponse(id="r", created_at=0, model="m", output=[item for item, _ in cases])
+    assert [type(item) for item in response.output] == [cls for _, cls in cases]
+    assert response.output_text == "a", "prompt messages are no output text"
+    rollouts = nemo_gym_wheel() / "resources_servers" / "gdpval" / "data" / "example_rollouts.jsonl"
+    for line in rollouts.read_text().splitlines():
+        assert any(isinstance(item, NeMoGymEasyInputMessage)
+                   for item in NeMoGymResponse.model_validate(json.loads(line)["response"]).output)

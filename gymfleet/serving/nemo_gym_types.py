@@ -134,7 +134,9 @@ class NeMoGymMessage(NeMoGymEasyInputMessage):
 
 
 NeMoGymResponseOutputItem = item_union(NeMoGymResponseOutputMessage, NeMoGymResponseFunctionToolCall,
-                                       NeMoGymResponseReasoningItem)
+                                       NeMoGymResponseReasoningItem, prompt_message=NeMoGymEasyInputMessage)
+"""A response's `output` item; as under NeMo-Gym 0.7.0, a prompt message there (a local agent's trajectory holds
+them) is a `NeMoGymEasyInputMessage`, not a refused assistant message."""
 NeMoGymResponseInputItem = item_union(NeMoGymEasyInputMessage, InputFunctionCall, InputReasoning)
 
 
