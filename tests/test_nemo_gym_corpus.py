@@ -125,7 +125,10 @@ def test_a_field_set_from_a_setting_nobody_gave_is_named_as_what_the_folder_need
     refused = "x.api_key.str: Input should be a valid string (got None)"
     assert _unset_setting(config, refused) == ("needs service_api_key (an external service's key or setting: "
                                                "+service_api_key=...)")
-    assert _unset_setting(config, "x.other: Field required") is None
+    assert _unset_setting(config, "x.other: Field ok") is None
+    required = "invalid C config for NeMo-Gym folder F:\n  x.key: Field required (got {})\n  x.cx: Field required"
+    assert _unset_setting(config, required).startswith("needs key, cx (settings its config class requires and its "
+                                                       "YAML leaves to the user: ++<instance>.resources_servers.")
 
 
 def test_a_folder_config_gets_what_the_files_it_includes_give_its_instance():

@@ -459,11 +459,16 @@ def _tests(folder: Path, scratch: Path, result: FolderResult, requirements: str)
 
 def _unset_setting(config: Path | None, text: str) -> str | None:
     """"needs <setting>" when a field the failure names is set in the folder's config from a setting nobody gave
-    (`api_key: ${oc.select:artificial_analysis_api_key,null}` refused as None)."""
+    (`api_key: ${oc.select:artificial_analysis_api_key,null}` refused as None), or is required by the folder's config
+    class and not in its YAML at all (google_search's `google_api_key`, `google_cx`)."""
     found = re.findall(r"^\s*(\w+):\s*\$\{oc\.select:([\w.]+),\s*null\}", config.read_text(), re.M) if config else []
     for name, setting in found:
         if re.search(rf"\.{name}(\.\S+)?: ", text):
             return f"needs {setting} (an external service's key or setting: +{setting}=...)"
+    required = dict.fromkeys(re.findall(r"^\s*[\w-]+\.(\w+): Field required", text, re.M))
+    if required:  # fields the folder's config class requires and its YAML leaves to the user (env.yaml)
+        return (f"needs {', '.join(required)} (settings its config class requires and its YAML leaves to the user: "
+                f"++<instance>.resources_servers.<folder>.{next(iter(required))}=...)")
     return None
 
 
