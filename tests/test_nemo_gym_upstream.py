@@ -12,12 +12,15 @@ not type the next request's bug.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
+import aiohttp
 import httpx
 import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from gymfleet.serving.nemo_gym_client import HTTPStatusError
 from gymfleet.serving.nemo_gym_server import host_class_for
 from gymfleet.testing import free_port, serve
 from gymfleet.testing.fleets import server_block
@@ -28,7 +31,7 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.openai_utils import NeMoGymResponse
-from nemo_gym.server_utils import get_response_json
+from nemo_gym.server_utils import get_response_json, raise_for_status
 from responses_api_models.scripted_model.app import ScriptedModel
 
 SCRIPT = {"name": "judge", "rules": [{"match": "S400", "status": 400}, {"match": "S500", "status": 500}],
@@ -143,3 +146,38 @@ def test_what_no_failed_call_explains_stays_the_folders_own(folder_url):
         bug = httpx.post(f"{folder_url}{path}", json=body, timeout=60)
         assert bug.status_code == 500 and bug.json()["error_type"] == "server_error", bug.text
         assert "a bug of the folder's own" in bug.json()["detail"], "the previous request's failed call is not kept"
+
+
+class _Stream:
+    async def read(self) -> bytes:
+        return b'{"error": "slow down"}'
+
+
+class _ForeignResponse:
+    """A non-2xx response that is not `ServerClient`'s (an aiohttp one, or a folder test's stand-in)."""
+
+    ok = False
+    status = 429
+    content = _Stream()
+    request_info = SimpleNamespace(url="http://judge/v1/responses")
+
+    async def read(self) -> bytes:
+        return b"the body read() gives, which raise_for_status does not read"
+
+
+class _ForeignRaising(_ForeignResponse):
+    def raise_for_status(self) -> None:
+        raise aiohttp.ClientResponseError(request_info=self.request_info, history=(), status=429, message="Too Many")
+
+
+async def test_raise_for_status_treats_a_foreign_response_as_nemo_gym_does():
+    """longmemeval's test hands `raise_for_status` a stand-in: NeMo-Gym reads `content.read()` and raises the
+    object's own `ClientResponseError` with `response_content`; one that raises none gets `HTTPStatusError`."""
+    with pytest.raises(aiohttp.ClientResponseError) as caught:
+        await raise_for_status(_ForeignRaising())
+    assert type(caught.value) is aiohttp.ClientResponseError
+    assert caught.value.response_content == b'{"error": "slow down"}'
+    with pytest.raises(HTTPStatusError) as caught:
+        await raise_for_status(_ForeignResponse())
+    assert (caught.value.status, caught.value.url) == (429, "http://judge/v1/responses")
+    assert caught.value.response_content == b'{"error": "slow down"}'

@@ -162,15 +162,28 @@ class HTTPStatusError(TransportError, aiohttp.ClientResponseError):
 
 
 async def raise_for_status(response: Any, content: bytes | None = None) -> None:
-    """Raise `HTTPStatusError` (carrying `response_content`) unless `response` is a 2xx (NeMo-Gym reads `ok`)."""
+    """Raise `HTTPStatusError` (carrying `response_content`) unless `response` is a 2xx (NeMo-Gym reads `ok`).
+
+    Another response object (an aiohttp `ClientResponse`, a test's stand-in) is treated as NeMo-Gym 0.7.0 treats
+    it: its body read from `response.content.read()`, then its own `raise_for_status()`, whose
+    `aiohttp.ClientResponseError` is raised with `response_content` set; if it raises none, `HTTPStatusError`."""
     if response.ok:
         return
     if isinstance(response, NeMoGymClientResponse):
         inner = response._response
         raise HTTPStatusError(inner.status, inner.url, inner.body, inner.failure_class, inner.headers)
-    content = content if content is not None else await response.read()
+    if content is None:
+        stream = getattr(response, "content", None)
+        content = await (stream.read() if hasattr(stream, "read") else response.read())
+    if callable(getattr(response, "raise_for_status", None)):
+        try:
+            response.raise_for_status()
+        except aiohttp.ClientResponseError as exc:
+            exc.response_content = content
+            raise
     status = int(response.status)
-    raise HTTPStatusError(status, str(response.url), content, "http_5xx" if status >= 500 else "http_4xx")
+    url = getattr(response, "url", None) or getattr(getattr(response, "request_info", None), "url", "")
+    raise HTTPStatusError(status, str(url), content, "http_5xx" if status >= 500 else "http_4xx")
 
 
 async def get_response_json(response: Any) -> Any:
