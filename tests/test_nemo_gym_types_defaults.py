@@ -86,3 +86,22 @@ def test_prompt_messages_in_a_responses_output_validate_as_input_messages_as_und
     for line in rollouts.read_text().splitlines():
         assert any(isinstance(item, NeMoGymEasyInputMessage)
                    for item in NeMoGymResponse.model_validate(json.loads(line)["response"]).output)
+
+
+def test_every_nemo_gym_model_validates_its_own_dump_back_into_an_equal_one():
+    """A field the `openai` release declares under an alias (`async_`, sent as `async`) is accepted by its name too:
+    `model_validate(x.model_dump()) == x` for every `NeMoGym*` model with such a field (single_step_tool_use's test
+    compares a verify's echo, built from `body.model_dump()`, with the response it sent)."""
+    from pydantic import BaseModel
+
+    from nemo_gym.openai_utils import NeMoGymResponse, NeMoGymResponseFunctionToolCall
+
+    aliased = [cls for cls in vars(ours).values() if isinstance(cls, type) and issubclass(cls, BaseModel)
+               and any(field.alias not in (None, name) for name, field in cls.model_fields.items())]
+    assert NeMoGymResponseFunctionToolCall in aliased
+    for cls in aliased:
+        assert cls.model_config.get("populate_by_name") or cls.model_config.get("validate_by_name"), cls.__name__
+    call = NeMoGymResponseFunctionToolCall(call_id="c", name="f", arguments="{}")
+    response = NeMoGymResponse(id="r", created_at=1, model="m", output=[call], tool_choice="auto")
+    assert NeMoGymResponse.model_validate(response.model_dump()) == response
+    assert NeMoGymResponseFunctionToolCall.model_validate(call.model_dump(by_alias=True)) == call

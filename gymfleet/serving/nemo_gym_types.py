@@ -103,8 +103,11 @@ class NeMoGymResponseOutputMessage(OutputMessage):
 
 
 class NeMoGymResponseFunctionToolCall(FunctionCall):
-    """A tool call item (`type` defaults to `function_call`)."""
+    """A tool call item (`type` defaults to `function_call`). The `openai` release gymfleet runs on declares `async_`
+    (sent as `async`), which 0.7.0's pin (openai 2.44) lacks: its field name is accepted too, so a `model_dump()`
+    validates back into an equal item (as folders' tests compare a verify's echo with what they sent)."""
 
+    model_config = ConfigDict(populate_by_name=True)
     type: Literal["function_call"] = "function_call"
 
 
