@@ -6,6 +6,7 @@ from gymfleet.fleet.config_instances import HEAD_SERVER_KEY_NAME, BaseServerConf
 from gymfleet.serving.nemo_gym_client import (
     SESSION_ID_KEY,
     ServerClient,
+    ServerStatus,
     get_first_server_config_dict,
     get_response_json,
     get_server_url,
@@ -19,6 +20,7 @@ from gymfleet.serving.nemo_gym_types import BaseRunServerInstanceConfig
 
 __all__ = [
     "HEAD_SERVER_KEY_NAME", "SESSION_ID_KEY", "BaseRunServerInstanceConfig", "BaseServer", "BaseServerConfig",
-    "ServerClient", "SimpleServer", "apply_rollout_prefix", "get_first_server_config_dict", "get_response_json",
-    "get_server_url", "is_nemo_gym_fastapi_entrypoint", "raise_for_status", "request", "rollout_path_prefix",
+    "ServerClient", "ServerStatus", "SimpleServer", "apply_rollout_prefix", "get_first_server_config_dict",
+    "get_response_json", "get_server_url", "is_nemo_gym_fastapi_entrypoint", "raise_for_status", "request",
+    "rollout_path_prefix",
 ]

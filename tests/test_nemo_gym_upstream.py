@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import aiohttp
 import httpx
@@ -181,3 +182,16 @@ async def test_raise_for_status_treats_a_foreign_response_as_nemo_gym_does():
         await raise_for_status(_ForeignResponse())
     assert (caught.value.status, caught.value.url) == (429, "http://judge/v1/responses")
     assert caught.value.response_content == b'{"error": "slow down"}'
+
+
+def test_poll_for_status_says_whether_a_server_answers_at_all(folder_url):
+    """xstest waits for its judge with `poll_for_status` in `setup_webserver`: any answer is "success"."""
+    from nemo_gym.server_utils import ServerClient
+
+    fleet = {"up": server_block("responses_api_models", "impl", folder_url),
+             "down": server_block("responses_api_models", "impl", f"http://127.0.0.1:{free_port()}"),
+             "head_server": {"host": "127.0.0.1", "port": urlsplit(folder_url).port}}
+    client = ServerClient(global_config_dict=fleet)
+    assert [client.poll_for_status(name, timeout_seconds=5) for name in ("up", "down", "head_server", "nobody")] == [
+        "success", "connection_error", "success", "unknown_error"]
+    assert client._build_server_base_url(fleet["head_server"]) == folder_url

@@ -32,7 +32,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from http.cookies import SimpleCookie
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 import aiohttp
@@ -52,6 +52,8 @@ _SERVED_CONFIG: dict[str, Any] = {}
 """The global config of the fleet this process serves in (set by `gymfleet.serving.nemo_gym_server`)."""
 
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
+ServerStatus = Literal["success", "connection_error", "timeout", "unknown_error"]
+"""What `ServerClient.poll_for_status` answers."""
 RATE_LIMIT_ERROR_CODES = [429, 502, 503, 504, 520]
 """HTTP statuses NeMo-Gym's model clients treat as rate limiting (`nemo_gym.openai_utils`)."""
 RETRY_ERROR_CODES = [*RATE_LIMIT_ERROR_CODES, 404, 408, 500]
@@ -301,6 +303,32 @@ class ServerClient(BaseModel):
         answer = await _noted(fleet.call(method, server_name, path, **arguments), server_name, path,
                               to_model=is_model_server(fleet.config, server_name))
         return NeMoGymClientResponse(answer, method)
+
+    def poll_for_status(self, server_name: str, *, timeout_seconds: float = 5) -> ServerStatus:
+        """Whether instance `server_name` (or `head_server`) answers at all (NeMo-Gym's start-up wait: any HTTP
+        answer is `"success"`, whatever its status); else `"connection_error"`, `"timeout"` or `"unknown_error"`.
+        Blocking, as NeMo-Gym's: folders call it from `setup_webserver`."""
+        import httpx
+
+        try:
+            if server_name == "head_server":
+                url = self._build_server_base_url(_plain(self.global_config_dict)["head_server"])
+            else:
+                url = self.base_url(server_name)
+            httpx.get(url, timeout=timeout_seconds)
+        except httpx.ConnectError:
+            return "connection_error"
+        except httpx.TimeoutException:
+            return "timeout"
+        except Exception:  # noqa: BLE001 - NeMo-Gym's answer for anything else (an unknown name included)
+            log.warning("poll_for_status(%r) failed", server_name, exc_info=True)
+            return "unknown_error"
+        return "success"
+
+    @staticmethod
+    def _build_server_base_url(server_config_dict: Any) -> str:
+        """`http://host:port` of one instance's fields (NeMo-Gym's helper; folders call it)."""
+        return f"http://{server_config_dict['host']}:{server_config_dict['port']}"
 
     async def get(self, server_name: str, url_path: str, **options: Any) -> NeMoGymClientResponse:
         return await self.request(server_name, url_path, "GET", **options)
