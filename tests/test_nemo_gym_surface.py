@@ -8,7 +8,7 @@ import itertools
 import json
 import random
 from http.cookies import SimpleCookie
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -301,6 +301,19 @@ def test_a_folder_config_that_forbids_extra_keys_gets_its_yaml_not_gymfleets_own
     assert host.config.num_replicas == 1, "gymfleet still reads its own fields"
     with pytest.raises(ConfigError, match=r"strict\.unknown_key: Extra inputs are not permitted"):
         host_class_for(_StrictServer)({**given, "unknown_key": 1}, {})
+
+
+class _OneWorkerConfig(_TinyConfig):
+    num_workers: Literal[1] = 1  # terminal_bench_4 narrows the base class's Optional[int]
+
+
+class _OneWorkerServer(_TinyServer):
+    config: _OneWorkerConfig
+
+
+def test_a_field_the_folder_narrows_gets_the_folders_default_where_the_yaml_gives_none():
+    given = {"host": "127.0.0.1", "port": 1, "entrypoint": "app.py", "name": "one", "answer": "7"}
+    assert host_class_for(_OneWorkerServer)(given, {}).folder.config.num_workers == 1
 
 
 async def test_judge_failsafe_answers_a_judge_error_with_nemo_gyms_row():

@@ -207,10 +207,12 @@ def _folder_fields(config: NeMoGymHostConfig, config_class: type[BaseModel]) -> 
     """What the folder's config class validates: the fields the config gave (its YAML, the host and port the fleet
     chose) and the fields the class declares, as NeMo-Gym hands it its instance config; not gymfleet's defaults for
     fields of its own (`num_replicas`, `max_request_body_mb`, ...), which a folder whose config forbids extra keys
-    (`extra="forbid"`) would refuse."""
+    (`extra="forbid"`) would refuse, nor gymfleet's unset None for a field the folder's class narrows
+    (terminal_bench_4's `num_workers: Literal[1] = 1`)."""
     everything = config.model_dump(mode="json")
     given = config.model_dump(mode="json", exclude_unset=True)
-    return {**{name: everything[name] for name in config_class.model_fields if name in everything}, **given}
+    return {**{name: everything[name] for name in config_class.model_fields  # None: the folder's own default applies
+               if everything.get(name) is not None}, **given}
 
 
 def folder_hash(folder: Path) -> str:
