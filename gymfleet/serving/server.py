@@ -256,8 +256,13 @@ class Server:
         Raises:
             Exception: what `warm_up` raised (on every call: the server cannot serve those requests).
         """
-        if self._warming is not None:
-            await asyncio.shield(self._warming)  # a waiting request that is cancelled must not cancel the warm-up
+        warming = self._warming
+        if warming is None:
+            return
+        if warming.done():  # every request after the warm-up: no shield future per request
+            warming.result()  # a failed warm-up raises here, on every call
+            return
+        await asyncio.shield(warming)  # a waiting request that is cancelled must not cancel the warm-up
 
     def _start_warm_up(self) -> None:
         loop = asyncio.get_running_loop()
