@@ -177,9 +177,9 @@ class ClientLimits:
 
     limit: int = 102_400
     limit_per_host: int = 16_384
-    keepalive_timeout_s: float = 25.0
-    """Idle pooled connections live this long: under the servers' 30 s keep-alive (so we never reuse a connection
-    the server is closing) but long enough that a rollout's later calls reuse its earlier connections."""
+    keepalive_timeout_s: float = connections.CLIENT_KEEP_ALIVE_S
+    """Idle pooled connections live this long: under every server's keep-alive, so the client never reuses a
+    connection the server is closing (`gymfleet.connections.CLIENT_KEEP_ALIVE_S`)."""
 
 
 _limits = ClientLimits()

@@ -15,6 +15,7 @@ from pathlib import Path
 import uvicorn
 import yaml
 
+from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import GymfleetError
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.launch import raise_nofile_limit
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {exc}")
     raise_nofile_limit()
     uvicorn.run(server.create_app(), host=args.host, port=args.port, log_level="warning", backlog=8192,
-                timeout_graceful_shutdown=2, proxy_headers=False)  # no proxy in front: X-Forwarded-For is a claim
+                timeout_keep_alive=SERVER_KEEP_ALIVE_S, timeout_graceful_shutdown=2,
+                proxy_headers=False)  # no proxy in front: X-Forwarded-For is a claim
 
 
 if __name__ == "__main__":

@@ -49,6 +49,10 @@ def _flaky_app() -> FastAPI:
         await asyncio.sleep(5)
         return {}
 
+    @app.get("/port")
+    async def port(request: Request):
+        return {"port": request.client.port}
+
     @app.get("/cookie")
     async def cookie(response: Response):
         response.set_cookie("a___b", "signed.value")
@@ -160,6 +164,35 @@ async def test_waiting_for_a_free_pooled_connection_is_not_a_connect_timeout(url
     assert not isinstance(queued, BaseException), queued
     assert queued.json()["body"] == {"q": 1}
     assert asyncio.get_running_loop().time() - started >= 0.9, "the second request waited for the only connection"
+
+
+def test_client_pools_let_go_of_idle_connections_before_any_server_closes_them():
+    """A server closing an idle keep-alive connection while a client picks it from its pool makes the client's
+    request fail unread (a reset, "Can not write request body"), which a POST must not retry. So gymfleet's pool
+    keeps an idle connection for less than uvicorn's default keep-alive (vLLM's, and most Python servers'), and
+    every server gymfleet starts keeps one longer than gymfleet's pool and aiohttp's default (NeMo-RL's client)."""
+    import uvicorn
+
+    from gymfleet.fleet.launch import _uvicorn_config
+
+    app = FastAPI()
+    client_idle_s = http.ClientLimits().keepalive_timeout_s
+    assert client_idle_s < uvicorn.Config(app).timeout_keep_alive
+    aiohttp_default_s = 15.0  # aiohttp's documented default keepalive_timeout
+    for server_idle_s in (_uvicorn_config(app, access_log=False).timeout_keep_alive, connections.SERVER_KEEP_ALIVE_S):
+        assert server_idle_s > max(client_idle_s, aiohttp_default_s)
+
+
+async def test_an_idle_pooled_connection_is_reused_within_the_keep_alive_and_dropped_past_it(url, monkeypatch):
+    monkeypatch.setattr(http, "_limits", http.ClientLimits(keepalive_timeout_s=0.3))
+
+    async def port() -> int:
+        return (await http.request("GET", f"{url}/port", retry=http.NO_RETRY)).json()["port"]
+
+    first = await port()
+    assert await port() == first, "a connection idle for less than the keep-alive is reused"
+    await asyncio.sleep(0.6)
+    assert await port() != first, "a connection idle past the client's keep-alive is closed, not reused"
 
 
 async def test_a_burst_opens_connections_a_bounded_number_at_a_time(url, monkeypatch):

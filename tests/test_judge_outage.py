@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import uvicorn
 
 from gymfleet.testing import free_port, running_fleet, serve
@@ -127,7 +128,9 @@ def collect_through_an_outage(judge: JudgeUpstream, policy_url: str, tmp_path: P
         collector = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + WAIT_S
         while len(lines(output)) < 8:
-            assert collector.poll() is None, "the collection ended before the judge went down"
+            if collector.poll() is not None:
+                pytest.fail("the collection ended before the judge went down: "
+                            + b"".join(collector.communicate()).decode()[-3000:])
             assert time.monotonic() < deadline, "no rollouts finished"
             time.sleep(0.05)
         judge.stop()  # the judge goes down mid-collection

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
 from gymfleet.fleet.config import client_limits
 from gymfleet.fleet.config_checks import validate_fields
@@ -254,9 +255,6 @@ def raise_nofile_limit() -> None:
     raise_open_files_limit()
 
 
-KEEP_ALIVE_S = 30  # longer than clients' keep-alive (gymfleet.http's 25 s), so clients close idle connections first
-
-
 def _uvicorn_config(app: Any, access_log: bool) -> uvicorn.Config:
     import uvicorn
 
@@ -264,7 +262,7 @@ def _uvicorn_config(app: Any, access_log: bool) -> uvicorn.Config:
         app,
         log_level="info" if access_log else "warning",
         access_log=access_log,
-        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,  # clients close idle connections first
         timeout_graceful_shutdown=2,
         backlog=8192,
         lifespan="on",

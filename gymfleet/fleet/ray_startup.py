@@ -43,6 +43,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.credential import answers_as
@@ -196,7 +197,8 @@ class RayStartup:
                         bind_host, node_ip)
         self._head_socket = bind_socket(bind_host, int(head["port"]), "head_server.port", assigned_if_unset=False)
         app = create_head_app(self.config, self.process_table, self.replica_table, token=self.credential.head_token)
-        server_config = uvicorn.Config(app, log_level="warning", lifespan="off", proxy_headers=False)
+        server_config = uvicorn.Config(app, log_level="warning", lifespan="off", proxy_headers=False,
+                                       timeout_keep_alive=SERVER_KEEP_ALIVE_S)
         self._head = uvicorn.Server(server_config)
         self._head_thread = threading.Thread(target=self._head.run, kwargs={"sockets": [self._head_socket]},
                                              name="head-server", daemon=True)

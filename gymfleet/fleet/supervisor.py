@@ -46,6 +46,7 @@ import weakref
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import ports
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
@@ -213,7 +214,8 @@ class Fleet(ServerStart, Readiness, Watched):
         from gymfleet.fleet.head import create_head_app
 
         app = create_head_app(self.config, self.process_table, token=self.credential.head_token)
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", proxy_headers=False)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", proxy_headers=False,
+                                timeout_keep_alive=SERVER_KEEP_ALIVE_S)
         self._head = uvicorn.Server(config)
         self._head_thread = threading.Thread(
             target=self._head.run, kwargs={"sockets": [self._head_socket]}, name="head-server", daemon=True

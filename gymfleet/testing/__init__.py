@@ -27,6 +27,7 @@ from typing import Any
 
 import uvicorn
 
+from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.wire import make_response  # noqa: F401  (tests build responses with it from here)
 
 
@@ -80,7 +81,8 @@ def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, proxy_headers=False)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, proxy_headers=False,
+                            timeout_keep_alive=SERVER_KEEP_ALIVE_S)
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
