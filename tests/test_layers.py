@@ -16,8 +16,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "gymfleet"
 LAYERS = ["root", "grading", "serving", "fleet", "rollouts", "testing", "cli"]
-ROOT_MODULES = {"__init__", "auth", "connections", "errors", "http", "replicas", "metrics", "wire", "progress",
-                "masking"}
+ROOT_MODULES = {"__init__", "auth", "connections", "errors", "http", "http_types", "replicas", "metrics", "wire",
+                "openai_items", "progress", "masking"}
 
 
 def _module_name(path: Path) -> str:
