@@ -6,11 +6,13 @@ Imported after the script has put the repository root on `sys.path` (each script
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,21 @@ from gymfleet import http
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.collect import CollectionSummary, collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig
+from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper
+
+
+@contextlib.contextmanager
+def started_fleet(config: dict[str, Any]) -> Iterator[tuple[RunHelper, float]]:
+    """The fleet `config` describes, started by `RunHelper` as NeMo-RL starts one, and the seconds it took to come
+    up. On leaving the block normally the fleet is polled (a server that died fails the run), then shut down."""
+    rh = RunHelper()
+    started = time.perf_counter()
+    rh.start(GlobalConfigDictParserConfig(initial_global_config_dict=config, skip_load_from_cli=True))
+    try:
+        yield rh, time.perf_counter() - started
+        rh.poll()
+    finally:
+        rh.shutdown()
 
 
 class Sampler:

@@ -37,10 +37,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import Sampler  # noqa: E402
+from bench._common import Sampler, started_fleet  # noqa: E402
 from gymfleet import auth, http  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
-from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper  # noqa: E402
+from nemo_gym.cli import RunHelper  # noqa: E402
 from nemo_gym.rollout_collection import RolloutCollectionHelper  # noqa: E402
 from nemo_gym.server_utils import BaseServerConfig  # noqa: E402
 from resources_servers.example_weather.app import FORECASTS  # noqa: E402
@@ -188,19 +188,11 @@ def admission_limit(rh: RunHelper) -> str:
 
 def one_setting(args: argparse.Namespace, bound: int | None) -> dict:
     """A fresh fleet with the agent bounded at `bound` (None: its default), one batch of rollouts, its numbers."""
-    rh = RunHelper()
-    started = time.perf_counter()
-    rh.start(GlobalConfigDictParserConfig(initial_global_config_dict=fleet_config(free_port(), bound),
-                                          skip_load_from_cli=True))
-    try:
-        spin_up_s = time.perf_counter() - started
+    with started_fleet(fleet_config(free_port(), bound)) as (rh, spin_up_s):
         limit = admission_limit(rh)
         rows = nemo_rl_rows(args.rollouts, args.generations)
         with PeakRSS(instance_pids(rh.head_server_config)) as rss:
             stats = asyncio.run(run(rows, rh.head_server_config))
-        rh.poll()
-    finally:
-        rh.shutdown()
     return {"limit": limit, "spin_up_s": spin_up_s, "stats": stats, "rss": rss}
 
 

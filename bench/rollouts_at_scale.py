@@ -57,12 +57,13 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from bench._common import started_fleet  # noqa: E402
 from bench.nemo_rl_rollouts import PeakRSS  # noqa: E402
 from gymfleet import auth, http  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
 from gymfleet.fleet.launch import raise_nofile_limit  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
-from nemo_gym.cli import GlobalConfigDictParserConfig, RunHelper  # noqa: E402
+from nemo_gym.cli import RunHelper  # noqa: E402
 from nemo_gym.rollout_collection import RolloutCollectionHelper  # noqa: E402
 from resources_servers.example_weather.app import FORECASTS  # noqa: E402
 
@@ -384,20 +385,12 @@ def hops(rh: RunHelper) -> dict[str, Buckets]:
 
 
 def one_size(size: int, args: argparse.Namespace) -> dict:
-    rh = RunHelper()
-    started = time.perf_counter()
-    rh.start(GlobalConfigDictParserConfig(initial_global_config_dict=fleet_config(free_port(), args),
-                                          skip_load_from_cli=True))
-    try:
-        spin_up_s = time.perf_counter() - started
+    with started_fleet(fleet_config(free_port(), args)) as (rh, spin_up_s):
         rows = nemo_rl_rows(size, args.generations, args.seed)
         print(f"\n{size} rollouts: fleet up in {spin_up_s:.1f}s; sending them all at once", flush=True)
         with FleetMemory(instance_pids(rh)) as rss:
             run = asyncio.run(collect(rows, rh.head_server_config, args.stall_s, args.abort_s))
         latency = hops(rh)
-        rh.poll()
-    finally:
-        rh.shutdown()
     return {"size": size, "spin_up_s": spin_up_s, "run": run, "rss": rss, "hops": latency}
 
 
