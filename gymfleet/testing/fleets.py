@@ -1,7 +1,8 @@
 """Small in-process fleets for tests: real servers, each on its own port, wired by a `global_config` dict.
 
 `served` serves a built server; `server_block` is the config block that names one served instance;
-`judge_fleet` names a judge model; `judged` serves an environment with a judge model behind it (`judged_by`:
+`judge_fleet` names a judge model (`refuses_misspelt_judge`: an environment whose judge's name is misspelt fails at
+start-up); `judged` serves an environment with a judge model behind it (`judged_by`:
 the judge's rules and the config's fields as arguments; `judged_fixtures`: as a test module's `judge_url` and `url`
 fixtures; `url_fixtures`: module fixtures from any such server); `agent_fleet`
 serves a resources server and a model server with an agent in front of them; `post_verify` posts one `/verify`
@@ -12,6 +13,7 @@ an ASGI wrapper in front of a stand-in read a request's body and still pass it o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from gymfleet.errors import ServerRefError
 from gymfleet.testing import serve
 from gymfleet.wire import make_response
 
@@ -34,6 +37,18 @@ def server_block(kind: str, impl: str, url: str) -> dict[str, Any]:
 def judge_fleet(judge_url: str, name: str = "judge_model") -> dict[str, Any]:
     """A `global_config` naming the scripted model served at `judge_url` as the instance `name`."""
     return {name: server_block("responses_api_models", "scripted_model", judge_url)}
+
+
+def refuses_misspelt_judge(server_cls: Any, config: dict[str, Any], fleet: dict[str, Any], *,
+                           match: str = "judge_model", field: str = "judge_model_server") -> Any:
+    """Build `server_cls` with its judge (`config[field]`) misspelt as `judge_modle` in `fleet` (which names
+    `judge_model`) and check that its start-up raises a `ServerRefError` matching `match`; returns the server."""
+    import pytest  # test helpers only: the rest of this module runs without pytest
+
+    server = server_cls({**config, field: "judge_modle"}, fleet)
+    with pytest.raises(ServerRefError, match=match):
+        asyncio.run(server.startup())
+    return server
 
 
 @contextmanager

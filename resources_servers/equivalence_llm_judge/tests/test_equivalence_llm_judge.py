@@ -9,7 +9,6 @@ injection tests fail without the environment's screen.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from pathlib import Path
@@ -19,11 +18,10 @@ import pytest
 import yaml
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.errors import ServerRefError
 from gymfleet.grading.judge import load_prompt, render_prompt
 from gymfleet.grading.judge_input import quote
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
-from gymfleet.testing.fleets import judge_fleet
+from gymfleet.testing.fleets import judge_fleet, refuses_misspelt_judge
 from gymfleet.testing.fleets import post_verify as verify
 from gymfleet.wire import Response, ResponseCreateParams
 from resources_servers.equivalence_llm_judge.app import (
@@ -486,9 +484,7 @@ def test_config_errors_fail_at_startup(judge):
         EquivalenceLlmJudgeServer({**base, "response_extract_regex": "Answer: (["})
     with pytest.raises(ValueError, match="must differ"):
         EquivalenceLlmJudgeServer({**base, "judge_equal_label": "YES", "judge_not_equal_label": "yes"})
-    server = EquivalenceLlmJudgeServer({**base, "judge_model_server": "judge_modle"}, judge_fleet(judge))
-    with pytest.raises(ServerRefError, match="Did you mean 'judge_model'"):
-        asyncio.run(server.startup())
+    refuses_misspelt_judge(EquivalenceLlmJudgeServer, base, judge_fleet(judge), match="Did you mean 'judge_model'")
 
 
 def test_nemo_gym_concurrency_key_is_accepted():

@@ -12,7 +12,7 @@ import yaml
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.testing import free_port, nemo_gym_examples, serve
-from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify
+from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify, refuses_misspelt_judge
 from resources_servers.jailbreak_detection.app import (
     HERE,
     JailbreakDetectionServer,
@@ -286,13 +286,7 @@ def test_nemo_gym_rows(url, row):
 
 
 def test_unknown_judge_name_fails_at_startup(judge_url):
-    import asyncio
-
-    from gymfleet.errors import ServerRefError
-
-    server = JailbreakDetectionServer({**CONFIG, "judge_model_server": "judge_modle"}, judge_fleet(judge_url))
-    with pytest.raises(ServerRefError, match="judge_model"):
-        asyncio.run(server.startup())
+    refuses_misspelt_judge(JailbreakDetectionServer, CONFIG, judge_fleet(judge_url))
 
 
 # ---------------------------------------------------------------------------------------------- pure functions

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from gymfleet.errors import ServerRefError
 from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing.fleets import refuses_misspelt_judge
 from resources_servers.math_with_judge.app import MathWithJudgeServer
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -264,8 +264,7 @@ def test_judge_down_is_a_tagged_row():
 def test_judge_config_is_checked():
     with pytest.raises(ValueError, match="judge_model_server is not set"):
         MathWithJudgeServer({**BASE, "should_use_judge": True})
-    server = MathWithJudgeServer({**BASE, "should_use_judge": True, "judge_model_server": "judge_modle"},
-                                 {"judge_model": {"responses_api_models": {"scripted_model": {"port": 1}}}})
-    with pytest.raises(ServerRefError, match="did you mean|Did you mean"):
-        asyncio.run(server.startup())
+    server = refuses_misspelt_judge(MathWithJudgeServer, {**BASE, "should_use_judge": True},
+                                    {"judge_model": {"responses_api_models": {"scripted_model": {"port": 1}}}},
+                                    match="did you mean|Did you mean")
     server.checker.close()

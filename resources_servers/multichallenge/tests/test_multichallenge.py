@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.errors import JudgeError, ServerRefError
+from gymfleet.errors import JudgeError
 from gymfleet.testing import fleets, free_port, jsonl_rows, make_response, nemo_gym_examples, serve
 from gymfleet.testing.fleets import post_verify as verify
 from resources_servers.multichallenge.app import MultichallengeServer, read_yes_no, render_context
@@ -335,9 +335,7 @@ def test_judge_down_is_a_tagged_row_and_a_bad_name_fails_at_startup():
     with serve(MultichallengeServer(BASE, fleet).create_app()) as base:
         result = verify(base, ROWS[0], "Certified gluten-free oats.")
         assert result["_ng_failure_class"] == "judge_failed" and "cannot reach" in result["failure"]
-    server = MultichallengeServer({**BASE, "judge_model_server": "judge_modle"}, fleet)
-    with pytest.raises(ServerRefError, match="judge_model"):
-        asyncio.run(server.startup())
+    fleets.refuses_misspelt_judge(MultichallengeServer, BASE, fleet)
 
 
 @pytest.mark.parametrize(

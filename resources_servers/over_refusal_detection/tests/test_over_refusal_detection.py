@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import re
@@ -13,9 +12,8 @@ import pytest
 import yaml
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.errors import ServerRefError
 from gymfleet.testing import free_port, nemo_gym_examples, serve
-from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify
+from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify, refuses_misspelt_judge
 from resources_servers.over_refusal_detection.app import OverRefusalDetectionServer, injection_reasons, score
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -135,9 +133,7 @@ def test_nemo_gym_rows(url, row):
 
 
 def test_unknown_judge_name_fails_at_startup(judge_url):
-    server = OverRefusalDetectionServer({**CONFIG, "judge_model_server": "judge_modle"}, judge_fleet(judge_url))
-    with pytest.raises(ServerRefError, match="judge_model"):
-        asyncio.run(server.startup())
+    refuses_misspelt_judge(OverRefusalDetectionServer, CONFIG, judge_fleet(judge_url))
 
 
 @pytest.mark.parametrize(
