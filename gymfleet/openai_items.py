@@ -5,7 +5,8 @@ package's `__init__` (its client, httpx, every type of the API), about a second 
 fork. tests/test_wire.py checks they validate and dump as the installed package's classes do. They keep its class
 names, which a 422 shows in an error's location (`content.0.ResponseOutputText.text`).
 
-`gymfleet.wire` widens the three item models with the training token fields and re-exports them all.
+`gymfleet.wire` widens the three item models with the training token fields (`OutputMessage`, `FunctionCall`,
+`Reasoning`).
 """
 
 from __future__ import annotations

@@ -27,23 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from gymfleet.openai_items import (  # noqa: F401  (re-exported: the item models' names are wire's)
-    AnnotationContainerFileCitation,
-    AnnotationFileCitation,
-    AnnotationFilePath,
-    AnnotationURLCitation,
-    CallerDirect,
-    CallerProgram,
-    Content,
-    Logprob,
-    LogprobTopLogprob,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputRefusal,
-    ResponseOutputText,
-    ResponseReasoningItem,
-    Summary,
-)
+from gymfleet.openai_items import ResponseFunctionToolCall, ResponseOutputMessage, ResponseReasoningItem
 
 log = logging.getLogger(__name__)
 
