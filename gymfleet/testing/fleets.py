@@ -2,13 +2,13 @@
 
 `served` serves a built server; `server_block` is the config block that names one served instance;
 `judge_fleet` names a judge model (`refuses_misspelt_judge`: an environment whose judge's name is misspelt fails at
-start-up); `judged` serves an environment with a judge model behind it (`judged_by`:
-the judge's rules and the config's fields as arguments; `judged_fixtures`: as a test module's `judge_url` and `url`
-fixtures; `url_fixtures`: module fixtures from any such server); `agent_fleet`
-serves a resources server and a model server with an agent in front of them; `post_verify` posts one `/verify`
-and checks its status; `datasets_config` writes a config giving a recipe's agent its datasets; `buffer_body` lets
-an ASGI wrapper in front of a stand-in read a request's body and still pass it on. The servers are passed in
-(built by the test), so this module imports no environment, model or agent.
+start-up; `unjudged_answers`: the answers a judged environment scores without its judge); `judged` serves an
+environment with a judge model behind it (`judged_by`: the judge's rules and the config's fields as arguments;
+`judged_fixtures`: as a test module's `judge_url` and `url` fixtures; `url_fixtures`: module fixtures from any such
+server); `agent_fleet` serves a resources server and a model server with an agent in front of them; `post_verify`
+posts one `/verify` and checks its status; `datasets_config` writes a config giving a recipe's agent its datasets;
+`buffer_body` lets an ASGI wrapper in front of a stand-in read a request's body and still pass it on. The servers
+are passed in (built by the test), so this module imports no environment, model or agent.
 """
 
 from __future__ import annotations
@@ -49,6 +49,21 @@ def refuses_misspelt_judge(server_cls: Any, config: dict[str, Any], fleet: dict[
     with pytest.raises(ServerRefError, match=match):
         asyncio.run(server.startup())
     return server
+
+
+def unjudged_answers(answer: str, too_long: str) -> Any:
+    """`pytest.mark.parametrize("text, skipped", ...)` over the answers a judged environment scores 0 without
+    asking its judge: none at all (empty, blank, no message, only a think block, an unclosed one) is
+    `empty_response`; `too_long` (longer than the environment's bound) is `response_too_long`."""
+    import pytest  # test helpers only: the rest of this module runs without pytest
+
+    return pytest.mark.parametrize(
+        ("text", "skipped"),
+        [("", "empty_response"), ("   \n ", "empty_response"), (None, "empty_response"),
+         (f"<think>{answer}</think>\n", "empty_response"), (f"<think>{answer}", "empty_response"),
+         (too_long, "response_too_long")],
+        ids=["empty", "blank", "no-message", "only-think-block", "unclosed-think", "huge"],
+    )
 
 
 @contextmanager

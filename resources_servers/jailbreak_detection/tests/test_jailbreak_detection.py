@@ -12,7 +12,7 @@ import yaml
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.testing import free_port, nemo_gym_examples, serve
-from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify, refuses_misspelt_judge
+from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify, refuses_misspelt_judge, unjudged_answers
 from resources_servers.jailbreak_detection.app import (
     HERE,
     JailbreakDetectionServer,
@@ -195,13 +195,7 @@ def test_unknown_policy_uses_the_legacy_path(url):
     assert (result["reward"], result["reward_path"], result["response_policy"]) == (0.3, "legacy", None)
 
 
-@pytest.mark.parametrize(
-    ("text", "skipped"),
-    [("", "empty_response"), ("   \n ", "empty_response"), (None, "empty_response"),
-     (f"<think>{GOOD}</think>\n", "empty_response"), (f"<think>{GOOD}", "empty_response"),
-     (GOOD + " x" * 20_000, "response_too_long")],
-    ids=["empty", "blank", "no-message", "only-think-block", "unclosed-think", "huge"],
-)
+@unjudged_answers(GOOD, too_long=GOOD + " x" * 20_000)
 def test_no_judge_call_for_empty_or_huge_answers(url, text, skipped):
     result = verify(url, ROW["refusal_with_explanation"], text)
     assert (result["reward"], result["judge_skipped"], result["judge_provenance"]) == (0.0, skipped, [])

@@ -13,7 +13,7 @@ import yaml
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.testing import free_port, nemo_gym_examples, serve
-from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify, refuses_misspelt_judge
+from gymfleet.testing.fleets import judge_fleet, judged_fixtures, post_verify, refuses_misspelt_judge, unjudged_answers
 from resources_servers.over_refusal_detection.app import OverRefusalDetectionServer, injection_reasons, score
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -72,13 +72,7 @@ def test_verdicts(url, text, reward, verdict):
     assert "_ng_failure_class" not in result and result["category"] == ROWS[0]["category"]
 
 
-@pytest.mark.parametrize(
-    ("text", "skipped"),
-    [("", "empty_response"), (" \n", "empty_response"), (None, "empty_response"),
-     (f"<think>{ANSWER}</think>", "empty_response"), (f"<think>{ANSWER}", "empty_response"),
-     (ANSWER + " more" * 10_000, "response_too_long")],
-    ids=["empty", "blank", "no-message", "only-think-block", "unclosed-think", "huge"],
-)
+@unjudged_answers(ANSWER, too_long=ANSWER + " more" * 10_000)
 def test_no_judge_call_for_empty_or_huge_answers(url, text, skipped):
     result = verify(url, ROWS[0], text)
     assert (result["reward"], result["judge_skipped"], result["judge_provenance"]) == (0.0, skipped, None)
