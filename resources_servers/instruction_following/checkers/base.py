@@ -224,3 +224,21 @@ class Checker:
     def check(self, text: Text) -> bool:
         """Whether `text` follows the instruction."""
         raise NotImplementedError
+
+
+class CountChecker(Checker):
+    """A count of the response (`count`) compares by the relation kwarg `relation_kwarg` with the threshold kwarg
+    `threshold_kwarg`."""
+
+    threshold_kwarg: ClassVar[str]
+    relation_kwarg: ClassVar[str] = "relation"
+
+    def __init__(self, kwargs: Kwargs) -> None:
+        self.threshold = kwargs.threshold(self.threshold_kwarg)
+        self.relation = kwargs.relation(self.relation_kwarg)
+
+    def count(self, text: Text) -> int:
+        raise NotImplementedError
+
+    def check(self, text: Text) -> bool:
+        return compare(self.count(text), self.relation, self.threshold)

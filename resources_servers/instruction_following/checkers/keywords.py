@@ -11,10 +11,10 @@ import re
 from gymfleet.grading import text as textlib
 from resources_servers.instruction_following.checkers.base import (
     Checker,
+    CountChecker,
     Kwargs,
     NotFollowed,
     Text,
-    compare,
     compile_pattern,
     count_matches,
 )
@@ -32,18 +32,18 @@ class Existence(Checker):
         return all(pattern.search(text.raw) for pattern in self.patterns)
 
 
-class Frequency(Checker):
+class Frequency(CountChecker):
     """`keyword` occurs (matches counted) `relation` ("less than" / "at least") `frequency` times."""
 
     kwargs = ("keyword", "frequency", "relation")
+    threshold_kwarg = "frequency"
 
     def __init__(self, kwargs: Kwargs) -> None:
         self.pattern = compile_pattern(kwargs.string("keyword"), re.IGNORECASE)
-        self.frequency = kwargs.threshold("frequency")
-        self.relation = kwargs.relation("relation")
+        super().__init__(kwargs)
 
-    def check(self, text: Text) -> bool:
-        return compare(count_matches(self.pattern, text.raw), self.relation, self.frequency)
+    def count(self, text: Text) -> int:
+        return count_matches(self.pattern, text.raw)
 
 
 class ForbiddenWords(Checker):
@@ -61,10 +61,12 @@ class ForbiddenWords(Checker):
         return not any(pattern.search(text.raw) for pattern in self.patterns)
 
 
-class LetterFrequency(Checker):
+class LetterFrequency(CountChecker):
     """The lower-cased response holds `letter` `let_relation` `let_frequency` times (letters inside words count)."""
 
     kwargs = ("letter", "let_frequency", "let_relation")
+    threshold_kwarg = "let_frequency"
+    relation_kwarg = "let_relation"
 
     def __init__(self, kwargs: Kwargs) -> None:
         letter = kwargs.values.get("letter")
@@ -77,11 +79,10 @@ class LetterFrequency(Checker):
             raise NotFollowed(f"letter {letter!r} lower-cases to {self.letter!r}")
         if not "a" <= self.letter <= "z":
             raise kwargs.missing("letter", f"not an ASCII letter ({letter!r})")
-        self.frequency = kwargs.threshold("let_frequency")
-        self.relation = kwargs.relation("let_relation")
+        super().__init__(kwargs)
 
-    def check(self, text: Text) -> bool:
-        return compare(text.lower.count(self.letter), self.relation, self.frequency)
+    def count(self, text: Text) -> int:
+        return text.lower.count(self.letter)
 
 
 class WordOnce(Checker):

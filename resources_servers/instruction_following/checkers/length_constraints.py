@@ -5,38 +5,32 @@ from __future__ import annotations
 from resources_servers.instruction_following.checkers.base import (
     DIVIDER,
     Checker,
+    CountChecker,
     Kwargs,
     NotFollowed,
     Text,
-    compare,
     count_pieces,
 )
 
 
-class NumberSentences(Checker):
+class NumberSentences(CountChecker):
     """The Punkt sentence count compares by `relation` with `num_sentences` (line breaks do not end sentences)."""
 
     kwargs = ("num_sentences", "relation")
+    threshold_kwarg = "num_sentences"
 
-    def __init__(self, kwargs: Kwargs) -> None:
-        self.num_sentences = kwargs.threshold("num_sentences")
-        self.relation = kwargs.relation("relation")
-
-    def check(self, text: Text) -> bool:
-        return compare(len(text.punkt_sentences), self.relation, self.num_sentences)
+    def count(self, text: Text) -> int:
+        return len(text.punkt_sentences)
 
 
-class NumberWords(Checker):
+class NumberWords(CountChecker):
     """The word count (runs of word characters: `don't` is 2) compares by `relation` with `num_words`."""
 
     kwargs = ("num_words", "relation")
+    threshold_kwarg = "num_words"
 
-    def __init__(self, kwargs: Kwargs) -> None:
-        self.num_words = kwargs.threshold("num_words")
-        self.relation = kwargs.relation("relation")
-
-    def check(self, text: Text) -> bool:
-        return compare(text.word_count, self.relation, self.num_words)
+    def count(self, text: Text) -> int:
+        return text.word_count
 
 
 class NumberParagraphs(Checker):
