@@ -3,9 +3,11 @@ and the service unharmed (the service still answers; no process of theirs surviv
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -321,10 +323,16 @@ FORGE = ("def forge():\n"
          "            pass\n")
 
 
-def _session(client, **fields) -> str:
+@contextlib.contextmanager
+def _session(client, **fields) -> Iterator[str]:
+    """A session of the sandbox (its id), deleted on leaving the block."""
     created = client.post("/sessions", json=fields)
     assert created.status_code == 200, created.text
-    return created.json()["session_id"]
+    session = created.json()["session_id"]
+    try:
+        yield session
+    finally:
+        client.delete(f"/sessions/{session}")
 
 
 def _exec(client, session: str, code: str, **fields) -> dict:
@@ -335,7 +343,6 @@ def _exec(client, session: str, code: str, **fields) -> dict:
 
 def test_a_thread_left_behind_cannot_forge_the_next_result(client):
     # The thread waits for the next exec to start (a file it writes), then forges a frame while it runs.
-    session = _session(client, timeout_s=5)
     start_thread = (FORGE + "import os, threading, time\n"
                     "def later():\n"
                     "    while not os.path.exists('/workspace/go'):\n"
@@ -343,56 +350,45 @@ def test_a_thread_left_behind_cannot_forge_the_next_result(client):
                     "    forge()\n"
                     "threading.Thread(target=later, daemon=True).start()\n"
                     "print('started')")
-    try:
+    with _session(client, timeout_s=5) as session:
         assert _exec(client, session, start_thread)["stdout"] == "started\n"
         second = _exec(client, session, "import time\nopen('/workspace/go', 'w').close()\ntime.sleep(0.5)\n"
                                         "print('second')")
         assert (second["status"], second["stdout"]) == ("ok", "second\n"), second
         third = _exec(client, session, "print('third')")
         assert (third["status"], third["stdout"]) == ("ok", "third\n"), third  # not off by one
-    finally:
-        client.delete(f"/sessions/{session}")
 
 
 def test_an_exec_cannot_forge_its_own_result(client):
-    session = _session(client, timeout_s=5)
-    try:
+    with _session(client, timeout_s=5) as session:
         forged = _exec(client, session, FORGE + "forge()\nprint('real')\nraise SystemExit(3)")
         assert (forged["status"], forged["return_code"], forged["stdout"]) == ("failed", 3, "real\n"), forged
         assert _exec(client, session, "print('next')")["stdout"] == "next\n"
-    finally:
-        client.delete(f"/sessions/{session}")
 
 
 def test_threads_of_an_exec_do_not_run_between_execs(client):
     # A thread that spins forever: when its exec returns it is gone, so its counter stands still from then on.
-    session = _session(client, timeout_s=5)
     spin = ("import threading\ncount = [0]\n"
             "def spin():\n    while True:\n        count[0] += 1\n"
             "threading.Thread(target=spin, daemon=True).start()\n"
             "while count[0] == 0:\n    pass")
     check = ("import os, threading, time\nbefore = count[0]\ntime.sleep(0.3)\n"
              "print(count[0] == before, threading.active_count(), len(os.listdir('/proc/self/task')))")
-    try:
+    with _session(client, timeout_s=5) as session:
         assert _exec(client, session, spin)["status"] == "ok"
         assert _exec(client, session, check)["stdout"] == "True 1 1\n"
         assert _exec(client, session, "count[0] > 0")["stdout"] == "True\n"  # the state itself is kept
-    finally:
-        client.delete(f"/sessions/{session}")
 
 
 def test_processes_of_an_exec_end_with_it(client):
-    session = _session(client, timeout_s=5)
     leave = ("import subprocess, os\n"
              "child = subprocess.Popen(['sleep', '600'])\n"
              "if os.fork() == 0:\n    os.setsid()\n    import time\n    time.sleep(600)\n    os._exit(0)\n"
              "pid = child.pid")
-    try:
+    with _session(client, timeout_s=5) as session:
         assert _exec(client, session, leave)["status"] == "ok"
         alive = _exec(client, session, "import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())")
         assert len(eval(alive["stdout"])) == 3, alive  # the sandbox's init, the kernel, this worker
-    finally:
-        client.delete(f"/sessions/{session}")
 
 
 PROBE_SUPERVISOR = ("import ctypes, os, sys\n"
@@ -408,12 +404,9 @@ PROBE_SUPERVISOR = ("import ctypes, os, sys\n"
 
 
 def test_the_supervisor_cannot_be_traced_or_read(client):
-    session = _session(client, timeout_s=5)
-    try:
+    with _session(client, timeout_s=5) as session:
         probed = _exec(client, session, PROBE_SUPERVISOR)  # the kernel is the sandbox's pid 2
         assert probed["stdout"] == "ptrace False\nblocked PermissionError\nblocked PermissionError\n", probed
-    finally:
-        client.delete(f"/sessions/{session}")
     code = "import os, sys\nsys.argv.append(str(os.getppid()))\n" + PROBE_SUPERVISOR  # a batch case: its launcher
     results = client.post("/run_batch", json={"code": code, "cases": [{}, {}]}).json()["results"]
     assert [r["stdout"] for r in results] == [probed["stdout"]] * 2, results
