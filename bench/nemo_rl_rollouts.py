@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._common import Sampler, started_fleet  # noqa: E402
+from bench._fleet import instance_pids  # noqa: E402
 from gymfleet import auth, http  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from nemo_gym.cli import RunHelper  # noqa: E402
@@ -122,16 +123,6 @@ class PeakRSS(Sampler):
             self.per_server[name] = max(self.per_server[name], rss)
             self.cpu_s[name] = max(self.cpu_s.get(name, 0.0), cpu_now[name])
         self.fleet = max(self.fleet, total)
-
-
-def instance_pids(head: BaseServerConfig) -> dict[int, str]:
-    """Each server's pid -> its instance name, from the head server (`GET /server_instances`)."""
-    import httpx
-
-    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
-    rows = httpx.get(f"http://{host}:{head.port}/server_instances", timeout=30,
-                     headers=auth.head_headers(host, head.port)).raise_for_status().json()
-    return {row["pid"]: row["process_name"] for row in rows if row.get("pid")}
 
 
 class Stats:

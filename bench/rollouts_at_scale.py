@@ -53,13 +53,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 import psutil  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from bench._common import started_fleet  # noqa: E402
+from bench._fleet import Buckets, instance_pids, scrape, server_urls  # noqa: E402
 from bench.nemo_rl_rollouts import PeakRSS  # noqa: E402
-from gymfleet import auth, http  # noqa: E402
+from gymfleet import http  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
 from gymfleet.fleet.launch import raise_nofile_limit  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
@@ -263,20 +262,6 @@ async def collect(rows: list[dict], head, stall_s: float, abort_s: float) -> Run
 # ---------------------------------------------------------------------------------------------- /metrics hops
 
 
-def head_get(rh: RunHelper, url_path: str, base_url: str | None = None) -> httpx.Response:
-    """GET `url_path` from the head server (or from `base_url`, a server of the same fleet) with the fleet's token."""
-    head = rh.head_server_config
-    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
-    base = base_url or f"http://{host}:{head.port}"
-    response = httpx.get(f"{base}{url_path}", headers=auth.head_headers(head.host, head.port), timeout=60)
-    return response.raise_for_status()
-
-
-def instance_pids(rh: RunHelper) -> dict[int, str]:
-    """Each server's pid -> its instance name, from the head server (`GET /server_instances`)."""
-    return {row["pid"]: row["process_name"] for row in head_get(rh, "/server_instances").json() if row.get("pid")}
-
-
 class FleetMemory(PeakRSS):
     """`PeakRSS`, plus the peak PSS of this client and of the fleet (all its processes), sampled every
     `pss_every_s`: PSS splits the pages forked servers share with the zygote among them, so the fleet's sum counts
@@ -308,59 +293,12 @@ class FleetMemory(PeakRSS):
         return super().__exit__(*exc)
 
 
-def scrape(rh: RunHelper, url: str) -> list:
-    text = head_get(rh, "/metrics", url).text
-    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
-
-
-class Buckets:
-    """A histogram summed over scrapes: cumulative count per upper bound."""
-
-    def __init__(self):
-        self.cumulative: dict[float, float] = defaultdict(float)
-
-    def add(self, sample) -> None:
-        self.cumulative[float(sample.labels["le"])] += sample.value
-
-    def quantile(self, q: float) -> str:
-        """Prometheus' `histogram_quantile`: linear within the bucket that holds the q-th observation."""
-        bounds = sorted(self.cumulative)
-        total = self.cumulative[bounds[-1]] if bounds else 0
-        if not total:
-            return "-"
-        rank, lower, below = q * total, 0.0, 0.0
-        for bound in bounds:
-            count = self.cumulative[bound]
-            if count >= rank:
-                if math.isinf(bound):
-                    return f">{lower:g} s"
-                share = (rank - below) / (count - below) if count > below else 1.0
-                return _seconds(lower + (bound - lower) * share)
-            lower, below = bound, count
-        return "-"
-
-    @property
-    def count(self) -> int:
-        return int(max(self.cumulative.values(), default=0))
-
-
-def _seconds(value: float) -> str:
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
-
-
-def server_urls(rh: RunHelper) -> list[tuple[str, str]]:
-    """(instance, base URL) of every server and, under Ray placement, of every replica (`/server_instances`)."""
-    rows = head_get(rh, "/server_instances").json()
-    return [(row["process_name"], f"http://{replica['host']}:{replica['port']}")
-            for row in rows for replica in (row.get("replicas") or [row])]
-
-
 def hops(rh: RunHelper) -> dict[str, Buckets]:
     """Per-hop latency histograms from every server's (every replica's) `/metrics`, per call attempt."""
     found: dict[str, Buckets] = defaultdict(Buckets)
     agents = {f"{env}_simple_agent" for env in ENVS}
-    for name, url in server_urls(rh):
-        for sample in scrape(rh, url):
+    for name, url in server_urls(rh.head_server_config):
+        for sample in scrape(rh.head_server_config, url):
             if sample.name == "gymfleet_upstream_seconds_bucket":
                 target = sample.labels["target"]
                 if name in agents:
@@ -388,7 +326,7 @@ def one_size(size: int, args: argparse.Namespace) -> dict:
     with started_fleet(fleet_config(free_port(), args)) as (rh, spin_up_s):
         rows = nemo_rl_rows(size, args.generations, args.seed)
         print(f"\n{size} rollouts: fleet up in {spin_up_s:.1f}s; sending them all at once", flush=True)
-        with FleetMemory(instance_pids(rh)) as rss:
+        with FleetMemory(instance_pids(rh.head_server_config)) as rss:
             run = asyncio.run(collect(rows, rh.head_server_config, args.stall_s, args.abort_s))
         latency = hops(rh)
     return {"size": size, "spin_up_s": spin_up_s, "run": run, "rss": rss, "hops": latency}
