@@ -31,8 +31,12 @@ def _config(args: argparse.Namespace) -> SandboxConfig:
 
 
 async def _check(server: SandboxServer) -> None:
+    """What a served sandbox prepares in its warm-up, self-test included; raises its error."""
     await server.startup()
-    await server.shutdown()
+    try:
+        await server.warm_up()
+    finally:
+        await server.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,9 +29,17 @@ only a slot (they may pass a request waiting for memory, so an idle session's ne
 
 Overload is a 429 with `Retry-After` (never a hang); an unknown session is a 404; limits above the configured
 maxima, or a `memory_mb` above the whole memory budget (it could never be admitted), are a 400; a sandbox that
-cannot start is a 503 (infrastructure). The program's own failures are 200s with their status. Isolation is checked
-when the server starts: if bubblewrap cannot run, start-up fails saying how to fix it. Run it with
-`python -m sandbox` or as a fleet instance (`sandbox/configs/sandbox.yaml`).
+cannot start is a 503 (infrastructure). The program's own failures are 200s with their status.
+
+Start-up: the server answers `GET /` (a fleet's readiness probe) as soon as it can take requests, and prepares the
+rest in its warm-up (`SandboxServer.warm_up`, an `async` `Server.warm_up`): the runtime compiled by the sandbox's
+interpreter, memory accounting detected, the fork server and the warm sandboxes started, and the isolation
+self-test (one real run in a real sandbox). Every request that runs, opens or touches a sandbox waits for it,
+counted against the queue (`max_concurrent_runs` + `queue_length` may wait; beyond, a 429), so none is served
+half-prepared. If the self-test fails (bubblewrap missing or unable to make namespaces here), every such request is
+refused with a 500 `isolation_failed` whose detail is the check's error and how to fix it; `python -m sandbox
+--check` runs the same preparation and exits with it. Run it with `python -m sandbox` or as a fleet instance
+(`sandbox/configs/sandbox.yaml`).
 """
 
 from __future__ import annotations
@@ -121,6 +129,10 @@ class SandboxConfig(ServerConfig):
     their tmpfs files and memfds; `sandbox.memory`), `auto` (cgroup where possible, else rss, logged)."""
 
 
+class IsolationFailed(Exception):
+    """The sandbox's warm-up (isolation self-test) failed: every request that needs a sandbox is refused with it."""
+
+
 class SandboxServer(Server):
     """Runs untrusted code."""
 
@@ -136,8 +148,11 @@ class SandboxServer(Server):
                                    self.config.admission_timeout_s)
         self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
         self.runner: Runner | None = None
+        """Set by `warm_up`; requests reach it through `prepared()`."""
         self.sessions: Sessions | None = None
         self._background: list[asyncio.Task] = []
+        self._early = 0
+        """Requests waiting for the warm-up to finish."""
 
     def _memory_budget_mb(self) -> int:
         """The configured `memory_budget_mb`, or a share of the machine's; it must hold one default run.
@@ -154,31 +169,40 @@ class SandboxServer(Server):
                               "use the default", hint="raise memory_budget_mb or lower default_memory_mb")
         return budget
 
-    async def startup(self) -> None:
+    async def warm_up(self) -> None:
+        """Prepare isolation, memory accounting, the fork server and the warm sandboxes, then check isolation with one
+        real run (the module docstring: the server answers `GET /` meanwhile; requests wait for this).
+
+        Raises:
+            ConfigError: isolation does not work here (bubblewrap missing, or it cannot sandbox: the message says how
+                to fix it), or cgroup memory accounting was asked for where none can be made.
+        """
         config = self.config
         prepared = await asyncio.to_thread(
             isolation.prepare, config.isolation, python=config.python, bwrap=config.bwrap,
             workspace_mb=config.workspace_mb, sandbox_uid=config.sandbox_uid, site_packages=config.site_packages,
         )  # fmt: skip
         try:
-            hierarchy = await asyncio.to_thread(cgroups.detect, config.memory_accounting)
-        except cgroups.CgroupUnavailable as exc:
-            prepared.close()
-            raise ConfigError(f"memory_accounting: cgroup, but {exc}",
-                              hint="run the service where it can make memory cgroups, or use auto or rss") from exc
-        pids = await asyncio.to_thread(cgroups.detect_pids, hierarchy) if config.fork_server else None
-        if config.fork_server and pids is None and prepared.pidns:
-            log.warning("no per-run pids cgroup can be made here: one-shot Python runs start a sandbox each instead "
-                        "of being forked (forked runs share a user namespace: RLIMIT_NPROC would count them together)")
-        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy, pids)
-        self.sandbox_metrics.count_cgroups(hierarchy)
-        self.sessions = Sessions(self.runner)
-        if self.runner.warm is not None:
-            self.runner.warm.fill()
-        try:
+            try:
+                hierarchy = await asyncio.to_thread(cgroups.detect, config.memory_accounting)
+            except cgroups.CgroupUnavailable as exc:
+                raise ConfigError(f"memory_accounting: cgroup, but {exc}",
+                                  hint="run the service where it can make memory cgroups, or use auto or rss") from exc
+            pids = await asyncio.to_thread(cgroups.detect_pids, hierarchy) if config.fork_server else None
+            if config.fork_server and pids is None and prepared.pidns:
+                log.warning("no per-run pids cgroup can be made here: one-shot Python runs start a sandbox each "
+                            "instead of being forked (forked runs share a user namespace: RLIMIT_NPROC would count "
+                            "them together)")
+            self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy, pids)
+            self.sandbox_metrics.count_cgroups(hierarchy)
+            self.sessions = Sessions(self.runner)
+            if self.runner.warm is not None:
+                self.runner.warm.fill()
             await self._check_isolation()
-        except BaseException:
-            await self.runner.close()
+        except BaseException:  # a failed check, or the server stopping meanwhile: nothing is left running
+            if self.runner is not None:
+                await self.runner.close()
+            self.runner = self.sessions = None
             prepared.close()
             raise
         self._background = [asyncio.create_task(self.sessions.expire_forever()),
@@ -194,6 +218,27 @@ class SandboxServer(Server):
                               hint=isolation.INSTALL_HINT) from exc
         if result.status != "ok" or result.stdout != "ok\n":
             raise ConfigError(f"the sandbox's self-test failed: {result.model_dump()}", hint=isolation.INSTALL_HINT)
+
+    async def prepared(self) -> Runner:
+        """The runner, once `warm_up` has finished; a request arriving before waits for it, in line with the queue.
+
+        Raises:
+            Overloaded: more requests than the service holds (`max_concurrent_runs` + `queue_length`) wait already.
+            IsolationFailed: the warm-up failed (every request after it is refused the same way).
+        """
+        early = self._warming is not None and not self._warming.done()
+        if early and self._early >= self.admission.max_running + self.admission.max_queued:
+            raise Overloaded("the sandbox is still starting and its queue is full", retry_after_s=1)
+        self._early += early
+        try:
+            await self.warmed()
+        except Exception as exc:  # noqa: BLE001 - the warm-up's own error (a ConfigError saying how to fix it)
+            raise IsolationFailed(str(exc)) from exc
+        finally:
+            self._early -= early
+        if self.runner is None:
+            raise IsolationFailed("the sandbox was not prepared: its app's start-up did not run")
+        return self.runner
 
     async def shutdown(self) -> None:
         for task in self._background:
@@ -216,28 +261,34 @@ class SandboxServer(Server):
         app.add_exception_handler(Overloaded, self._on_overloaded)
         app.add_exception_handler(SessionNotFound, self._on_session_not_found)
         app.add_exception_handler(SandboxStartError, self._on_start_error)
+        app.add_exception_handler(IsolationFailed, self._on_isolation_failed)
 
     async def _run(self, request: Request) -> Response:
         body = validate(RunRequest, await read_json(request))
-        return await _while_connected(request, self.runner.run(body), lambda result: JSONResponse(dump(result)))
+        runner = await self.prepared()
+        return await _while_connected(request, runner.run(body), lambda result: JSONResponse(dump(result)))
 
     async def _run_batch(self, request: Request) -> Response:
         body = validate(BatchRequest, await read_json(request))
-        return await _while_connected(request, self.runner.run_batch(body),
+        runner = await self.prepared()
+        return await _while_connected(request, runner.run_batch(body),
                                       lambda results: JSONResponse(dump(BatchResult(results=results))))
 
     async def _create_session(self, request: Request) -> Response:
         body = validate(SessionRequest, await read_json(request))
+        await self.prepared()
         idle_s = self.config.session_idle_timeout_s
         return await _while_connected(request, self.sessions.create(body), lambda session: JSONResponse(
             dump(SessionCreated(session_id=session.id, idle_timeout_s=idle_s))))
 
     async def _exec(self, request: Request) -> Response:
         body = validate(ExecRequest, await read_json(request))
+        await self.prepared()
         return await _while_connected(request, self.sessions.exec(request.path_params["session_id"], body),
                                       lambda result: JSONResponse(dump(result)))
 
     async def _delete_session(self, request: Request) -> Response:
+        await self.prepared()
         if not await self.sessions.delete(request.path_params["session_id"]):
             raise SessionNotFound(request.path_params["session_id"])
         return JSONResponse({"deleted": True})
@@ -245,11 +296,12 @@ class SandboxServer(Server):
     async def _info(self, request: Request) -> Response:
         fields = ("default_timeout_s", "max_timeout_s", "default_memory_mb", "max_memory_mb", "max_output_bytes",
                   "max_processes", "workspace_mb", "max_sessions")
+        runner = await self.prepared()
         return JSONResponse({
-            "isolation": self.runner.isolation.mode, "python": self.runner.isolation.python,
+            "isolation": runner.isolation.mode, "python": runner.isolation.python,
             "max_concurrent_runs": self.admission.max_running, "queue_length": self.admission.max_queued,
             "memory_budget_mb": self.admission.memory_budget_mb,
-            "memory_accounting": str(self.runner.cgroups or "rss"),
+            "memory_accounting": str(runner.cgroups or "rss"),
             **{name: getattr(self.config, name) for name in fields},
         })  # fmt: skip
 
@@ -261,6 +313,12 @@ class SandboxServer(Server):
     async def _on_session_not_found(self, request: Request, exc: SessionNotFound) -> Response:
         detail = f"no open session {exc}: it was deleted, expired after idling, or ended"
         return JSONResponse({"detail": detail, "error_type": "session_not_found"}, status_code=404)
+
+    async def _on_isolation_failed(self, request: Request, exc: IsolationFailed) -> Response:
+        log.error("%s %s: refused: the sandbox's start-up check failed: %s", request.method, request.url.path, exc)
+        self.metrics.failures.labels("isolation_failed").inc()
+        return JSONResponse({"detail": f"{self.config.name}: {exc}", "error_type": "isolation_failed"},
+                            status_code=500)
 
     async def _on_start_error(self, request: Request, exc: SandboxStartError) -> Response:
         log.error("%s %s: %s", request.method, request.url.path, exc)

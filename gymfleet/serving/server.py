@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import functools
 import gc
+import inspect
 import logging
 import math
 import os
@@ -163,7 +164,9 @@ class Server:
     """What each replica asks of its Ray node when the config gives no `ray_resources` (CPU-heavy servers, such as
     the sandbox and the code environments, ask for more)."""
     _warming: asyncio.Future[None] | None = None
-    """`warm_up` running in its thread (from start-up on; None when the server has none)."""
+    """`warm_up` running in its thread or task (from start-up on; None when the server has none)."""
+    _warm_up_task: asyncio.Task[None] | None = None
+    """An `async` `warm_up`'s task while it runs (cancelled when the server stops first)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -247,7 +250,9 @@ class Server:
         thread once the app has started, so the fleet is ready without it. Every route that needs it awaits
         `warmed()` first (`ResourcesServer` does before `/verify` and each tool), so no request is ever answered
         with it half loaded. What every process of the server shares read-only belongs in `preload` instead.
-        Default: nothing (no thread).
+        A subclass whose warm-up is mostly waiting on its own event loop (starting and checking child processes: the
+        sandbox service) defines it `async def`: it then runs as a task on the server's loop, not in a thread, and
+        is cancelled if the server stops first. Default: nothing (no thread).
         """
 
     async def warmed(self) -> None:
@@ -272,6 +277,28 @@ class Server:
             if not future.done():
                 future.set_exception(error) if error else future.set_result(None)
 
+        def outcome(started: float, error: Exception | None) -> Exception | None:
+            if error is not None:
+                log.error("%s: warming up failed; requests that need it fail", self.config.name, exc_info=error)
+            else:
+                log.info("%s: warmed up in %.2fs", self.config.name, time.monotonic() - started)
+            return error
+
+        if inspect.iscoroutinefunction(self.warm_up):
+            async def run_on_loop() -> None:
+                started, error = time.monotonic(), None
+                try:
+                    await self.warm_up()
+                except asyncio.CancelledError:  # the server stops: nothing waiting for it may hang
+                    settle(RuntimeError(f"{self.config.name} stopped while warming up"))
+                    raise
+                except Exception as exc:  # noqa: BLE001 - handed to every request that awaits `warmed()`
+                    error = exc
+                settle(outcome(started, error))
+
+            self._warm_up_task = loop.create_task(run_on_loop(), name=f"warm-up-{self.config.name}")
+            return
+
         def run() -> None:
             # Its own thread, niced (Linux: this thread only), so that while a fleet starts the servers still
             # starting get the CPU first; a daemon, so a server stopped while warming exits at once.
@@ -281,14 +308,20 @@ class Server:
             try:
                 self.warm_up()
             except Exception as exc:  # noqa: BLE001 - handed to every request that awaits `warmed()`
-                log.exception("%s: warming up failed; requests that need it fail", self.config.name)
                 error = exc
-            else:
-                log.info("%s: warmed up in %.2fs", self.config.name, time.monotonic() - started)
+            error = outcome(started, error)
             with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped meanwhile
                 loop.call_soon_threadsafe(settle, error)
 
         threading.Thread(target=run, name=f"warm-up-{self.config.name}", daemon=True).start()
+
+    async def _stop_warm_up(self) -> None:
+        """Cancel an `async` warm-up still running (the server stops): what it started is its own to clean up."""
+        task, self._warm_up_task = self._warm_up_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def startup(self) -> None:
         """Called once when the app starts serving."""
@@ -310,6 +343,7 @@ class Server:
                 yield
             finally:
                 gc.unfreeze()
+                await self._stop_warm_up()
                 await self.shutdown()
 
         app = FastAPI(

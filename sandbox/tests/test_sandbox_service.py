@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import yaml
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.testing import free_port, serve
+from sandbox.__main__ import main as sandbox_main
 from sandbox.app import SandboxConfig, SandboxServer
 from sandbox.tests.conftest import assert_no_leftovers
 
@@ -37,22 +39,103 @@ async def test_overload_is_a_429_with_retry_after_not_a_hang():
     assert 'gymfleet_sandbox_rejected_total{reason="queue_full"} 2.0' in metrics
 
 
-async def test_start_up_fails_clearly_without_bubblewrap():
+async def test_the_check_fails_clearly_without_bubblewrap():
     server = SandboxServer({"name": "sandbox", "bwrap": "/nonexistent/bwrap"})
+    await server.startup()  # nothing to check yet: the server answers while its warm-up checks
     with pytest.raises(ConfigError, match="bubblewrap") as raised:
-        await server.startup()
+        await server.warm_up()
     assert "isolation: none" in str(raised.value)
+    await server.shutdown()
 
 
-async def test_start_up_fails_clearly_when_bwrap_cannot_sandbox():
+def _fake_bwrap(folder: str) -> str:
+    """A `bwrap` that cannot sandbox (as on a host without unprivileged user namespaces)."""
+    fake = Path(folder) / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    Path(folder).chmod(0o755)
+    return str(fake)
+
+
+# Every route that runs, opens or touches a sandbox, with a body it accepts: each must wait for the warm-up, and be
+# refused with its error when it failed. `test_every_sandbox_route_is_listed` keeps the list whole.
+GATED_ROUTES = {
+    ("POST", "/run"): {"code": "print(1)"},
+    ("POST", "/run_batch"): {"code": "print(1)", "cases": [{"stdin": ""}]},
+    ("POST", "/sessions"): {},
+    ("POST", "/sessions/{session_id}/exec"): {"code": "print(1)"},
+    ("DELETE", "/sessions/{session_id}"): None,
+    ("GET", "/info"): None,
+}
+
+
+def test_every_sandbox_route_is_listed():
+    app = SandboxServer({"name": "sandbox", "isolation": "none"}).create_app()
+    base = {"/", "/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect"}
+    routes = {(method, route.path) for route in app.routes if route.path not in base
+              for method in getattr(route, "methods", None) or () if method != "HEAD"}
+    assert routes == set(GATED_ROUTES), routes ^ set(GATED_ROUTES)
+
+
+def test_a_failed_isolation_check_refuses_every_request_with_its_error():
+    """The server answers `GET /` at once; the check runs after, and when it fails every request that needs a
+    sandbox (each route, and again on a second try) is refused with the check's error and how to fix it."""
     with tempfile.TemporaryDirectory() as folder:  # not pytest's tmp_path: the sandbox uid must reach the file
-        fake = Path(folder) / "bwrap"
-        fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
-        fake.chmod(0o755)
-        Path(folder).chmod(0o755)
-        server = SandboxServer({"name": "sandbox", "bwrap": str(fake)})
-        with pytest.raises(ConfigError, match="exited before it was ready: bwrap: No permissions"):
-            await server.startup()
+        server = SandboxServer({"name": "sandbox", "bwrap": _fake_bwrap(folder)})
+        with serve(server.create_app()) as url, httpx.Client(base_url=url, timeout=60) as client:
+            assert client.get("/").json() == {"status": "ok"}
+            for _ in range(2):
+                for (method, path), body in GATED_ROUTES.items():
+                    answer = client.request(method, path.replace("{session_id}", "abc"), json=body)
+                    assert answer.status_code == 500, (method, path, answer.text)
+                    error = answer.json()
+                    assert error["error_type"] == "isolation_failed", error
+                    assert "exited before it was ready: bwrap: No permissions" in error["detail"], error
+                    assert "isolation: none" in error["detail"], error  # how to fix it
+            metrics = client.get("/metrics").text
+        assert 'gymfleet_failures_total{failure_class="isolation_failed"' in metrics
+        assert server.runner is None and server.sessions is None  # what the failed check started is gone
+    assert_no_leftovers()
+
+
+async def test_requests_during_the_warm_up_wait_for_it_within_the_queue():
+    """While the isolation check is held, `GET /` answers, requests up to the service's capacity (run slots + queue)
+    wait and are then served in full, and the rest are refused at once with a 429 (never a hang, never a run in a
+    half-prepared sandbox)."""
+    release = threading.Event()
+
+    class Held(SandboxServer):
+        async def _check_isolation(self) -> None:
+            await asyncio.to_thread(release.wait, 120)
+            await super()._check_isolation()
+
+    server = Held({"name": "sandbox", "max_concurrent_runs": 1, "queue_length": 1})
+    try:
+        with serve(server.create_app()) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                assert (await client.get("/")).status_code == 200
+                posts = [asyncio.ensure_future(client.post("/run", json={"code": "print(6 * 7)"})) for _ in range(4)]
+                done: set[asyncio.Future] = set()
+                while len(done) < 2:
+                    finished, _ = await asyncio.wait(posts, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+                    assert finished, "no request was refused while the sandbox was held starting"
+                    done = {post for post in posts if post.done()}
+                assert len(done) == 2 and all(post.result().status_code == 429 for post in done)
+                assert not server._warming.done()  # the other two still wait for the warm-up
+                release.set()
+                answers = [await post for post in posts if post not in done]
+        assert [answer.json()["stdout"] for answer in answers] == ["42\n", "42\n"], [a.text for a in answers]
+    finally:
+        release.set()
+
+
+def test_python_dash_m_sandbox_check_fails_clearly(tmp_path, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        (tmp_path / "fake.yaml").write_text(f"bwrap: {_fake_bwrap(folder)}\n")
+        with pytest.raises(SystemExit) as exited:
+            sandbox_main(["--check", "--config", str(tmp_path / "fake.yaml")])  # what `python -m sandbox` runs
+    assert "bwrap: No permissions" in str(exited.value.code) and "isolation: none" in str(exited.value.code)
+    assert "isolation works" not in capsys.readouterr().out
 
 
 def test_isolation_none_runs_but_says_so(caplog):
