@@ -148,7 +148,7 @@ class SandboxServer(Server):
                                    self.config.admission_timeout_s)
         self.sandbox_metrics = SandboxMetrics(self.metrics.registry, self.admission)
         self.runner: Runner | None = None
-        """Set by `warm_up`; requests reach it through `prepared()`."""
+        """Set by `startup`; requests reach it through `prepared()`, once `warm_up` has started its sandboxes."""
         self.sessions: Sessions | None = None
         self._background: list[asyncio.Task] = []
         self._early = 0
@@ -169,46 +169,53 @@ class SandboxServer(Server):
                               "use the default", hint="raise memory_budget_mb or lower default_memory_mb")
         return budget
 
-    async def warm_up(self) -> None:
-        """Prepare isolation, memory accounting, the fork server and the warm sandboxes, then check isolation with one
-        real run (the module docstring: the server answers `GET /` meanwhile; requests wait for this).
+    async def startup(self) -> None:
+        """What requests need to be taken in (the command line, memory accounting, the runner and its queue); the
+        rest, which starts sandboxes, is `warm_up`'s.
 
         Raises:
-            ConfigError: isolation does not work here (bubblewrap missing, or it cannot sandbox: the message says how
-                to fix it), or cgroup memory accounting was asked for where none can be made.
+            ConfigError: bubblewrap or the interpreter is missing, or cgroup memory accounting was asked for where
+                none can be made (the message says how to fix it).
         """
         config = self.config
-        prepared = await asyncio.to_thread(
-            isolation.prepare, config.isolation, python=config.python, bwrap=config.bwrap,
-            workspace_mb=config.workspace_mb, sandbox_uid=config.sandbox_uid, site_packages=config.site_packages,
-        )  # fmt: skip
+        prepared = isolation.prepare(config.isolation, python=config.python, bwrap=config.bwrap,
+                                     workspace_mb=config.workspace_mb, sandbox_uid=config.sandbox_uid,
+                                     site_packages=config.site_packages, compiled=False)
         try:
-            try:
-                hierarchy = await asyncio.to_thread(cgroups.detect, config.memory_accounting)
-            except cgroups.CgroupUnavailable as exc:
-                raise ConfigError(f"memory_accounting: cgroup, but {exc}",
-                                  hint="run the service where it can make memory cgroups, or use auto or rss") from exc
-            pids = await asyncio.to_thread(cgroups.detect_pids, hierarchy) if config.fork_server else None
-            if config.fork_server and pids is None and prepared.pidns:
-                log.warning("no per-run pids cgroup can be made here: one-shot Python runs start a sandbox each "
-                            "instead of being forked (forked runs share a user namespace: RLIMIT_NPROC would count "
-                            "them together)")
-            self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy, pids)
-            self.sandbox_metrics.count_cgroups(hierarchy)
-            self.sessions = Sessions(self.runner)
-            if self.runner.warm is not None:
-                self.runner.warm.fill()
+            hierarchy = cgroups.detect(config.memory_accounting)
+        except cgroups.CgroupUnavailable as exc:
+            prepared.close()
+            raise ConfigError(f"memory_accounting: cgroup, but {exc}",
+                              hint="run the service where it can make memory cgroups, or use auto or rss") from exc
+        pids = cgroups.detect_pids(hierarchy) if config.fork_server else None
+        if config.fork_server and pids is None and prepared.pidns:
+            log.warning("no per-run pids cgroup can be made here: one-shot Python runs start a sandbox each instead "
+                        "of being forked (forked runs share a user namespace: RLIMIT_NPROC would count them together)")
+        self.runner = Runner(config, prepared, self.admission, self.sandbox_metrics, hierarchy, pids)
+        self.sandbox_metrics.count_cgroups(hierarchy)
+        self.sessions = Sessions(self.runner)
+
+    async def warm_up(self) -> None:
+        """Compile the runtime with the sandbox's interpreter, start the fork server and the warm sandboxes, and check
+        isolation with one real run (the server answers `GET /` meanwhile; requests wait for this: `prepared`).
+
+        Raises:
+            ConfigError: isolation does not work here (the message says how to fix it).
+        """
+        runner = self.runner
+        try:
+            await asyncio.to_thread(runner.isolation.compile_runtime)
+            if runner.warm is not None:
+                runner.warm.fill()
             await self._check_isolation()
         except BaseException:  # a failed check, or the server stopping meanwhile: nothing is left running
-            if self.runner is not None:
-                await self.runner.close()
-            self.runner = self.sessions = None
-            prepared.close()
+            await runner.close()
             raise
         self._background = [asyncio.create_task(self.sessions.expire_forever()),
-                            asyncio.create_task(self.runner.memory.run_forever())]
-        log.info("sandbox ready: isolation %s, %d concurrent runs, memory budget %d MiB, queue %d", prepared.mode,
-                 self.admission.max_running, self.admission.memory_budget_mb, self.admission.max_queued)
+                            asyncio.create_task(runner.memory.run_forever())]
+        log.info("sandbox ready: isolation %s, %d concurrent runs, memory budget %d MiB, queue %d",
+                 runner.isolation.mode, self.admission.max_running, self.admission.memory_budget_mb,
+                 self.admission.max_queued)
 
     async def _check_isolation(self) -> None:
         try:
@@ -236,8 +243,6 @@ class SandboxServer(Server):
             raise IsolationFailed(str(exc)) from exc
         finally:
             self._early -= early
-        if self.runner is None:
-            raise IsolationFailed("the sandbox was not prepared: its app's start-up did not run")
         return self.runner
 
     async def shutdown(self) -> None:

@@ -65,6 +65,7 @@ class Isolation:
     argv: list[str]
     python: str
     launcher_code: bytes
+    """The launcher compiled by `python` (empty until `compile_runtime`: `prepare(compiled=False)`)."""
     kernel_code: bytes
     pidns: bool
     workdir: str = WORKDIR
@@ -77,6 +78,16 @@ class Isolation:
     program_env: dict[str, str] = field(default_factory=dict)
     """The environment a program starts with (bwrap's `--setenv`s, and `PWD` as bwrap sets it)."""
     _etc: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+
+    def compile_runtime(self) -> None:
+        """Compile the launcher, the session kernel and the fork server with the sandbox's interpreter (one run of it
+        for the three), if not done yet: before the first sandbox starts.
+
+        Raises:
+            ConfigError: the interpreter cannot compile them (its error).
+        """
+        if not self.launcher_code:
+            self.launcher_code, self.kernel_code, self.forkserver_code = _compile(self.python, RUNTIME_SOURCES)
 
     def close(self) -> None:
         if self._etc is not None:
@@ -92,16 +103,19 @@ def prepare(
     workspace_mb: int,
     sandbox_uid: int,
     site_packages: bool,
+    compiled: bool = True,
 ) -> Isolation:
-    """Resolve binaries, compile the runtime with the sandbox's interpreter and build the command line.
+    """Resolve binaries, build the command line and (unless `compiled` is False: then `Isolation.compile_runtime`
+    before the first sandbox) compile the runtime with the sandbox's interpreter.
 
     Raises:
         ConfigError: bubblewrap, setpriv or the interpreter is missing (the message says what to install).
     """
     interpreter = _interpreter(python)
     flags = ["-I"] if site_packages else ["-I", "-S"]
-    launcher_code, kernel_code, forkserver_code = (
-        _compile(interpreter, RUNTIME / name) for name in ("launcher.py", "kernel.py", "forkserver.py"))
+    launcher_code = kernel_code = forkserver_code = b""
+    if compiled:
+        launcher_code, kernel_code, forkserver_code = _compile(interpreter, RUNTIME_SOURCES)
     if mode == "none":
         log.warning(
             "SANDBOX ISOLATION IS DISABLED (isolation: none): model code runs as uid %d on this host with only "
@@ -138,21 +152,37 @@ def _interpreter(python: str | None) -> str:
     raise ConfigError(f"no Python interpreter for the sandbox: tried {candidates}; set `python:` to one.")
 
 
-def _compile(interpreter: str, source: Path) -> bytes:
-    """The source compiled by the sandbox's own interpreter (code objects are interpreter-version specific)."""
-    script = "import marshal,sys;sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(),sys.argv[1],'exec')))"
-    done = subprocess.run(
-        [interpreter, "-I", "-S", "-c", script, f"<gymfleet-{source.stem}>"],
-        input=source.read_bytes(),
-        capture_output=True,
-        env={},
-        timeout=60,
-        check=False,
-    )
+RUNTIME_SOURCES = tuple(RUNTIME / name for name in ("launcher.py", "kernel.py", "forkserver.py"))
+_COMPILE_SCRIPT = (
+    "import marshal,sys\n"
+    "for name in sys.argv[1:]:\n"
+    " size=int.from_bytes(sys.stdin.buffer.read(8),'little')\n"
+    " code=marshal.dumps(compile(sys.stdin.buffer.read(size),name,'exec'))\n"
+    " sys.stdout.buffer.write(len(code).to_bytes(8,'little')+code)\n"
+)
+
+
+def _compile(interpreter: str, sources: tuple[Path, ...]) -> list[bytes]:
+    """Each source compiled by the sandbox's own interpreter (code objects are interpreter-version specific), all in
+    one run of it; the marshalled code objects, in order (this interpreter never unmarshals them).
+
+    Raises:
+        ConfigError: the interpreter cannot compile one of them (its error).
+    """
+    names = [f"<gymfleet-{source.stem}>" for source in sources]
+    data = b"".join(len(text).to_bytes(8, "little") + text for text in (source.read_bytes() for source in sources))
+    done = subprocess.run([interpreter, "-I", "-S", "-c", _COMPILE_SCRIPT, *names], input=data, capture_output=True,
+                          env={}, timeout=60, check=False)
     if done.returncode != 0:
         detail = done.stderr[-2000:].decode("utf-8", "replace")
-        raise ConfigError(f"the sandbox interpreter {interpreter} cannot compile {source.name}: {detail}")
-    return done.stdout
+        files = ", ".join(source.name for source in sources)
+        raise ConfigError(f"the sandbox interpreter {interpreter} cannot compile {files}: {detail}")
+    codes, out = [], done.stdout
+    for _ in sources:
+        size = int.from_bytes(out[:8], "little")
+        codes.append(out[8:8 + size])
+        out = out[8 + size:]
+    return codes
 
 
 def _bwrap_args(interpreter: str, etc: Path, workspace_mb: int, uid: int) -> list[str]:
