@@ -20,7 +20,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -36,6 +36,7 @@ from gymfleet.fleet.config_instances import (
     GlobalConfig,
     ServerInstance,
     _discover_instances,
+    client_limits,
     repository_root,
     set_folders,
 )
@@ -53,9 +54,6 @@ from gymfleet.fleet.config_merge import (
     to_plain,
 )
 from gymfleet.fleet.folders import SERVER_FOLDERS_KEY, named_folders, server_folders
-
-if TYPE_CHECKING:
-    from gymfleet.http import ClientLimits
 
 __all__ = [
     "PLACEMENTS",
@@ -327,20 +325,6 @@ def _fill_hosts_and_ports(raw: dict, found: dict[str, tuple[str, str]], assign_p
     raw["disallowed_ports"] = [port for port in dict.fromkeys(used) if port is not None]
     raw.setdefault("port_range_low", low)
     raw.setdefault("port_range_high", high)
-
-
-def client_limits(data: dict, workers: int = 1) -> ClientLimits:
-    """HTTP pool limits for one process: `global_aiohttp_connector_limit[_per_host]`, split between `workers`.
-
-    Absent keys keep `ClientLimits`' defaults. Like NeMo-Gym, a server with `num_workers` workers gives each worker
-    its share, so the fleet as a whole stays within the configured limits.
-    """
-    from gymfleet.http import ClientLimits  # here, not at the top: it imports aiohttp, and `ng_run` starts faster
-
-    defaults, workers = ClientLimits(), max(1, int(workers))
-    limit = int(data.get("global_aiohttp_connector_limit") or defaults.limit)
-    per_host = int(data.get("global_aiohttp_connector_limit_per_host") or defaults.limit_per_host)
-    return ClientLimits(limit=max(1, limit // workers), limit_per_host=max(1, per_host // workers))
 
 
 def find_free_port(host: str, low: int, high: int, disallowed: set[int]) -> int:

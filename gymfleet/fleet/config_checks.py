@@ -5,10 +5,10 @@ pydantic config class (`validate_fields`), every error naming its dotted YAML pa
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 import pydantic
-from omegaconf import DictConfig, OmegaConf
 
 from gymfleet.errors import ConfigError, ServerRefError, did_you_mean
 from gymfleet.fleet.config_instances import (
@@ -19,6 +19,18 @@ from gymfleet.fleet.config_instances import (
     _discover_instances,
 )
 from gymfleet.fleet.config_merge import describe_validation_error, join_path
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+
+def _plain(value: Any, resolve: bool) -> Any:
+    """`value` as plain containers if it is an omegaconf node, else itself. No import: a process that never imported
+    omegaconf (a server reading its resolved JSON config) holds no omegaconf node."""
+    omegaconf = sys.modules.get("omegaconf")
+    if omegaconf is not None and isinstance(value, omegaconf.DictConfig):
+        return omegaconf.OmegaConf.to_container(value, resolve=resolve)
+    return value
 
 __all__ = ["resolve_server_ref", "validate_fields"]
 
@@ -69,8 +81,7 @@ def resolve_server_ref(
         ServerRefError: unknown name or wrong type, naming `path`, the known instances and the closest one.
         ConfigError: `value` is neither a name nor a `{type, name}` reference.
     """
-    if isinstance(value, DictConfig):
-        value = OmegaConf.to_container(value, resolve=True)
+    value = _plain(value, resolve=True)
     if isinstance(value, dict) and {"type", "name"} <= set(value):
         ref_type, name = value["type"], value["name"]
     elif hasattr(value, "type") and hasattr(value, "name"):
@@ -107,8 +118,7 @@ def resolve_server_ref(
 def _instance_types(config: GlobalConfig | dict | DictConfig) -> dict[str, str]:
     if isinstance(config, GlobalConfig):
         config = config.instances
-    if isinstance(config, DictConfig):
-        config = OmegaConf.to_container(config, resolve=False)
+    config = _plain(config, resolve=False)
     if all(isinstance(v, ServerInstance) for v in config.values()):
         return {name: inst.server_type for name, inst in config.items()}
     return {name: t for name, (t, _) in _discover_instances(config, strict=False).items()}

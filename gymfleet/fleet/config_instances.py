@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pydantic
 import yaml
@@ -28,6 +29,9 @@ import yaml
 from gymfleet.errors import ConfigError, ServerRefError, did_you_mean
 from gymfleet.fleet.folders import SERVER_FOLDERS_KEY
 from gymfleet.masking import mask_secrets
+
+if TYPE_CHECKING:
+    from gymfleet.http import ClientLimits
 
 __all__ = [
     "DOMAINS",
@@ -38,6 +42,7 @@ __all__ = [
     "BaseServerConfig",
     "GlobalConfig",
     "ServerInstance",
+    "client_limits",
     "repository_root",
 ]
 
@@ -269,3 +274,18 @@ def set_folders(instances: dict[str, ServerInstance], data: dict) -> None:
     for name, folder in (data.get(SERVER_FOLDERS_KEY) or {}).items():
         if name in instances:
             instances[name].folder = Path(folder)
+
+
+def client_limits(data: dict, workers: int = 1) -> ClientLimits:
+    """HTTP pool limits for one process: `global_aiohttp_connector_limit[_per_host]`, split between `workers`.
+
+    Absent keys keep `ClientLimits`' defaults. Like NeMo-Gym, a server with `num_workers` workers gives each worker
+    its share, so the fleet as a whole stays within the configured limits.
+    """
+    from gymfleet.http import ClientLimits  # here, not at the top: it imports aiohttp, and `ng_run` starts faster
+    # (it lives here, not in `gymfleet.fleet.config`, so that a server gets it without importing omegaconf)
+
+    defaults, workers = ClientLimits(), max(1, int(workers))
+    limit = int(data.get("global_aiohttp_connector_limit") or defaults.limit)
+    per_host = int(data.get("global_aiohttp_connector_limit_per_host") or defaults.limit_per_host)
+    return ClientLimits(limit=max(1, limit // workers), limit_per_host=max(1, per_host // workers))

@@ -21,10 +21,15 @@ from typing import Any
 
 import pydantic
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from gymfleet.errors import ConfigError, did_you_mean
+
+if typing.TYPE_CHECKING:
+    from omegaconf.errors import OmegaConfBaseException
+
+# omegaconf is imported by the functions that merge, load and resolve, not here: a server (forked by the zygote or a
+# fresh `python -m gymfleet.fleet.launch`) imports this module for `describe_validation_error`, reads a resolved JSON
+# config and never needs omegaconf (~70 ms of import on the zygote's path to its first fork).
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +124,9 @@ def to_plain(value: Any, what: str = "config") -> dict:
     """A plain dict from a dict or DictConfig (None -> {}), interpolations kept as text."""
     if value is None:
         return {}
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         if isinstance(value, Mapping) and not isinstance(value, DictConfig):
             value = OmegaConf.create(dict(value))
@@ -131,6 +139,9 @@ def to_plain(value: Any, what: str = "config") -> dict:
 
 def merge(*configs: dict, what: str = "config") -> dict:
     """Merge plain dicts with OmegaConf semantics: later wins, dicts merge deeply, lists are replaced."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         merged = OmegaConf.merge(*(OmegaConf.create(c) for c in configs))
         return OmegaConf.to_container(merged, resolve=False)
@@ -150,6 +161,9 @@ def load_yaml(path: Path) -> dict:
         ConfigError: the file cannot be read or parsed, holds a list at top level, or has a key that YAML reads
             as something other than a string (see `check_yaml_keys`).
     """
+    from omegaconf import ListConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         text = Path(path).read_text()
         check_yaml_keys(text, path)
@@ -328,6 +342,9 @@ def resolved_config_paths(top: dict) -> Any:
     value = top.get("config_paths")
     if not isinstance(value, str | list) or "${" not in str(value):
         return value
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         return OmegaConf.to_container(OmegaConf.create(top).config_paths, resolve=True)
     except OmegaConfBaseException as e:
@@ -339,6 +356,9 @@ def resolved_config_paths(top: dict) -> Any:
 
 def resolve(raw: dict) -> dict:
     """Resolve every interpolation; a failure names the YAML path and the interpolation text."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         return OmegaConf.to_container(OmegaConf.create(raw), resolve=True)
     except OmegaConfBaseException as e:

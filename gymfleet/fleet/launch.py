@@ -47,9 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
-from gymfleet.fleet.config import client_limits
 from gymfleet.fleet.config_checks import validate_fields
-from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance, repository_root
+from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance, client_limits, repository_root
 from gymfleet.fleet.folders import enter_tree
 from gymfleet.fleet.folders import module_name as folder_module_name
 from gymfleet.fleet.ports import LISTEN_FD_ENV
