@@ -91,6 +91,30 @@ def memory(pid: int) -> tuple[float, float, float]:
     return rss, pss, uss
 
 
+def cpu_seconds(root: int, servers: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system, with the children each has reaped) used so far by the fleet's processes, split into
+    the supervisor (`ng_run`), the zygote and its helper (and the validation children they reaped), and the servers
+    (each with its workers and sandboxes). Load stretches wall-clock times; it distorts these much less."""
+    totals = {"supervisor": 0.0, "zygote": 0.0, "servers": 0.0}
+    try:
+        processes = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return totals
+    server_trees: set[int] = set()
+    for pid in servers.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            server_trees |= {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        used = times.user + times.system + times.children_user + times.children_system
+        kind = "supervisor" if process.pid == root else "servers" if process.pid in server_trees else "zygote"
+        totals[kind] += used
+    return totals
+
+
 def breakdown(timed: list[tuple[float, str]], ready_s: float) -> dict[str, float]:
     """What the time to ready is made of, from `ng_run`'s timestamped output (its zygote logging at DEBUG): the
     zygote's shared-stack import and its (two-process) server imports, the gap to the first fork (validating every
@@ -142,6 +166,7 @@ def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False) ->
                 servers[match.group(1)] = int(match.group(2))
             if "servers ready!" in line:
                 ready_s = at
+                cpu_at_ready = cpu_seconds(process.pid, servers)
                 break
             if time.monotonic() > deadline:
                 break
@@ -154,6 +179,7 @@ def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False) ->
         per_server = [memory(pid) for pid in servers.values()]
         count = len(psutil.Process(process.pid).children(recursive=True)) + 1
         return {"mode": mode, "ready_s": ready_s, "servers": len(servers), "processes": count, "total": total,
+                "cpu_at_ready": cpu_at_ready, "cpu_settled": cpu_seconds(process.pid, servers),
                 "breakdown": breakdown(timed, ready_s) if trace else {},
                 "per_server": [statistics.median(values) for values in zip(*per_server, strict=True)]}
     finally:
@@ -182,8 +208,8 @@ def with_signal(process: subprocess.Popen, sig: int, group: bool = False) -> Non
 
 
 def table(results: list[dict]) -> str:
-    header = ("mode", "servers", "procs", "ready s", "RSS MiB*", "PSS MiB", "USS MiB", "server RSS*", "server PSS",
-              "server USS")
+    header = ("mode", "servers", "procs", "ready s", "range", "RSS MiB*", "PSS MiB", "range", "USS MiB",
+              "server RSS*", "server PSS", "server USS", "CPU s sup/zyg/srv")
     rows = [header]
     for mode in dict.fromkeys(r["mode"] for r in results):
         runs = [r for r in results if r["mode"] == mode]
@@ -192,14 +218,21 @@ def table(results: list[dict]) -> str:
             f"{mode} (x{len(runs)})",
             str(runs[0]["servers"]),
             str(runs[0]["processes"]),
-            f"{med(r['ready_s'] for r in runs):.1f}",
-            *(f"{med(r['total'][i] for r in runs):.0f}" for i in range(3)),
+            f"{med(r['ready_s'] for r in runs):.2f}",
+            f"{min(r['ready_s'] for r in runs):.2f}-{max(r['ready_s'] for r in runs):.2f}",
+            f"{med(r['total'][0] for r in runs):.0f}",
+            f"{med(r['total'][1] for r in runs):.0f}",
+            f"{min(r['total'][1] for r in runs):.0f}-{max(r['total'][1] for r in runs):.0f}",
+            f"{med(r['total'][2] for r in runs):.0f}",
             *(f"{med(r['per_server'][i] for r in runs):.1f}" for i in range(3)),
+            "/".join(f"{med(r['cpu_at_ready'][k] for r in runs):.2f}" for k in ("supervisor", "zygote", "servers")),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.append("ready s: from launching ng_run to its 'All N / N servers ready' line (median). Totals: every "
-                 "process of the fleet (supervisor, zygote, servers, workers); server*: per-server medians.")
+    lines.append("ready s: from launching ng_run to its 'All N / N servers ready' line (median, and range). Totals: "
+                 "every process of the fleet (supervisor, zygote, servers, workers); server*: per-server medians.")
+    lines.append("CPU s: user + system seconds used by the time the fleet was ready (median): the supervisor, the "
+                 "zygote and its helper, all the servers (load stretches ready s much more than these).")
     lines.append("* RSS counts shared pages once per process: forked servers share the zygote's imports "
                  "(copy-on-write), so the RSS sum double-counts; PSS splits shared pages, USS is private only.")
     return "\n".join(lines)
@@ -220,8 +253,11 @@ def main() -> None:
         for repeat in range(args.repeats):
             for mode in modes:
                 result = start_once(mode, Path(folder), args.settle_s, args.trace)
-                print(f"run {repeat + 1}/{args.repeats} {mode}: ready in {result['ready_s']:.1f} s, "
-                      f"RSS {result['total'][0]:.0f} MiB, PSS {result['total'][1]:.0f} MiB", flush=True)
+                cpu, settled = result["cpu_at_ready"], result["cpu_settled"]
+                print(f"run {repeat + 1}/{args.repeats} {mode}: ready in {result['ready_s']:.2f} s, "
+                      f"RSS {result['total'][0]:.0f} MiB, PSS {result['total'][1]:.0f} MiB; CPU s at ready: "
+                      f"supervisor {cpu['supervisor']:.2f}, zygote {cpu['zygote']:.2f}, servers {cpu['servers']:.2f} "
+                      f"(after --settle-s: servers {settled['servers']:.2f})", flush=True)
                 for part, seconds in result["breakdown"].items():
                     print(f"    {seconds:6.2f} s  {part}", flush=True)
                 results.append(result)
