@@ -287,10 +287,21 @@ class WarmingServer(ResourcesServer):
         return VerifyResponse.echo(body, reward=float(self.loaded))
 
 
+class AsyncWarmingServer(WarmingServer):
+    """The same, its `warm_up` an `async def` (run as a task on the server's loop, not in a thread)."""
+
+    async def warm_up(self) -> None:
+        await asyncio.to_thread(self.release.wait, 60)
+        if self.fail:
+            raise RuntimeError("model files missing")
+        self.loaded = True
+
+
+@pytest.mark.parametrize("kind", [WarmingServer, AsyncWarmingServer], ids=["thread", "async"])
 @pytest.mark.parametrize("fail", [False, True], ids=["warm-up-succeeds", "warm-up-fails"])
-def test_verify_and_tools_wait_for_warm_up_and_its_failure_is_a_500_on_each(fail):
+def test_verify_and_tools_wait_for_warm_up_and_its_failure_is_a_500_on_each(fail, kind):
     release = threading.Event()
-    server = WarmingServer({"name": "warming"}, release=release, fail=fail)
+    server = kind({"name": "warming"}, release=release, fail=fail)
     with serve(server.create_app()) as url, ThreadPoolExecutor(2) as pool:
         assert httpx.get(f"{url}/").status_code == 200  # up (ready) while warming
         calls = [pool.submit(httpx.post, f"{url}/verify", json=_row(), timeout=60),
@@ -308,6 +319,20 @@ def test_verify_and_tools_wait_for_warm_up_and_its_failure_is_a_500_on_each(fail
             assert httpx.post(f"{url}/verify", json=_row()).status_code == 500
         else:
             assert (verify.json()["reward"], tool.json()) == (1.0, {"loaded": True})
+
+
+def test_an_async_warm_up_still_running_when_the_server_stops_is_cancelled():
+    release = threading.Event()
+    server = AsyncWarmingServer({"name": "warming"}, release=release, fail=False)
+    try:
+        with serve(server.create_app()) as url:
+            assert httpx.get(f"{url}/").status_code == 200
+        assert server._warming.done() and server._warm_up_task is None  # nothing waiting on it could hang
+        with pytest.raises(RuntimeError, match="stopped while warming up"):
+            server._warming.result()
+        assert not server.loaded
+    finally:
+        release.set()
 
 
 def _in_flight(url: str) -> float:
