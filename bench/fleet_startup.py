@@ -16,7 +16,12 @@ zygote, every server and its workers) with psutil's `memory_full_info`:
 
     python bench/fleet_startup.py [--repeats 1] [--settle-s 2] [--modes spawn,zygote]
 
-Prints one table: per mode, the median over repeats of the time to ready, the totals, and the per-server medians.
+It also takes the CPU seconds (user + system) the fleet's processes had used when it was ready: the supervisor,
+the zygote and its helper, the servers (with their workers and sandboxes). On a shared machine other processes'
+load stretches the time to ready; it stretches CPU seconds much less, so compare those too.
+
+Prints one table: per mode, the median over repeats (and the range) of the time to ready, the totals, the
+per-server medians and the CPU seconds.
 """
 
 from __future__ import annotations
