@@ -31,14 +31,15 @@ Overload is a 429 with `Retry-After` (never a hang); an unknown session is a 404
 maxima, or a `memory_mb` above the whole memory budget (it could never be admitted), are a 400; a sandbox that
 cannot start is a 503 (infrastructure). The program's own failures are 200s with their status.
 
-Start-up: the server answers `GET /` (a fleet's readiness probe) as soon as it can take requests, and prepares the
-rest in its warm-up (`SandboxServer.warm_up`, an `async` `Server.warm_up`): the runtime compiled by the sandbox's
-interpreter, memory accounting detected, the fork server and the warm sandboxes started, and the isolation
+Start-up: the server answers `GET /` (a fleet's readiness probe) as soon as it can take requests into its queue
+(bubblewrap found, memory accounting detected: a missing bubblewrap fails start-up saying how to fix it), and
+prepares the rest in its warm-up (`SandboxServer.warm_up`, an `async` `Server.warm_up`): the runtime compiled by the
+sandbox's interpreter and its /etc filled, the fork server and the warm sandboxes started, and the isolation
 self-test (one real run in a real sandbox). Every request that runs, opens or touches a sandbox waits for it,
 counted against the queue (`max_concurrent_runs` + `queue_length` may wait; beyond, a 429), so none is served
-half-prepared. If the self-test fails (bubblewrap missing or unable to make namespaces here), every such request is
-refused with a 500 `isolation_failed` whose detail is the check's error and how to fix it; `python -m sandbox
---check` runs the same preparation and exits with it. Run it with `python -m sandbox` or as a fleet instance
+half-prepared. If the self-test fails (bubblewrap unable to make namespaces here), every such request is refused
+with a 500 `isolation_failed` whose detail is the check's error and how to fix it; `python -m sandbox --check` runs
+the same preparation and exits with it. Run it with `python -m sandbox` or as a fleet instance
 (`sandbox/configs/sandbox.yaml`).
 """
 
@@ -180,7 +181,7 @@ class SandboxServer(Server):
         config = self.config
         prepared = isolation.prepare(config.isolation, python=config.python, bwrap=config.bwrap,
                                      workspace_mb=config.workspace_mb, sandbox_uid=config.sandbox_uid,
-                                     site_packages=config.site_packages, compiled=False)
+                                     site_packages=config.site_packages, finished=False)
         try:
             hierarchy = cgroups.detect(config.memory_accounting)
         except cgroups.CgroupUnavailable as exc:
@@ -196,15 +197,16 @@ class SandboxServer(Server):
         self.sessions = Sessions(self.runner)
 
     async def warm_up(self) -> None:
-        """Compile the runtime with the sandbox's interpreter, start the fork server and the warm sandboxes, and check
-        isolation with one real run (the server answers `GET /` meanwhile; requests wait for this: `prepared`).
+        """Compile the runtime with the sandbox's interpreter and fill its /etc (`Isolation.finish`), start the fork
+        server and the warm sandboxes, and check isolation with one real run (the server answers `GET /` meanwhile;
+        requests wait for this: `prepared`).
 
         Raises:
             ConfigError: isolation does not work here (the message says how to fix it).
         """
         runner = self.runner
         try:
-            await asyncio.to_thread(runner.isolation.compile_runtime)
+            await asyncio.to_thread(runner.isolation.finish)
             if runner.warm is not None:
                 runner.warm.fill()
             await self._check_isolation()

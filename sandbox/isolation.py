@@ -65,7 +65,7 @@ class Isolation:
     argv: list[str]
     python: str
     launcher_code: bytes
-    """The launcher compiled by `python` (empty until `compile_runtime`: `prepare(compiled=False)`)."""
+    """The launcher compiled by `python` (empty until `finish`: `prepare(finished=False)`)."""
     kernel_code: bytes
     pidns: bool
     workdir: str = WORKDIR
@@ -78,16 +78,22 @@ class Isolation:
     program_env: dict[str, str] = field(default_factory=dict)
     """The environment a program starts with (bwrap's `--setenv`s, and `PWD` as bwrap sets it)."""
     _etc: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+    _etc_uid: int | None = field(default=None, repr=False)
+    """The uid the sandbox's /etc is still to be filled for (`finish`); None once it is (or without bubblewrap)."""
 
-    def compile_runtime(self) -> None:
-        """Compile the launcher, the session kernel and the fork server with the sandbox's interpreter (one run of it
-        for the three), if not done yet: before the first sandbox starts.
+    def finish(self) -> None:
+        """What takes time, done once before the first sandbox starts (`prepare(finished=False)` leaves it to here):
+        compile the launcher, the session kernel and the fork server with the sandbox's interpreter (one run of it for
+        the three) and fill the sandbox's /etc (hundreds of links, tens of milliseconds and more on a busy disk).
 
         Raises:
             ConfigError: the interpreter cannot compile them (its error).
         """
         if not self.launcher_code:
             self.launcher_code, self.kernel_code, self.forkserver_code = _compile(self.python, RUNTIME_SOURCES)
+        if self._etc is not None and self._etc_uid is not None:
+            _fill_etc(Path(self._etc.name), self._etc_uid)
+            self._etc_uid = None
 
     def close(self) -> None:
         if self._etc is not None:
@@ -103,19 +109,30 @@ def prepare(
     workspace_mb: int,
     sandbox_uid: int,
     site_packages: bool,
-    compiled: bool = True,
+    finished: bool = True,
 ) -> Isolation:
-    """Resolve binaries, build the command line and (unless `compiled` is False: then `Isolation.compile_runtime`
-    before the first sandbox) compile the runtime with the sandbox's interpreter.
+    """Resolve binaries, build the command line and (unless `finished` is False: then `Isolation.finish` before the
+    first sandbox starts) compile the runtime with the sandbox's interpreter and fill the sandbox's /etc.
 
     Raises:
         ConfigError: bubblewrap, setpriv or the interpreter is missing (the message says what to install).
     """
+    isolation = _prepare(mode, python=python, bwrap=bwrap, workspace_mb=workspace_mb, sandbox_uid=sandbox_uid,
+                         site_packages=site_packages)
+    if finished:
+        try:
+            isolation.finish()
+        except BaseException:
+            isolation.close()
+            raise
+    return isolation
+
+
+def _prepare(mode: str, *, python: str | None, bwrap: str, workspace_mb: int, sandbox_uid: int,
+             site_packages: bool) -> Isolation:
     interpreter = _interpreter(python)
     flags = ["-I"] if site_packages else ["-I", "-S"]
-    launcher_code = kernel_code = forkserver_code = b""
-    if compiled:
-        launcher_code, kernel_code, forkserver_code = _compile(interpreter, RUNTIME_SOURCES)
+    launcher_code = kernel_code = b""
     if mode == "none":
         log.warning(
             "SANDBOX ISOLATION IS DISABLED (isolation: none): model code runs as uid %d on this host with only "
@@ -139,7 +156,7 @@ def prepare(
     command = ["--", interpreter, *flags, "-c", STUB]
     empty_env = ["--", shutil.which("env", path="/usr/bin:/bin") or "/usr/bin/env", "-i", *command[1:]]
     return Isolation("bwrap", argv + command, interpreter, launcher_code, kernel_code, pidns=True, _etc=etc,
-                     forkserver_code=forkserver_code, forkserver_argv=argv + FORKSERVER_CAPS + empty_env,
+                     _etc_uid=uid, forkserver_argv=argv + FORKSERVER_CAPS + empty_env,
                      program_env={**ENV, "HOME": WORKDIR, "PWD": WORKDIR})
 
 
@@ -196,8 +213,7 @@ def _bwrap_args(interpreter: str, etc: Path, workspace_mb: int, uid: int) -> lis
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    _fill_etc(etc, uid)
-    args += ["--ro-bind", str(etc), "/etc"]
+    args += ["--ro-bind", str(etc), "/etc"]  # filled by `Isolation.finish` (`_fill_etc`)
     prefix = Path(interpreter).parent.parent
     if not interpreter.startswith("/usr/"):
         args += ["--ro-bind", str(prefix), str(prefix)]
