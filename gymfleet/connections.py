@@ -42,10 +42,6 @@ that picks it from the pool at that moment has sent a request the server never r
 POST cannot safely retry. aiohttp checks a pooled connection's idle time when it hands it out, and the client's idle
 time starts after the server's (on reading the last response), so the client always drops it first."""
 
-SERVER_KEEP_ALIVE_S = 30
-"""How long gymfleet's own servers keep an idle connection open: longer than any client's pool keeps one (aiohttp's
-default 15 s, which NeMo-RL's client uses; gymfleet's own `CLIENT_KEEP_ALIVE_S`), so clients close first."""
-
 
 def raise_open_files_limit() -> tuple[int, int]:
     """Lift this process's soft open-files limit (`RLIMIT_NOFILE`) as far as its hard limit allows (at most

@@ -21,6 +21,10 @@ IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 """Methods HTTP defines as idempotent (RFC 9110 9.2.2): sending one twice does what sending it once does."""
 
 
+SERVER_KEEP_ALIVE_S = 30
+"""How long gymfleet's own servers keep an idle connection open: longer than any client's pool keeps one (aiohttp's
+default 15 s, which NeMo-RL's client uses; `gymfleet.connections.CLIENT_KEEP_ALIVE_S`), so clients close first."""
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How a call is retried. Only failures where retrying is safe and useful are retried (see `gymfleet.http`'s

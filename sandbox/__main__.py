@@ -15,10 +15,10 @@ from pathlib import Path
 import uvicorn
 import yaml
 
-from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import GymfleetError
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.launch import raise_nofile_limit
+from gymfleet.http_types import SERVER_KEEP_ALIVE_S
 from sandbox.app import SandboxConfig, SandboxServer
 
 

@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI, Request, Response
 
 from agents.simple_agent.app import MODEL_RETRY, SimpleAgent
-from gymfleet import connections, http
+from gymfleet import connections, http, http_types
 from gymfleet.errors import JudgeError, SandboxError, ServerRefError, TransportError
 from gymfleet.grading.judge import JudgeClient
 from gymfleet.grading.sandbox_client import SandboxClient
@@ -179,7 +179,7 @@ def test_client_pools_let_go_of_idle_connections_before_any_server_closes_them()
     client_idle_s = http.ClientLimits().keepalive_timeout_s
     assert client_idle_s < uvicorn.Config(app).timeout_keep_alive
     aiohttp_default_s = 15.0  # aiohttp's documented default keepalive_timeout
-    for server_idle_s in (_uvicorn_config(app, access_log=False).timeout_keep_alive, connections.SERVER_KEEP_ALIVE_S):
+    for server_idle_s in (_uvicorn_config(app, access_log=False).timeout_keep_alive, http_types.SERVER_KEEP_ALIVE_S):
         assert server_idle_s > max(client_idle_s, aiohttp_default_s)
 
 
@@ -249,7 +249,7 @@ _OPEN_FILES_PROBE = """
 import logging, resource, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, 4096))
-from gymfleet import connections, http
+from gymfleet import connections, http, http_types
 for limit, count in [(100_000, 3000), (1000, 10_000), (100_000, 20_000), (100_000, 20_000)]:
     http.configure(http.ClientLimits(limit=limit, limit_per_host=limit))
     print("case", count, "pool", http.plan_in_flight(count, "rollouts"), flush=True)

@@ -45,7 +45,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import ConfigError, GymfleetError, did_you_mean
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance, client_limits, repository_root
@@ -62,6 +61,7 @@ from gymfleet.fleet.secret_handoff import (  # noqa: F401  (re-exported: callers
     split_secrets,
     take_secrets,
 )
+from gymfleet.http_types import SERVER_KEEP_ALIVE_S
 
 if TYPE_CHECKING:  # imported where used: `ng_run` imports this module and should say its first words quickly
     import uvicorn

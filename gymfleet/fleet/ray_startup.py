@@ -43,7 +43,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.credential import answers_as
@@ -51,6 +50,7 @@ from gymfleet.fleet.launch import bind_socket, own_secrets, split_secrets
 from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources, is_loopback
 from gymfleet.fleet.ray_replica import ReplicaProcess, set_address
 from gymfleet.fleet.readiness import ServerCrashedError
+from gymfleet.http_types import SERVER_KEEP_ALIVE_S
 
 if TYPE_CHECKING:
     pass

@@ -46,7 +46,6 @@ import weakref
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from gymfleet.connections import SERVER_KEEP_ALIVE_S
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import ports
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
@@ -74,6 +73,7 @@ from gymfleet.fleet.readiness import (
 from gymfleet.fleet.server_start import ServerStart, _server_start
 from gymfleet.fleet.watch import Watched
 from gymfleet.fleet.zygote import ForkedProcess, Zygote
+from gymfleet.http_types import SERVER_KEEP_ALIVE_S
 from gymfleet.progress import Progress
 
 if TYPE_CHECKING:  # imported where used, so `ng_run` names the model endpoints it waits for within a second

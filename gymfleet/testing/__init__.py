@@ -27,7 +27,7 @@ from typing import Any
 
 import uvicorn
 
-from gymfleet.connections import SERVER_KEEP_ALIVE_S
+from gymfleet.http_types import SERVER_KEEP_ALIVE_S
 from gymfleet.wire import make_response  # noqa: F401  (tests build responses with it from here)
 
 
