@@ -32,7 +32,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench._common import closed_loop  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
-from gymfleet.testing.nemo_gym_corpus import _ng_run, _prompt_key, folder_config, recorded_rows, task_rows  # noqa: E402
+from gymfleet.testing.nemo_gym_corpus import _ng_run, folder_config  # noqa: E402
+from gymfleet.testing.nemo_gym_recordings import _prompt_key, recorded_rows, task_rows  # noqa: E402
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_wheel  # noqa: E402
 
 START_TIMEOUT_S = 600

@@ -3,22 +3,26 @@
 `try_folder(folder, scratch)` returns a `FolderResult`:
 
 - **start**: the folder's config (`configs/<name>.yaml`, else its first) cut down to the folder's resources
-  server(s) and stand-ins for the model servers they name (gymfleet's `openai_model` pointed at an endpoint nobody
-  serves, one attempt per call: a folder that calls its judge there fails that call at once, typed), written to a
-  scratch file that names the folder with `+server_folders.<instance>=<folder>`; then `ng_run +dry_run=true` and a
-  real `ng_run`, until "All N / N servers ready" (`"dry"` when only the dry run passed, `"yes"` when it served). A
-  folder whose recorded rollouts keep their judge calls gets a stand-in judge answering them
-  (`gymfleet.testing.judge_replay`) instead;
+  server(s) and stand-ins for the model servers they name (gymfleet's `openai_model`, one attempt per call, pointed
+  at a stand-in judge, `gymfleet.testing.judge_replay`, that answers the judge calls the rollouts recorded and
+  refuses, and counts, any other: a folder's judge call fails at once, typed), written to a scratch file that names
+  the folder with `+server_folders.<instance>=<folder>`; then `ng_run +dry_run=true` and a real `ng_run`, until
+  "All N / N servers ready" (`"dry"` when only the dry run passed, `"yes"` when it served);
 - **tests**: the folder's own tests where it lies, in a subprocess of its environment, with NeMo-Gym's pytest
   settings and its tree's imports (`run_tests_in_place`), passed/total from pytest's summary;
 - **rewards**: every row of `data/example_rollouts*.jsonl` with a recorded `reward` and `response`, replayed as
-  NeMo-Gym's agent made it (`replay_request`: the task row from `data/` plus the recorded response): `POST
-  /seed_session` with it, the response's tool calls in order (`POST /<tool>`
+  NeMo-Gym's agent made it (`replay_request`: the row's task, `gymfleet.testing.nemo_gym_recordings.task_for`,
+  plus the recorded response): `POST /seed_session` with it, the response's tool calls in order (`POST /<tool>`
   with their arguments, one cookie jar per row), then `POST /verify`; agreeing means the same reward within 1e-6.
   A Gymnasium folder (`/reset`, `/step`) is replayed as NeMo-Gym's gymnasium_agent ran it: `/reset`, then `/step`
   per recorded model turn, rewards summed (`_episode`). A row that disagrees for want of what a replay cannot have
-  is counted by that want in `blocked`: its task (not in `data/`: the recorded rollout keeps only the prompt, the
-  folder's own request fields are gone) or a judge model (a `judge_failed` row where no judge calls were recorded).
+  is counted by that want in `blocked`: its task (`TASK_MISSING`: not in `data/`, the recorded rollout keeps only
+  the prompt, the folder's own request fields are gone), a judge model (`JUDGE_MISSING`: the folder called its
+  judge for that row and no answer was recorded, whether it failed the row typed or scored the failure itself),
+  its episode's start (`START_MISSING`: `/reset` answers another first observation than the recorded one, as an
+  environment that deals at random does; such a row never counts as agreeing, even where the reward happens to
+  match) or the folder as it was recorded (`OTHER_VERSION`: rows recorded by another
+  version or config of the folder, each with its evidence in `nemo_gym_recordings.OTHER_RECORDING`).
 
 What the folder needs that this machine lacks is said in one line (`why`): `needs(folder)` names containers, Lean and
 GPUs before anything starts; a start, test or replay failure is reduced to its first telling line (`_why`).
@@ -42,7 +46,19 @@ from typing import Any
 import yaml
 
 from gymfleet.testing import free_port
-from gymfleet.testing.judge_replay import JudgeReplay, recorded_judge_calls
+from gymfleet.testing.judge_replay import JudgeReplay
+from gymfleet.testing.nemo_gym_recordings import (
+    OTHER_RECORDING,
+    episode_body,
+    is_gymnasium,
+    materialized_inputs,
+    recorded_rows,
+    recorded_start,
+    recorded_turns,
+    replay_request,
+    task_for,
+    task_rows,
+)
 
 START_TIMEOUT_S = 240
 TESTS_TIMEOUT_S = 600
@@ -51,7 +67,7 @@ NO_NETWORK = re.compile(r"Name or service not known|Temporary failure in name re
                         r"'git', 'clone'[^\]]*'https?://")
 """What a folder's output shows when it reached for the network, which this machine does not have."""
 STUB_MODEL_URL = "http://127.0.0.1:9/v1"
-"""Where stand-in model servers point: the discard port, where nothing answers (a judge call fails, typed)."""
+"""Where stand-in model servers point without a stand-in judge: the discard port, where nothing answers."""
 NEEDS = [  # (pattern over app.py, requirements.txt and the config used, what the folder needs)
     (re.compile(r"^\s*(import|from) docker\b|\bdocker (run|exec|pull|build)\b|\b(apptainer|enroot)\b|docker\.io/|"
                 r"\bdocker_image|dockerhub|\bDocker (daemon|workers)|singularity", re.I | re.M),
@@ -74,7 +90,7 @@ class FolderResult:
     why: list[str] = field(default_factory=list)
     blocked: dict[str, int] = field(default_factory=dict)
     """Recorded rows that did not agree and cannot be replayed here, by what they lack (`TASK_MISSING`: their task
-    row is not in `data/`; `JUDGE_MISSING`: their judge calls failed and were not recorded)."""
+    row is not in `data/`; `JUDGE_MISSING`, `START_MISSING`, `OTHER_VERSION`: see the module docstring)."""
 
     def row(self) -> list[str]:
         tests = f"{self.tests_passed}/{self.tests_total}" if self.tests_total else "-"
@@ -167,11 +183,11 @@ def try_folder(folder: Path, scratch: Path, *, requirements: str = "check", test
     scratch.mkdir(parents=True, exist_ok=True)
     rows = recorded_rows(folder)
     with contextlib.ExitStack() as stack:
-        judge = stack.enter_context(JudgeReplay(rows)) if recorded_judge_calls(rows) else None
+        judge = stack.enter_context(JudgeReplay(rows))  # answers recorded calls; counts the calls it cannot answer
         _try_started(folder, scratch, result, requirements, judge)
-        if judge is not None and judge.misses:
+        if judge.calls and judge.misses:
             result.why.append(f"{judge.misses} judge calls not recorded (stand-in judge: {judge.hits} replayed)")
-        if judge is not None and judge.fuzzy:
+        if judge.fuzzy:
             result.why.append(f"judge prompt changed since recording: {judge.fuzzy} of {judge.hits} judge calls "
                               "answered with the row's recorded verdict")
     if tests and (folder / "tests").is_dir():
@@ -181,8 +197,7 @@ def try_folder(folder: Path, scratch: Path, *, requirements: str = "check", test
 
 def _try_started(folder: Path, scratch: Path, result: FolderResult, requirements: str,
                  judge: JudgeReplay | None) -> None:
-    """The dry run, then the real start and the replay; the folder's judge models point at `judge` when it
-    recorded its judge's calls."""
+    """The dry run, then the real start and the replay; the folder's model servers point at `judge`."""
     try:
         data, servers = folder_config(folder, judge.url if judge is not None else STUB_MODEL_URL)
     except (RuntimeError, yaml.YAMLError) as exc:
@@ -250,96 +265,22 @@ def _stop(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def recorded_rows(folder: Path) -> list[dict]:
-    """The recorded rollouts (`data/example_rollouts*.jsonl`) that carry a reward and a response."""
-    rows = []
-    for path in sorted((folder / "data").glob("example_rollouts*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a Git LFS pointer or an empty line
-            if isinstance(row, dict) and isinstance(row.get("reward"), (int, float)) and row.get("response"):
-                rows.append(row)
-    return rows
-
-
-TASK_FILE_LIMIT = 50_000_000
-"""Task files larger than this are not read to complete rollout rows (a bench run reads every folder's data)."""
-
-
-def _prompt_key(row: dict) -> str:
-    """A row's prompt as (role, content) pairs: recorded rollouts spell the same messages with more fields."""
-    messages = (row.get("responses_create_params") or {}).get("input")
-    if isinstance(messages, list):
-        messages = [(m.get("role"), m.get("content")) if isinstance(m, dict) else m for m in messages]
-    return json.dumps(messages, sort_keys=True)
-
-
-def task_rows(folder: Path) -> dict[str, dict]:
-    """The folder's task rows (`data/*.jsonl` but the rollouts) by their prompt: a recorded rollout keeps only some
-    task fields (mcqa's rows lack `options`), so its `/verify` body is the task row with the rollout over it."""
-    found: dict[str, dict] = {}
-    for path in sorted((folder / "data").glob("*.jsonl")):
-        if "rollouts" in path.name or path.stat().st_size > TASK_FILE_LIMIT:
-            continue
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                found.setdefault(_prompt_key(row), row)
-    return found
-
-
-def replay_request(row: dict, task: dict) -> dict:
-    """The `/verify` body NeMo-Gym's agent sent for a recorded rollout `row`: its task row, the recorded `response`
-    and the row's `_ng_*` keys. A recorded row is the verify *answer* (the task echoed plus what verify computed:
-    `extracted_answer`, ...), so sending it whole would hand verify its own outputs as inputs (a folder that builds
-    `Answer(**body.model_dump(), extracted_answer=...)` then fails with "multiple values"). Without its task row
-    (not in `data/`), the row less `reward` is the best there is."""
-    if not task:
-        return {key: value for key, value in row.items() if key != "reward"}
-    keys = {key: value for key, value in row.items() if key.startswith("_ng_")}
-    return {**task, "response": row["response"], **keys}
-
-
 TASK_MISSING = "its task (not in data/)"
 JUDGE_MISSING = "a judge model (judge calls not recorded)"
+START_MISSING = "its episode's start (/reset gives another first observation: unseeded, or another seed or version)"
+OTHER_VERSION = "the folder as recorded (another version or config of it: see OTHER_RECORDING)"
 
 
-EPISODE_OUTPUT_KEYS = frozenset({"reward", "response", "info", "terminated", "truncated", "failure_kind",
-                                 "failure_reason", "mask_sample"})
-"""What NeMo-Gym's gymnasium_agent adds to a task row (left out of the replayed `/reset` when the task is not in
-`data/`)."""
-
-
-def is_gymnasium(folder: Path) -> bool:
-    """Whether the folder's server speaks NeMo-Gym's Gymnasium protocol (`/reset`, `/step`) instead of `/verify`."""
-    return "GymnasiumServer" in (folder / "app.py").read_text(errors="replace")
-
-
-def model_turns(output: list) -> list[list]:
-    """A recorded episode's output cut into the model's turns: each turn ends where the environment's answer
-    (a `function_call_output` or a user message, appended by gymnasium_agent after `/step`) begins."""
-    turns: list[list] = [[]]
-    for item in output:
-        if isinstance(item, dict) and (item.get("type") == "function_call_output" or item.get("role") == "user"):
-            if turns[-1]:
-                turns.append([])
-        else:
-            turns[-1].append(item)
-    return [turn for turn in turns if turn]
-
-
-def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any]:
+def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any, bool]:
     """Replay a Gymnasium episode as gymnasium_agent ran it: `/reset` with the task row, then `/step` with each
-    recorded model turn until the episode ends; (status, text, summed reward) of the first failed call or the last."""
-    body = task or {key: value for key, value in row.items() if key not in EPISODE_OUTPUT_KEYS}
+    recorded model turn until the episode ends; (status, text, summed reward) of the first failed call or the last,
+    and whether `/reset` started where the recording did (its first observation, where the row shows it)."""
+    body = episode_body(row, task)
     reply = client.post("/reset", json=body)
+    start = recorded_start(row, task)
+    same_start = start is None or reply.status_code != 200 or (reply.json() or {}).get("observation") == start
     total = 0.0
-    for turn in model_turns(row["response"].get("output") or []):
+    for turn in recorded_turns(row):
         if reply.status_code != 200:
             break
         reply = client.post("/step", json={**body, "response": {**row["response"], "output": turn}})
@@ -348,7 +289,7 @@ def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any]:
             total += step.get("reward") or 0.0
             if step.get("terminated") or step.get("truncated"):
                 break
-    return reply.status_code, reply.text, total
+    return reply.status_code, reply.text, total, same_start
 
 
 def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str] | None = None,
@@ -357,27 +298,32 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
 
     gymnasium = is_gymnasium(folder)
     rows = recorded_rows(folder)
-    tasks = task_rows(folder)
+    tasks, inputs = task_rows(folder), materialized_inputs(folder)
     result.rows = len(rows)
     first_problem = None
     orphans = 0
     blocked: dict[str, int] = {}
-    for row in rows:
-        task = tasks.get(_prompt_key(row), {})
+    for index, row in enumerate(rows):
+        task = task_for(row, tasks, inputs)
         orphans += not task
         lacks = None if task else TASK_MISSING
         request = replay_request(row, task)
         if judge is not None:
             judge.replaying(row)
+        misses = judge.misses if judge is not None else 0
         try:
             with httpx.Client(base_url=url, timeout=120, headers=headers) as client:
                 if gymnasium:
-                    status, text, got = _episode(client, row, task)
-                    if status == 200 and abs(got - row["reward"]) <= 1e-6:
+                    status, text, got, same_start = _episode(client, row, task)
+                    if status == 200 and abs(got - row["reward"]) <= 1e-6 and same_start:
                         result.agree += 1
                         continue
-                    first_problem = first_problem or (f"episode {status}: {_why(text)}" if status != 200 else
-                                                      f"episode reward {got} != recorded {row['reward']}")
+                    first_problem = first_problem or (
+                        f"episode {status}: {_why(text)}" if status != 200 else
+                        f"episode reward {got} != recorded {row['reward']}" if same_start else
+                        f"episode started elsewhere than recorded (reward {got}, recorded {row['reward']})")
+                    lacks = lacks or (None if same_start else START_MISSING) or (
+                        OTHER_VERSION if (folder.name, index) in OTHER_RECORDING else None)
                     if lacks:
                         blocked[lacks] = blocked.get(lacks, 0) + 1
                     continue
@@ -406,13 +352,17 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
             failure = body.get("_ng_failure_class")
             first_problem = first_problem or (f"reward {got} != recorded {row['reward']}"
                                               + (f" ({failure})" if failure else ""))
-            lacks = lacks or (JUDGE_MISSING if failure == "judge_failed" and judge is None else None)
+            judged_without_answer = judge is not None and judge.misses > misses  # its verify may score that 0
+            lacks = lacks or (JUDGE_MISSING if judged_without_answer or failure == "judge_failed" and judge is None
+                              else None) or (OTHER_VERSION if (folder.name, index) in OTHER_RECORDING else None)
             if lacks:
                 blocked[lacks] = blocked.get(lacks, 0) + 1
     result.blocked = blocked
     if first_problem:
+        reasons = dict.fromkeys(reason for (name, _), reason in OTHER_RECORDING.items() if name == folder.name)
+        explained = f" (rows recorded {'; '.join(reasons)})" if reasons else ""
         result.why.append((f"{orphans}/{len(rows)} recorded rows' task not in data/ (replayed without it): "
-                           if orphans else "") + first_problem)
+                           if orphans else "") + first_problem + explained)
 
 
 def run_tests_in_place(folder: Path, scratch: Path, python: str | None = None, timeout_s: float = TESTS_TIMEOUT_S,

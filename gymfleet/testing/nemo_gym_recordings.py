@@ -1,0 +1,196 @@
+"""What NeMo-Gym recorded with a folder's rollouts, read back for replay (`gymfleet.testing.nemo_gym_corpus`).
+
+A folder's `data/example_rollouts*.jsonl` holds one row per rollout: the task row the agent was given, what the
+agent and `/verify` (or the episode) added (`response`, `reward`, ...) and `_ng_task_index`/`_ng_rollout_index`.
+What a replay needs back from them:
+
+- **the task row**: NeMo-Gym writes the inputs it fed the agent beside the rollouts
+  (`<rollouts>_materialized_inputs.jsonl`, keyed by `_ng_task_index`/`_ng_rollout_index`), which keep per-row
+  fields a prompt does not tell apart (grl_sokoban's five tasks share one prompt and differ by `seed`); else the
+  task row of `data/*.jsonl` with the row's prompt (`task_for`);
+- **the model's turns** of an episode (`recorded_turns`): gymnasium_agent's output cut where the environment
+  answered, or, where a folder's own generator kept only the last turn's `response` and every step's action in a
+  `trajectory` (openair_congestion), those actions;
+- **where the episode started** (`recorded_start`): the observation gymnasium_agent appended after the task's
+  prompt, to tell an episode that cannot be replayed (an environment that deals at random, no seed in the row) from
+  one that disagrees.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TASK_FILE_LIMIT = 50_000_000
+"""Task files larger than this are not read to complete rollout rows (a bench run reads every folder's data)."""
+
+EPISODE_OUTPUT_KEYS = frozenset({"reward", "response", "info", "terminated", "truncated", "failure_kind",
+                                 "failure_reason", "mask_sample"})
+"""What NeMo-Gym's gymnasium_agent adds to a task row (left out of the replayed `/reset` when the task is not in
+`data/`)."""
+
+MATERIALIZED = "_materialized_inputs.jsonl"
+
+
+def _jsonl(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a Git LFS pointer or an empty line
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def recorded_rows(folder: Path) -> list[dict]:
+    """The recorded rollouts (`data/example_rollouts*.jsonl`) that carry a reward and a response."""
+    return [row for path in sorted((folder / "data").glob("example_rollouts*.jsonl")) for row in _jsonl(path)
+            if isinstance(row.get("reward"), (int, float)) and row.get("response")]
+
+
+def _messages(row: dict) -> Any:
+    """A row's prompt as (role, content) pairs: recorded rollouts spell the same messages with more fields."""
+    messages = (row.get("responses_create_params") or {}).get("input")
+    if isinstance(messages, list):
+        messages = [(m.get("role"), m.get("content")) if isinstance(m, dict) else m for m in messages]
+    return messages
+
+
+def _prompt_key(row: dict) -> str:
+    return json.dumps(_messages(row), sort_keys=True)
+
+
+def task_rows(folder: Path) -> dict[str, dict]:
+    """The folder's task rows (`data/*.jsonl` but the rollouts) by their prompt: a recorded rollout keeps only some
+    task fields (mcqa's rows lack `options`), so its `/verify` body is the task row with the rollout over it."""
+    found: dict[str, dict] = {}
+    for path in sorted((folder / "data").glob("*.jsonl")):
+        if "rollouts" in path.name or path.stat().st_size > TASK_FILE_LIMIT:
+            continue
+        for row in _jsonl(path):
+            found.setdefault(_prompt_key(row), row)
+    return found
+
+
+def materialized_inputs(folder: Path) -> dict[tuple[Any, Any], list[dict]]:
+    """The inputs NeMo-Gym fed its agent for the recorded rollouts, by (`_ng_task_index`, `_ng_rollout_index`)
+    (several rollout files may share indices: `task_for` tells them apart by prompt)."""
+    found: dict[tuple[Any, Any], list[dict]] = {}
+    for path in sorted((folder / "data").glob(f"example_rollouts*{MATERIALIZED}")):
+        if path.stat().st_size <= TASK_FILE_LIMIT:
+            for row in _jsonl(path):
+                found.setdefault((row.get("_ng_task_index"), row.get("_ng_rollout_index")), []).append(row)
+    return found
+
+
+def _extends(row: dict, task: dict) -> bool:
+    """Whether `row`'s prompt is `task`'s, or `task`'s followed by what the agent appended (the first observation)."""
+    mine, theirs = _messages(row), _messages(task)
+    if isinstance(mine, list) and isinstance(theirs, list):
+        return mine[:len(theirs)] == theirs
+    return mine == theirs
+
+
+def task_for(row: dict, tasks: dict[str, dict], inputs: dict[tuple[Any, Any], list[dict]]) -> dict:
+    """The task row `row` was recorded from (see the module docstring); `{}` when neither has it."""
+    for task in inputs.get((row.get("_ng_task_index"), row.get("_ng_rollout_index")), []):
+        if _extends(row, task):
+            return task
+    return tasks.get(_prompt_key(row), {})
+
+
+def replay_request(row: dict, task: dict) -> dict:
+    """The `/verify` body NeMo-Gym's agent sent for a recorded rollout `row`: its task row, the recorded `response`
+    and the row's `_ng_*` keys. A recorded row is the verify *answer* (the task echoed plus what verify computed:
+    `extracted_answer`, ...), so sending it whole would hand verify its own outputs as inputs (a folder that builds
+    `Answer(**body.model_dump(), extracted_answer=...)` then fails with "multiple values"). Without its task row
+    (not in `data/`), the row less `reward` is the best there is."""
+    if not task:
+        return {key: value for key, value in row.items() if key != "reward"}
+    keys = {key: value for key, value in row.items() if key.startswith("_ng_")}
+    return {**task, "response": row["response"], **keys}
+
+
+def episode_body(row: dict, task: dict) -> dict:
+    """The `/reset` (and `/step`) body of a recorded episode: its task row, with the values the row recorded for the
+    task's own fields (openair_congestion's rows were recorded with `max_steps: 2` over its task's 16; the prompt
+    stays the task's: gymnasium_agent appends the first observation to the recorded one). Without its task row,
+    the row less what the episode added."""
+    if not task:
+        return {key: value for key, value in row.items() if key not in EPISODE_OUTPUT_KEYS}
+    return {**task, **{key: row[key] for key in task if key in row and key != "responses_create_params"
+                       and key not in EPISODE_OUTPUT_KEYS}}
+
+
+def is_gymnasium(folder: Path) -> bool:
+    """Whether the folder's server speaks NeMo-Gym's Gymnasium protocol (`/reset`, `/step`) instead of `/verify`."""
+    return "GymnasiumServer" in (folder / "app.py").read_text(errors="replace")
+
+
+def model_turns(output: list) -> list[list]:
+    """A recorded episode's output cut into the model's turns: each turn ends where the environment's answer
+    (a `function_call_output` or a user message, appended by gymnasium_agent after `/step`) begins."""
+    turns: list[list] = [[]]
+    for item in output:
+        if isinstance(item, dict) and (item.get("type") == "function_call_output" or item.get("role") == "user"):
+            if turns[-1]:
+                turns.append([])
+        else:
+            turns[-1].append(item)
+    return [turn for turn in turns if turn]
+
+
+def recorded_turns(row: dict) -> list[list]:
+    """The model's turns of a recorded episode: `model_turns` of its output, or, where the row keeps more steps in a
+    `trajectory` of `{action: {name, arguments}}` than its output shows, one tool call per recorded action."""
+    turns = model_turns(row["response"].get("output") or [])
+    trajectory = row.get("trajectory")
+    if not isinstance(trajectory, list) or len(trajectory) <= len(turns):
+        return turns
+    actions = [step.get("action") if isinstance(step, dict) else None for step in trajectory]
+    if not all(isinstance(action, dict) and isinstance(action.get("name"), str) for action in actions):
+        return turns
+    return [[{"type": "function_call", "id": f"fc_{index}", "call_id": f"call_{index}", "status": "completed",
+              "name": action["name"], "arguments": json.dumps(action.get("arguments") or {})}]
+            for index, action in enumerate(actions)]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
+    return content if isinstance(content, str) else ""
+
+
+def recorded_start(row: dict, task: dict) -> str | None:
+    """The first observation of a recorded episode: the message gymnasium_agent appended to the task's prompt after
+    `/reset` (None when the row does not show one)."""
+    mine, theirs = _messages(row), _messages(task) if task else None
+    if not (isinstance(mine, list) and isinstance(theirs, list)) or len(mine) <= len(theirs) \
+            or mine[:len(theirs)] != theirs:
+        return None
+    added = mine[len(theirs)]
+    return _text(added[1]) if isinstance(added, tuple) else None
+
+
+_AGENTIF = ("by an earlier agentif whose reward was the row's constraint success rate: each recorded reward is "
+            "round(n_true / (n_true + n_false), 4) of the row's own counts (9/12 = 0.75), while 0.7.0's verify "
+            "rewards the instruction success rate, float(isr_pass), 0 for four of the five (and needs a judge "
+            "model, whose calls were not recorded)")
+OTHER_RECORDING: dict[tuple[str, int], str] = {
+    **{("agentif", index): _AGENTIF for index in range(5)},
+    **{("lc_niah", index): "with `overlap_metric_rule: lcs` where the shipped config says `ngram16`: its own "
+                           "verify, called in process, gives the recorded rewards with `lcs` and gymfleet's with "
+                           "the shipped config" for index in range(5)},
+    ("math_with_code", 4): "by an earlier `_extract_boxed_answer` that cut a boxed answer at its first `}` (the "
+                           "rows' recorded `extracted_answer`: `\\sqrt{2`, `\\dfrac{83`): 0.7.0's matches braces "
+                           "and scores `\\boxed{\\sqrt{2}}` against the expected `\\(\\sqrt{2}\\)` 1.0",
+    ("mcqa", 2): "before 0.7.0's boxed-letter parsing: `\\boxed{C: <option text>}` was extracted_answer None "
+                 "(reward 0); 0.7.0's mcqa/app.py extracts C (reward 1)",
+}
+"""Recorded rows, by (folder, index in `recorded_rows`), that another version or config of the folder recorded:
+0.7.0's own code scores them as gymfleet serves them (each reason's evidence is checked in
+`tests/test_nemo_gym_recordings.py` or `tests/test_nemo_gym_folders.py`). The corpus bench counts such a row apart
+(`OTHER_VERSION`) only when it disagrees."""
