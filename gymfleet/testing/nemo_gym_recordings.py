@@ -7,7 +7,8 @@ What a replay needs back from them:
 - **the task row**: NeMo-Gym writes the inputs it fed the agent beside the rollouts
   (`<rollouts>_materialized_inputs.jsonl`, keyed by `_ng_task_index`/`_ng_rollout_index`), which keep per-row
   fields a prompt does not tell apart (grl_sokoban's five tasks share one prompt and differ by `seed`); else the
-  task row of `data/*.jsonl` with the row's prompt (`task_for`);
+  task row of `data/*.jsonl` with the row's prompt, or with all of it but the observation gymnasium_agent
+  appended (`task_for`);
 - **the model's turns** of an episode (`recorded_turns`): gymnasium_agent's output cut where the environment
   answered, or, where a folder's own generator kept only the last turn's `response` and every step's action in a
   `trajectory` (openair_congestion), those actions;
@@ -60,7 +61,7 @@ def _messages(row: dict) -> Any:
 
 
 def _prompt_key(row: dict) -> str:
-    return json.dumps(_messages(row), sort_keys=True)
+    return json.dumps(_messages(row), sort_keys=True)  # lists of pairs: what json.dumps of a prefix gives too
 
 
 def task_rows(folder: Path) -> dict[str, dict]:
@@ -99,7 +100,13 @@ def task_for(row: dict, tasks: dict[str, dict], inputs: dict[tuple[Any, Any], li
     for task in inputs.get((row.get("_ng_task_index"), row.get("_ng_rollout_index")), []):
         if _extends(row, task):
             return task
-    return tasks.get(_prompt_key(row), {})
+    messages = _messages(row)
+    prompts = [messages, messages[:-1]] if isinstance(messages, list) and messages else [messages]
+    for prompt in prompts:  # the row's prompt, else all but its last message (an episode's first observation)
+        task = tasks.get(json.dumps(prompt, sort_keys=True))
+        if task is not None:
+            return task
+    return {}
 
 
 def replay_request(row: dict, task: dict) -> dict:

@@ -1,0 +1,197 @@
+"""Reading NeMo-Gym's recorded rollouts back for replay (`gymfleet.testing.nemo_gym_recordings`) and how the corpus
+bench counts a row that cannot be replayed here: each row's own task (tasks that share a prompt told apart by the
+inputs NeMo-Gym materialized), an episode's turns and start, a judge the folder called with no answer recorded, and
+the rows another version of a folder recorded, each with its evidence checked against the wheel's own files."""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import re
+
+from fastapi import FastAPI, Request
+
+from gymfleet.testing import serve
+from gymfleet.testing.judge_replay import JudgeReplay
+from gymfleet.testing.nemo_gym_corpus import JUDGE_MISSING, START_MISSING, FolderResult, _replay
+from gymfleet.testing.nemo_gym_recordings import (
+    OTHER_RECORDING,
+    episode_body,
+    materialized_inputs,
+    recorded_rows,
+    recorded_start,
+    recorded_turns,
+    task_for,
+    task_rows,
+)
+from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
+
+PROMPT = [{"role": "system", "content": "play"}, {"role": "user", "content": "start"}]
+
+
+def _write(path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _observation(seed: int) -> str:
+    return f"board of seed {seed}"
+
+
+def test_each_recorded_row_gets_its_own_task_even_where_tasks_share_a_prompt(tmp_path):
+    """grl_sokoban's five tasks share one prompt and differ by seed; gymnasium_agent appends the first observation to
+    the recorded prompt. Over generated folders (tasks sharing prompts, rollouts shuffled, several rollouts a task),
+    each row's task is the one NeMo-Gym materialized for its (task, rollout) index."""
+    for trial in range(20):
+        rng = random.Random(trial)
+        seeds = rng.sample(range(10_000), rng.randint(2, 6))
+        tasks = [{"seed": seed, "responses_create_params": {"input": PROMPT}} for seed in seeds]
+        rollouts, inputs = [], []
+        for task_index, task in enumerate(tasks):
+            for rollout_index in range(rng.randint(1, 3)):
+                keys = {"_ng_task_index": task_index, "_ng_rollout_index": rollout_index}
+                inputs.append({**task, **keys})
+                prompt = [*PROMPT, {"role": "user", "content": _observation(task["seed"]), "type": "message"}]
+                rollouts.append({"responses_create_params": {"input": prompt}, "response": {"output": []},
+                                 "reward": 1.0, **keys})
+        rng.shuffle(rollouts)
+        folder = tmp_path / str(trial)
+        _write(folder / "data" / "example.jsonl", tasks)
+        _write(folder / "data" / "example_rollouts.jsonl", rollouts)
+        _write(folder / "data" / "example_rollouts_materialized_inputs.jsonl", inputs)
+        by_prompt, materialized = task_rows(folder), materialized_inputs(folder)
+        for row in recorded_rows(folder):
+            task = task_for(row, by_prompt, materialized)
+            assert _observation(task["seed"]) == recorded_start(row, task), (trial, row)
+            assert task["_ng_task_index"] == row["_ng_task_index"]
+
+
+def test_without_materialized_inputs_a_row_gets_the_task_with_its_prompt(tmp_path):
+    folder = tmp_path / "f"
+    _write(folder / "data" / "example.jsonl", [{"x": 1, "responses_create_params": {"input": "q1"}},
+                                               {"x": 2, "responses_create_params": {"input": "q2"}}])
+    row = {"responses_create_params": {"input": "q2", "model": "m"}, "response": {}, "_ng_task_index": 0}
+    assert task_for(row, task_rows(folder), materialized_inputs(folder))["x"] == 2
+    assert task_for({**row, "responses_create_params": {"input": "q3"}}, task_rows(folder), {}) == {}
+
+
+def test_an_episode_replays_the_rows_own_task_fields_and_its_recorded_trajectory():
+    """openair_congestion's generator recorded `max_steps: 2` over its task's 16 and kept only the last turn in
+    `response`, every step's action in `trajectory`."""
+    task = {"max_steps": 16, "seed": 1, "responses_create_params": {"input": PROMPT}}
+    last = {"type": "function_call", "name": "noop", "arguments": "{}"}
+    row = {**task, "max_steps": 2, "reward": -0.8, "info": {}, "responses_create_params": {"input": [*PROMPT, "x"]},
+           "response": {"output": [last]}, "trajectory": [{"action": {"name": "boost", "arguments": {"db": 3}}},
+                                                          {"action": {"name": "noop", "arguments": {}}}]}
+    body = episode_body(row, task)
+    assert body == {**task, "max_steps": 2}, "the task's prompt, the row's values for the task's fields"
+    turns = recorded_turns(row)
+    assert [(turn[0]["name"], json.loads(turn[0]["arguments"])) for turn in turns] == [("boost", {"db": 3}),
+                                                                                        ("noop", {})]
+    assert recorded_turns({**row, "trajectory": [{"action": {"name": "noop"}}]}) == [[last]], "output has as many"
+    said = {"role": "assistant", "content": "a"}
+    heard = {"role": "user", "content": "obs"}
+    assert recorded_turns({"response": {"output": [said, heard, said]}}) == [[said], [said]]
+
+
+def _episode_app(deal_at_random: bool) -> FastAPI:
+    app = FastAPI()
+    dealt = iter(range(1000, 2000))
+
+    @app.post("/reset")
+    async def reset(request: Request) -> dict:
+        body = await request.json()
+        return {"observation": _observation(next(dealt) if deal_at_random else body["seed"]), "info": {}}
+
+    @app.post("/step")
+    async def step(request: Request) -> dict:
+        return {"observation": None, "reward": 1.0, "terminated": True, "truncated": False, "info": {}}
+
+    return app
+
+
+def test_an_episode_that_starts_elsewhere_than_recorded_is_counted_apart_never_as_agreeing(tmp_path):
+    """blackjack deals at random (no seed): whatever reward a replay gets, it is another game."""
+    folder = tmp_path / "env"
+    (folder / "data").mkdir(parents=True)
+    (folder / "app.py").write_text("class Env(GymnasiumServer): ...\n")
+    task = {"seed": 7, "responses_create_params": {"input": PROMPT}}
+    prompt = [*PROMPT, {"role": "user", "content": _observation(7)}]
+    _write(folder / "data" / "example.jsonl", [task])
+    _write(folder / "data" / "example_rollouts.jsonl", [
+        {**task, "responses_create_params": {"input": prompt}, "reward": 1.0,
+         "response": {"output": [{"role": "assistant", "content": "hit"}]}}])
+    for deal_at_random, agree, blocked in [(False, 1, {}), (True, 0, {START_MISSING: 1})]:
+        result = FolderResult("env")
+        with serve(_episode_app(deal_at_random)) as url:
+            _replay(folder, url, result)
+        assert (result.agree, result.rows, result.blocked) == (agree, 1, blocked), result.why
+
+
+def test_a_row_whose_verify_called_a_judge_nobody_recorded_is_counted_as_lacking_a_judge(tmp_path):
+    """agentif and longmemeval score a failed judge call 0 themselves (no `judge_failed`): the stand-in judge counts
+    the calls it could not answer, so such a row is told apart from one that disagrees without calling it."""
+    import httpx
+
+    app = FastAPI()
+    judge_url = {}
+
+    @app.post("/verify")
+    async def verify(request: Request) -> dict:
+        body = await request.json()
+        if body["question"] == "judged":
+            async with httpx.AsyncClient() as client:
+                await client.post(f"{judge_url['url']}/responses", json={"input": "is it right?"})
+        return {"reward": 0.0}
+
+    rows = [{"responses_create_params": {"input": q}, "question": q, "response": {"output": []}, "reward": 1.0}
+            for q in ("judged", "plain")]
+    folder = tmp_path / "f"
+    _write(folder / "data" / "example_rollouts.jsonl", rows)
+    _write(folder / "data" / "example.jsonl", [{k: v for k, v in row.items() if k != "reward"} for row in rows])
+    (folder / "app.py").write_text("")
+    result = FolderResult("f")
+    with JudgeReplay(rows) as judge, serve(app) as url:
+        judge_url["url"] = judge.url
+        _replay(folder, url, result, judge=judge)
+    assert (result.agree, result.rows, result.blocked) == (0, 2, {JUDGE_MISSING: 1}), "plain disagrees: counted"
+    assert judge.misses == 1
+
+
+def _recorded(name: str) -> list[dict]:
+    return recorded_rows(nemo_gym_folder(name))
+
+
+def test_every_row_said_to_be_recorded_by_another_version_exists_and_the_evidence_holds():
+    """The reasons in OTHER_RECORDING, checked against the wheel's own files (so none outlives its reason)."""
+    for name, index in OTHER_RECORDING:
+        assert index < len(_recorded(name)), (name, index)
+    app = (nemo_gym_folder("agentif") / "app.py").read_text()
+    assert "reward=float(isr_pass)" in app, "0.7.0's agentif rewards the instruction success rate"
+    for row in _recorded("agentif"):
+        csr = row["n_true"] / (row["n_true"] + row["n_false"])
+        assert row["reward"] == round(csr, 4) and (row["reward"] != row["isr_pass"] or row["isr_pass"] == 1)
+    for row in _recorded("lc_niah"):  # the folder's rule: answer_score * (1 - overlap), overlap per its config
+        assert abs(row["reward"] - row["answer_score"] * (1 - row["overlap_lcs"])) < 1e-9
+        assert abs(row["reward"] - row["answer_score"] * (1 - row["overlap_ngram16"])) > 1e-3
+    assert "overlap_metric_rule: ngram16" in (nemo_gym_folder("lc_niah") / "configs" / "lc_niah.yaml").read_text()
+
+
+def test_math_with_code_s_own_0_7_0_answer_extraction_scores_the_row_recorded_as_0_as_correct():
+    """math_with_code's row 4 recorded `extracted_answer: "\\sqrt{2"` (reward 0): its 0.7.0 helpers, taken from its
+    app.py and run on the recorded answer text, extract `\\sqrt{2}` and match the expected `\\(\\sqrt{2}\\)`."""
+    source = (nemo_gym_folder("math_with_code") / "app.py").read_text()
+    tree = ast.parse(source)
+    wanted = {"_normalize_answer", "_answers_match", "_extract_boxed_answer"}
+    helpers = ast.Module([node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in wanted],
+                         type_ignores=[])
+    scope = {"Optional": __import__("typing").Optional, "re": re}
+    exec(compile(helpers, "math_with_code/app.py", "exec"), scope)  # noqa: S102 - the folder's own pure helpers
+    row = _recorded("math_with_code")[4]
+    assert ("math_with_code", 4) in OTHER_RECORDING and row["reward"] == 0.0 and row["extracted_answer"] == "\\sqrt{2"
+    text = "".join(part["text"] for part in row["response"]["output"][-1]["content"])
+    extracted = scope["_extract_boxed_answer"](text)
+    assert extracted == "\\sqrt{2}"
+    expected = json.loads((nemo_gym_folder("math_with_code") / "data" / "example.jsonl").read_text().splitlines()[3])
+    assert scope["_answers_match"](extracted, expected["expected_result"])
