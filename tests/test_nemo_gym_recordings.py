@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 
 from gymfleet.testing import serve
 from gymfleet.testing.judge_replay import JudgeReplay
-from gymfleet.testing.nemo_gym_corpus import JUDGE_MISSING, START_MISSING, FolderResult, _replay
+from gymfleet.testing.nemo_gym_corpus import DIVERGED, JUDGE_MISSING, FolderResult, _replay
 from gymfleet.testing.nemo_gym_recordings import (
     OTHER_RECORDING,
     episode_body,
@@ -95,38 +95,47 @@ def test_an_episode_replays_the_rows_own_task_fields_and_its_recorded_trajectory
     assert recorded_turns({"response": {"output": [said, heard, said]}}) == [[said], [said]]
 
 
-def _episode_app(deal_at_random: bool) -> FastAPI:
+def _episode_app(mode: str) -> FastAPI:
+    """An environment that deals from its seed (`seeded`), deals at random (`deals`), or deals from its seed and
+    then draws at random (`drifts`, as grl_tetris does from state its seeded reset does not reset)."""
     app = FastAPI()
-    dealt = iter(range(1000, 2000))
+    drawn = iter(range(1000, 2000))
+    steps = iter(range(1000))
 
     @app.post("/reset")
     async def reset(request: Request) -> dict:
         body = await request.json()
-        return {"observation": _observation(next(dealt) if deal_at_random else body["seed"]), "info": {}}
+        return {"observation": _observation(next(drawn) if mode == "deals" else body["seed"]), "info": {}}
 
     @app.post("/step")
     async def step(request: Request) -> dict:
-        return {"observation": None, "reward": 1.0, "terminated": True, "truncated": False, "info": {}}
+        body = await request.json()
+        last = next(steps) % 2 == 1
+        seen = f"after {next(drawn) if mode == 'drifts' else body['seed']}"
+        return {"observation": None if last else seen, "reward": 0.5, "terminated": last, "truncated": False,
+                "info": {}}
 
     return app
 
 
-def test_an_episode_that_starts_elsewhere_than_recorded_is_counted_apart_never_as_agreeing(tmp_path):
-    """blackjack deals at random (no seed): whatever reward a replay gets, it is another game."""
+def test_an_episode_that_goes_otherwise_than_recorded_is_counted_apart_never_as_agreeing(tmp_path):
+    """blackjack deals at random (no seed), grl_tetris draws later pieces from state its seeded reset keeps:
+    whatever reward a replay gets, it is another game."""
     folder = tmp_path / "env"
     (folder / "data").mkdir(parents=True)
     (folder / "app.py").write_text("class Env(GymnasiumServer): ...\n")
     task = {"seed": 7, "responses_create_params": {"input": PROMPT}}
     prompt = [*PROMPT, {"role": "user", "content": _observation(7)}]
     _write(folder / "data" / "example.jsonl", [task])
+    moves = [{"role": "assistant", "content": "hit"}, {"role": "user", "content": "after 7"},
+             {"role": "assistant", "content": "stand"}]
     _write(folder / "data" / "example_rollouts.jsonl", [
-        {**task, "responses_create_params": {"input": prompt}, "reward": 1.0,
-         "response": {"output": [{"role": "assistant", "content": "hit"}]}}])
-    for deal_at_random, agree, blocked in [(False, 1, {}), (True, 0, {START_MISSING: 1})]:
+        {**task, "responses_create_params": {"input": prompt}, "reward": 1.0, "response": {"output": moves}}])
+    for mode, agree, blocked in [("seeded", 1, {}), ("deals", 0, {DIVERGED: 1}), ("drifts", 0, {DIVERGED: 1})]:
         result = FolderResult("env")
-        with serve(_episode_app(deal_at_random)) as url:
+        with serve(_episode_app(mode)) as url:
             _replay(folder, url, result)
-        assert (result.agree, result.rows, result.blocked) == (agree, 1, blocked), result.why
+        assert (result.agree, result.rows, result.blocked) == (agree, 1, blocked), (mode, result.why)
 
 
 def test_a_row_whose_verify_called_a_judge_nobody_recorded_is_counted_as_lacking_a_judge(tmp_path):

@@ -19,9 +19,10 @@
   is counted by that want in `blocked`: its task (`TASK_MISSING`: not in `data/`, the recorded rollout keeps only
   the prompt, the folder's own request fields are gone), a judge model (`JUDGE_MISSING`: the folder called its
   judge for that row and no answer was recorded, whether it failed the row typed or scored the failure itself),
-  its episode's start (`START_MISSING`: `/reset` answers another first observation than the recorded one, as an
-  environment that deals at random does; such a row never counts as agreeing, even where the reward happens to
-  match) or the folder as it was recorded (`OTHER_VERSION`: rows recorded by another
+  its episode (`DIVERGED`: `/reset` or a `/step` answers another observation than the recorded one to the
+  recorded moves, as an environment that deals at random does; such a row never counts as agreeing, even where the
+  reward happens to match; a deterministic folder served right answers every observation as recorded) or the folder
+  as it was recorded (`OTHER_VERSION`: rows recorded by another
   version or config of the folder, each with its evidence in `nemo_gym_recordings.OTHER_RECORDING`).
 
 What the folder needs that this machine lacks is said in one line (`why`): `needs(folder)` names containers, Lean and
@@ -52,6 +53,8 @@ from gymfleet.testing.nemo_gym_recordings import (
     episode_body,
     is_gymnasium,
     materialized_inputs,
+    model_turns,
+    recorded_observations,
     recorded_rows,
     recorded_start,
     recorded_turns,
@@ -90,7 +93,7 @@ class FolderResult:
     why: list[str] = field(default_factory=list)
     blocked: dict[str, int] = field(default_factory=dict)
     """Recorded rows that did not agree and cannot be replayed here, by what they lack (`TASK_MISSING`: their task
-    row is not in `data/`; `JUDGE_MISSING`, `START_MISSING`, `OTHER_VERSION`: see the module docstring)."""
+    row is not in `data/`; `JUDGE_MISSING`, `DIVERGED`, `OTHER_VERSION`: see the module docstring)."""
 
     def row(self) -> list[str]:
         tests = f"{self.tests_passed}/{self.tests_total}" if self.tests_total else "-"
@@ -267,29 +270,34 @@ def _stop(process: subprocess.Popen) -> None:
 
 TASK_MISSING = "its task (not in data/)"
 JUDGE_MISSING = "a judge model (judge calls not recorded)"
-START_MISSING = "its episode's start (/reset gives another first observation: unseeded, or another seed or version)"
+DIVERGED = "its episode (the environment answers the recorded moves otherwise: it plays at random, or another seed)"
 OTHER_VERSION = "the folder as recorded (another version or config of it: see OTHER_RECORDING)"
 
 
 def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any, bool]:
     """Replay a Gymnasium episode as gymnasium_agent ran it: `/reset` with the task row, then `/step` with each
     recorded model turn until the episode ends; (status, text, summed reward) of the first failed call or the last,
-    and whether `/reset` started where the recording did (its first observation, where the row shows it)."""
+    and whether the environment answered as the recording shows (its first observation and, where the row records
+    them, the observations after each turn)."""
     body = episode_body(row, task)
     reply = client.post("/reset", json=body)
-    start = recorded_start(row, task)
-    same_start = start is None or reply.status_code != 200 or (reply.json() or {}).get("observation") == start
+    turns = recorded_turns(row)
+    observations = recorded_observations(row) if turns == model_turns(row["response"].get("output") or []) else []
+    seen = [(recorded_start(row, task), reply)]
     total = 0.0
-    for turn in recorded_turns(row):
+    for index, turn in enumerate(turns):
         if reply.status_code != 200:
             break
         reply = client.post("/step", json={**body, "response": {**row["response"], "output": turn}})
+        seen.append((observations[index] if index < len(observations) else None, reply))
         if reply.status_code == 200:
             step = reply.json()
             total += step.get("reward") or 0.0
             if step.get("terminated") or step.get("truncated"):
                 break
-    return reply.status_code, reply.text, total, same_start
+    as_recorded = all(recorded is None or answer.status_code != 200 or answer.json().get("observation") == recorded
+                      for recorded, answer in seen)
+    return reply.status_code, reply.text, total, as_recorded
 
 
 def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str] | None = None,
@@ -314,15 +322,15 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
         try:
             with httpx.Client(base_url=url, timeout=120, headers=headers) as client:
                 if gymnasium:
-                    status, text, got, same_start = _episode(client, row, task)
-                    if status == 200 and abs(got - row["reward"]) <= 1e-6 and same_start:
+                    status, text, got, as_recorded = _episode(client, row, task)
+                    if status == 200 and abs(got - row["reward"]) <= 1e-6 and as_recorded:
                         result.agree += 1
                         continue
                     first_problem = first_problem or (
                         f"episode {status}: {_why(text)}" if status != 200 else
-                        f"episode reward {got} != recorded {row['reward']}" if same_start else
-                        f"episode started elsewhere than recorded (reward {got}, recorded {row['reward']})")
-                    lacks = lacks or (None if same_start else START_MISSING) or (
+                        f"episode reward {got} != recorded {row['reward']}" if as_recorded else
+                        f"episode went otherwise than recorded (reward {got}, recorded {row['reward']})")
+                    lacks = lacks or (None if as_recorded else DIVERGED) or (
                         OTHER_VERSION if (folder.name, index) in OTHER_RECORDING else None)
                     if lacks:
                         blocked[lacks] = blocked.get(lacks, 0) + 1

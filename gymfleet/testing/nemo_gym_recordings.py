@@ -12,9 +12,9 @@ What a replay needs back from them:
 - **the model's turns** of an episode (`recorded_turns`): gymnasium_agent's output cut where the environment
   answered, or, where a folder's own generator kept only the last turn's `response` and every step's action in a
   `trajectory` (openair_congestion), those actions;
-- **where the episode started** (`recorded_start`): the observation gymnasium_agent appended after the task's
-  prompt, to tell an episode that cannot be replayed (an environment that deals at random, no seed in the row) from
-  one that disagrees.
+- **what the environment answered** (`recorded_start`, `recorded_observations`): the observation gymnasium_agent
+  appended after the task's prompt, and after each turn, to tell an episode that cannot be replayed (an environment
+  that deals at random) from one that disagrees.
 """
 
 from __future__ import annotations
@@ -163,6 +163,25 @@ def recorded_turns(row: dict) -> list[list]:
     return [[{"type": "function_call", "id": f"fc_{index}", "call_id": f"call_{index}", "status": "completed",
               "name": action["name"], "arguments": json.dumps(action.get("arguments") or {})}]
             for index, action in enumerate(actions)]
+
+
+def recorded_observations(row: dict) -> list[str | None]:
+    """What the environment answered each model turn of `model_turns` with, as gymnasium_agent recorded it (the user
+    message it appended after `/step`; None where the turn's answer holds none, as after the last turn)."""
+    answers: list[str | None] = []
+    in_turn = False
+    for item in row["response"].get("output") or []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") != "function_call_output" and item.get("role") != "user":
+            if not in_turn:
+                answers.append(None)
+            in_turn = True
+            continue
+        in_turn = False
+        if item.get("role") == "user" and answers and answers[-1] is None:
+            answers[-1] = _text(item.get("content"))
+    return answers
 
 
 def _text(content: Any) -> str:
