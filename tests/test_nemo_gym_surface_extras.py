@@ -203,3 +203,39 @@ def test_global_config_parser_resolves_relative_config_paths_in_the_tree_of_the_
         initial_global_config_dict={"config_paths": [str(tree / "benchmarks/mcqa/config.yaml")]},
         skip_load_from_cli=True, skip_load_from_dotenv=True))
     assert parsed.tree_mcqa.resources_servers.mcqa.origin == "the tree"
+
+
+def test_a_folders_own_httpx_and_openai_clients_send_the_fleet_token_to_the_fleets_servers_only():
+    """gdpval calls its judge with `openai.AsyncOpenAI(base_url=get_server_url(judge) + "/v1", api_key="sk-dummy")`:
+    gymfleet's servers refuse a call without the fleet's token, so a folder's own httpx-based clients get it for
+    the fleet's granted addresses, never for another URL and never over a token header the call sets itself."""
+    import asyncio
+
+    import openai
+
+    from gymfleet import auth
+    from gymfleet.serving.nemo_gym_own_clients import send_fleet_token_from_own_clients
+
+    app = FastAPI()
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def echo(request: Request) -> dict:
+        return {"id": "r", "object": "response", "created_at": 0, "model": "m", "output": [],
+                "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
+                "token": request.headers.get(auth.TOKEN_HEADER)}
+
+    send_fleet_token_from_own_clients()
+    send_fleet_token_from_own_clients()  # idempotent: one hook
+    with serve(app) as fleet_url, serve(app) as other_url:
+        auth.grant(fleet_url, "fleet-secret")
+        assert httpx.get(f"{fleet_url}/x").json()["token"] == "fleet-secret"
+        assert httpx.get(f"{other_url}/x").json()["token"] is None, "never to an address the fleet did not grant"
+        own = httpx.get(f"{fleet_url}/x", headers={auth.TOKEN_HEADER: "own"}).json()["token"]
+        assert own == "own"
+
+        async def judge() -> Any:
+            async with openai.AsyncOpenAI(base_url=f"{fleet_url}/v1", api_key="sk-dummy", max_retries=0) as client:
+                answer = await client.responses.with_raw_response.create(model="m", input="is it right?")
+                return answer.http_response.json()
+
+        assert asyncio.run(judge())["token"] == "fleet-secret"
