@@ -16,6 +16,7 @@ from gymfleet.testing import serve
 from gymfleet.testing.judge_replay import JudgeReplay
 from gymfleet.testing.nemo_gym_corpus import DIVERGED, JUDGE_MISSING, FolderResult, _replay
 from gymfleet.testing.nemo_gym_recordings import (
+    MACHINE_BOUND,
     OTHER_RECORDING,
     episode_body,
     materialized_inputs,
@@ -174,7 +175,7 @@ def _recorded(name: str) -> list[dict]:
 
 def test_every_row_said_to_be_recorded_by_another_version_exists_and_the_evidence_holds():
     """The reasons in OTHER_RECORDING, checked against the wheel's own files (so none outlives its reason)."""
-    for name, index in OTHER_RECORDING:
+    for name, index in [*OTHER_RECORDING, *MACHINE_BOUND]:
         assert index < len(_recorded(name)), (name, index)
     app = (nemo_gym_folder("agentif") / "app.py").read_text()
     assert "reward=float(isr_pass)" in app, "0.7.0's agentif rewards the instruction success rate"
@@ -185,6 +186,9 @@ def test_every_row_said_to_be_recorded_by_another_version_exists_and_the_evidenc
         assert abs(row["reward"] - row["answer_score"] * (1 - row["overlap_lcs"])) < 1e-9
         assert abs(row["reward"] - row["answer_score"] * (1 - row["overlap_ngram16"])) > 1e-3
     assert "overlap_metric_rule: ngram16" in (nemo_gym_folder("lc_niah") / "configs" / "lc_niah.yaml").read_text()
+    for name, index in MACHINE_BOUND:  # symbolic answers with powers of 2016 and more, recorded as proven equal
+        row = _recorded(name)[index]
+        assert row["reward"] == 1.0 and re.search(r"\*\*\s*(20[1-9]\d|[3-9]\d{3})", row["extracted_answer"]), row
 
 
 def test_math_with_code_s_own_0_7_0_answer_extraction_scores_the_row_recorded_as_0_as_correct():
@@ -204,3 +208,24 @@ def test_math_with_code_s_own_0_7_0_answer_extraction_scores_the_row_recorded_as
     assert extracted == "\\sqrt{2}"
     expected = json.loads((nemo_gym_folder("math_with_code") / "data" / "example.jsonl").read_text().splitlines()[3])
     assert scope["_answers_match"](extracted, expected["expected_result"])
+
+
+def test_a_machine_bound_row_is_counted_apart_only_when_the_folders_time_bound_scored_it_0(tmp_path):
+    from gymfleet.testing.nemo_gym_corpus import SLOW_MACHINE
+
+    app = FastAPI()
+
+    @app.post("/verify")
+    async def verify(request: Request) -> dict:
+        return {"reward": (await request.json())["score"]}
+
+    rows = [{"responses_create_params": {"input": f"q{i}"}, "score": score, "response": {"output": []}, "reward": 1.0}
+            for i, score in enumerate([0.0, 0.0, 0.0, 0.0, 0.0, 0.5])]
+    folder = tmp_path / "math_with_judge"  # MACHINE_BOUND names its rows 1 and 5
+    _write(folder / "data" / "example_rollouts.jsonl", rows)
+    _write(folder / "data" / "example.jsonl", [{k: v for k, v in row.items() if k != "reward"} for row in rows])
+    (folder / "app.py").write_text("")
+    result = FolderResult("math_with_judge")
+    with serve(app) as url:
+        _replay(folder, url, result)
+    assert (result.agree, result.rows, result.blocked) == (0, 6, {SLOW_MACHINE: 1}), "row 5 scored 0.5: disagrees"

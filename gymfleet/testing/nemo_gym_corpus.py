@@ -23,7 +23,9 @@
   recorded moves, as an environment that deals at random does; such a row never counts as agreeing, even where the
   reward happens to match; a deterministic folder served right answers every observation as recorded) or the folder
   as it was recorded (`OTHER_VERSION`: rows recorded by another
-  version or config of the folder, each with its evidence in `nemo_gym_recordings.OTHER_RECORDING`).
+  version or config of the folder, each with its evidence in `nemo_gym_recordings.OTHER_RECORDING`) or a faster
+  machine (`SLOW_MACHINE`: a row `nemo_gym_recordings.MACHINE_BOUND` names, scored 0 when the folder's own time bound
+  ran out).
 
 What the folder needs that this machine lacks is said in one line (`why`): `needs(folder)` names containers, Lean and
 GPUs before anything starts; a start, test or replay failure is reduced to its first telling line (`_why`).
@@ -49,6 +51,7 @@ import yaml
 from gymfleet.testing import free_port
 from gymfleet.testing.judge_replay import JudgeReplay
 from gymfleet.testing.nemo_gym_recordings import (
+    MACHINE_BOUND,
     OTHER_RECORDING,
     episode_body,
     is_gymnasium,
@@ -93,7 +96,7 @@ class FolderResult:
     why: list[str] = field(default_factory=list)
     blocked: dict[str, int] = field(default_factory=dict)
     """Recorded rows that did not agree and cannot be replayed here, by what they lack (`TASK_MISSING`: their task
-    row is not in `data/`; `JUDGE_MISSING`, `DIVERGED`, `OTHER_VERSION`: see the module docstring)."""
+    row is not in `data/`; `JUDGE_MISSING`, `DIVERGED`, `OTHER_VERSION`, `SLOW_MACHINE`: see the module docstring)."""
 
     def row(self) -> list[str]:
         tests = f"{self.tests_passed}/{self.tests_total}" if self.tests_total else "-"
@@ -272,6 +275,7 @@ TASK_MISSING = "its task (not in data/)"
 JUDGE_MISSING = "a judge model (judge calls not recorded)"
 DIVERGED = "its episode (the environment answers the recorded moves otherwise: it plays at random, or another seed)"
 OTHER_VERSION = "the folder as recorded (another version or config of it: see OTHER_RECORDING)"
+SLOW_MACHINE = "a faster machine (the folder's own time bound ran out: see MACHINE_BOUND)"
 
 
 def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any, bool]:
@@ -362,7 +366,8 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
                                               + (f" ({failure})" if failure else ""))
             judged_without_answer = judge is not None and judge.misses > misses  # its verify may score that 0
             lacks = lacks or (JUDGE_MISSING if judged_without_answer or failure == "judge_failed" and judge is None
-                              else None) or (OTHER_VERSION if (folder.name, index) in OTHER_RECORDING else None)
+                              else None) or (OTHER_VERSION if (folder.name, index) in OTHER_RECORDING else None) or (
+                SLOW_MACHINE if (folder.name, index) in MACHINE_BOUND and got == 0 else None)
             if lacks:
                 blocked[lacks] = blocked.get(lacks, 0) + 1
     result.blocked = blocked

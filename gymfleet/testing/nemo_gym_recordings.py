@@ -220,3 +220,14 @@ OTHER_RECORDING: dict[tuple[str, int], str] = {
 0.7.0's own code scores them as gymfleet serves them (each reason's evidence is checked in
 `tests/test_nemo_gym_recordings.py` or `tests/test_nemo_gym_folders.py`). The corpus bench counts such a row apart
 (`OTHER_VERSION`) only when it disagrees."""
+
+_HUGE_POWER = ("math-verify needs about 12 CPU seconds to prove this pair equal (powers of 2016 and more), past "
+               "the folder's own library_verifier_timeout_seconds on a loaded 2-core machine: then 0 by the folder's "
+               "rule, else the recorded 1")
+MACHINE_BOUND: dict[tuple[str, int], str] = {
+    ("math_with_judge", 1): _HUGE_POWER,  # example_rollouts.jsonl's row 1
+    ("math_with_judge", 5): _HUGE_POWER,  # example_rollouts_terminus_2.jsonl's row 0
+}
+"""Recorded rows, by (folder, index in `recorded_rows`), whose reward depends on the machine's speed: the folder
+scores them 0 when its own time bound runs out. The corpus bench counts such a row apart (`SLOW_MACHINE`) only when
+it scores 0 (`tests/test_nemo_gym_folders.py` checks the served reward is the recorded one or 0)."""
