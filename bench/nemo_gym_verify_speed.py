@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from bench._common import closed_loop  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from gymfleet.testing.nemo_gym_corpus import _ng_run, folder_config  # noqa: E402
-from gymfleet.testing.nemo_gym_recordings import _prompt_key, recorded_rows, task_rows  # noqa: E402
+from gymfleet.testing.nemo_gym_recordings import recorded_rows, task_for, task_rows  # noqa: E402
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_wheel  # noqa: E402
 
 START_TIMEOUT_S = 600
@@ -84,7 +84,7 @@ def gymfleet_server(folder: Path, scratch: Path) -> tuple[subprocess.Popen, str,
 
 def body_for(folder: Path) -> dict:
     row = recorded_rows(folder)[0]
-    return {**task_rows(folder).get(_prompt_key(row), {}), **{k: v for k, v in row.items() if k != "reward"}}
+    return {**task_for(row, task_rows(folder), {}), **{k: v for k, v in row.items() if k != "reward"}}
 
 
 def measure(start, body: dict, concurrency: int, seconds: float) -> dict:

@@ -77,6 +77,23 @@ def test_without_materialized_inputs_a_row_gets_the_task_with_its_prompt(tmp_pat
     assert task_for({**row, "responses_create_params": {"input": "q3"}}, task_rows(folder), {}) == {}
 
 
+def test_of_tasks_sharing_a_prompt_a_row_gets_the_one_whose_fields_it_repeats_never_a_loose_guess(tmp_path):
+    """conversational_tool_use_simulation's tasks share their system prompt and differ by `id`; its recorded rows
+    add the simulated user's first message to the prompt."""
+    system = [{"role": "system", "content": "you are an agent"}]
+    tasks = [{"id": f"t{n}", "responses_create_params": {"input": system}} for n in range(4)]
+    folder = tmp_path / "f"
+    _write(folder / "data" / "example.jsonl", tasks)
+    by_prompt = task_rows(folder)
+    for n in range(4):
+        row = {"id": f"t{n}", "responses_create_params": {"input": [*system, {"role": "user", "content": "hi"}]}}
+        assert task_for(row, by_prompt, {})["id"] == f"t{n}"
+        assert task_for({**row, "responses_create_params": {"input": system}}, by_prompt, {})["id"] == f"t{n}"
+    anonymous = {"responses_create_params": {"input": [*system, {"role": "user", "content": "hi"}]}}
+    assert task_for(anonymous, by_prompt, {}) == {}, "the prompt less a message, shared by four: no guess"
+    assert task_for({"responses_create_params": {"input": system}}, by_prompt, {})["id"] == "t0", "as before"
+
+
 def test_an_episode_replays_the_rows_own_task_fields_and_its_recorded_trajectory():
     """openair_congestion's generator recorded `max_steps: 2` over its task's 16 and kept only the last turn in
     `response`, every step's action in `trajectory`."""

@@ -64,15 +64,16 @@ def _prompt_key(row: dict) -> str:
     return json.dumps(_messages(row), sort_keys=True)  # lists of pairs: what json.dumps of a prefix gives too
 
 
-def task_rows(folder: Path) -> dict[str, dict]:
-    """The folder's task rows (`data/*.jsonl` but the rollouts) by their prompt: a recorded rollout keeps only some
-    task fields (mcqa's rows lack `options`), so its `/verify` body is the task row with the rollout over it."""
-    found: dict[str, dict] = {}
+def task_rows(folder: Path) -> dict[str, list[dict]]:
+    """The folder's task rows (`data/*.jsonl` but the rollouts) by their prompt (several tasks may share one): a
+    recorded rollout keeps only some task fields (mcqa's rows lack `options`), so its `/verify` body is the task row
+    with the rollout over it."""
+    found: dict[str, list[dict]] = {}
     for path in sorted((folder / "data").glob("*.jsonl")):
         if "rollouts" in path.name or path.stat().st_size > TASK_FILE_LIMIT:
             continue
         for row in _jsonl(path):
-            found.setdefault(_prompt_key(row), row)
+            found.setdefault(_prompt_key(row), []).append(row)
     return found
 
 
@@ -95,18 +96,30 @@ def _extends(row: dict, task: dict) -> bool:
     return mine == theirs
 
 
-def task_for(row: dict, tasks: dict[str, dict], inputs: dict[tuple[Any, Any], list[dict]]) -> dict:
-    """The task row `row` was recorded from (see the module docstring); `{}` when neither has it."""
+def task_for(row: dict, tasks: dict[str, list[dict]], inputs: dict[tuple[Any, Any], list[dict]]) -> dict:
+    """The task row `row` was recorded from (see the module docstring); `{}` when neither has it. Of tasks that share
+    the row's prompt, the one whose own fields the row repeats most (conversational_tool_use_simulation's tasks share
+    their system prompt and differ by `id`); a tie takes the first for the row's whole prompt, and nothing for the
+    prompt less its last message (that match is too loose to guess)."""
     for task in inputs.get((row.get("_ng_task_index"), row.get("_ng_rollout_index")), []):
         if _extends(row, task):
             return task
     messages = _messages(row)
     prompts = [messages, messages[:-1]] if isinstance(messages, list) and messages else [messages]
-    for prompt in prompts:  # the row's prompt, else all but its last message (an episode's first observation)
-        task = tasks.get(json.dumps(prompt, sort_keys=True))
+    for exact, prompt in zip((True, False), prompts, strict=False):  # else all but the appended first observation
+        task = _likeliest(row, tasks.get(json.dumps(prompt, sort_keys=True), []), tie_takes_first=exact)
         if task is not None:
             return task
     return {}
+
+
+def _likeliest(row: dict, candidates: list[dict], tie_takes_first: bool) -> dict | None:
+    if len(candidates) <= 1 or all(task == candidates[0] for task in candidates):
+        return candidates[0] if candidates else None
+    scores = [sum(key in row and row[key] == value for key, value in task.items() if key != "responses_create_params")
+              for task in candidates]
+    best = max(scores)
+    return candidates[scores.index(best)] if tie_takes_first or scores.count(best) == 1 else None
 
 
 def replay_request(row: dict, task: dict) -> dict:
