@@ -58,7 +58,7 @@ import psutil  # noqa: E402
 from bench._common import started_fleet  # noqa: E402
 from bench._fleet import Buckets, instance_pids, scrape, server_urls  # noqa: E402
 from bench.nemo_rl_rollouts import PeakRSS  # noqa: E402
-from gymfleet import http  # noqa: E402
+from gymfleet import connections, http  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
 from gymfleet.fleet.launch import raise_nofile_limit  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
@@ -185,6 +185,8 @@ class Run:
         self.first_group_s: float | None = None
         self.stalls: list[str] = []
         self.wall_s = 0.0
+        self.stale_dropped = 0
+        """Pooled connections this client found closed by their server and dropped before sending on them."""
 
     def quantile(self, q: int) -> float:
         if not self.latencies:
@@ -214,6 +216,7 @@ async def collect(rows: list[dict], head, stall_s: float, abort_s: float) -> Run
     run = Run(rows)
     start = time.perf_counter()
     last = [start]
+    stale_before = connections.stale_dropped
 
     async def consume():
         for future in RolloutCollectionHelper().run_examples(examples=rows, head_server_config=head):
@@ -254,6 +257,7 @@ async def collect(rows: list[dict], head, stall_s: float, abort_s: float) -> Run
             pass
         guard.cancel()
         run.wall_s = time.perf_counter() - start
+        run.stale_dropped = connections.stale_dropped - stale_before
         return run
     finally:
         await http.close()
@@ -362,6 +366,7 @@ def print_tables(results: list[dict], args: argparse.Namespace) -> None:
         lambda o: f"{o['rss'].fleet_pss / mib:.0f} MiB / {o['rss'].client_pss / mib:.0f} MiB")
     row("errors", lambda o: str(sum(o["run"].errors.values())))
     row("stalls (no result for 60 s)", lambda o: str(len(o["run"].stalls)))
+    row("pooled connections closed by their server, dropped unused", lambda o: f"{o['run'].stale_dropped:,}")
     row("fleet up", lambda o: f"{o['spin_up_s']:.1f} s")
     placement = f"placement {args.placement}, {args.replicas} replicas" if args.placement else "one machine"
     bound = "agents' default" if args.max_concurrent_rollouts is None else str(args.max_concurrent_rollouts)

@@ -20,6 +20,7 @@ import contextvars
 import errno
 import logging
 import resource
+import select
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -113,15 +114,81 @@ def end_turn() -> None:
         held.pop().release()
 
 
+def peer_spoke(transport: Any) -> bool:
+    """Whether an idle connection's socket has something to read: its server's FIN or RST (it closed the connection;
+    a loop that lags has not read it yet), or bytes no request asked for. Either way it must not carry a request."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.fileno() < 0:
+        return True
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
+stale_dropped = 0
+"""Pooled connections this process found closed by their server and dropped before use (benches print it)."""
+
+
 class PacedConnector(aiohttp.TCPConnector):
     """A `TCPConnector` that gives back the request's connect turn (see `CONNECTS_AT_ONCE`) once it has its
-    connection, pooled or new, or failed to get one."""
+    connection, pooled or new, or failed to get one, and that holds its pool to two rules at scale:
+
+    - a pooled connection its server has closed is never handed out: aiohttp checks only that its transport is
+      open, and a loop that lags (65,536 rollouts from one process lagged it tens of seconds) has not read the
+      server's FIN yet, so the request went out on a dead connection and failed unread ("Server disconnected",
+      "Can not write request body"), which a POST must not retry. The next idle connection's socket is polled
+      first (`peer_spoke`, as urllib3 does), and one with anything to read is closed;
+    - idle connections count against `limit` (aiohttp counts only those in use): before a new connection is made
+      past it, the oldest idle ones, to any host, are closed. Otherwise a pool at its limit of requests in flight
+      kept idle sockets to other hosts on top, past the open-files budget (`budget`): EMFILE on connect.
+    """
 
     async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
         try:
             return await super().connect(req, traces, timeout)
         finally:
             end_turn()
+
+    async def _get(self, key: Any, traces: Any) -> Any:
+        self._drop_dead(key)
+        return await super()._get(key, traces)
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
+        self._make_room()
+        return await super()._create_connection(req, traces, timeout)
+
+    def _drop_dead(self, key: Any) -> None:
+        """Close the idle connections to `key` the pool would hand out next while they are unusable: closed,
+        idle past the keep-alive, or spoken to by their server."""
+        global stale_dropped
+        idle = self._conns.get(key)
+        now = time.monotonic()
+        while idle:
+            proto, since = idle[0]
+            if not proto.is_connected() or (self._keepalive_timeout is not None
+                                            and now - since > self._keepalive_timeout):
+                pass
+            elif peer_spoke(proto.transport):
+                stale_dropped += 1
+                log.debug("dropped a pooled connection to %s:%s its server had closed", key.host, key.port)
+            else:
+                return
+            idle.popleft()
+            proto.close()
+
+    def _make_room(self) -> None:
+        """Close the oldest idle connections while those in use (this new one included) and idle exceed `limit`."""
+        if not self._limit:
+            return
+        excess = len(self._acquired) + sum(map(len, self._conns.values())) - self._limit
+        while excess > 0:
+            pools = [idle for idle in self._conns.values() if idle]
+            if not pools:
+                return
+            oldest = min(pools, key=lambda idle: idle[0][1])
+            proto, _ = oldest.popleft()
+            proto.close()
+            excess -= 1
 
 
 _slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
