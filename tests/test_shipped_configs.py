@@ -2,10 +2,11 @@
 
 A config read with a friendlier loader than `ng_run`'s (PyYAML's `safe_load`, a hand-built server) can pass its
 tests and still fail for every user: YAML 1.1 reads an unquoted `on:` key as `true`, and a recipe listing only an
-environment's config must bring what that environment needs. So each file goes through the real CLI, as a
-subprocess: `+dry_run=true` validates every server's fields against its config class, then a real start must
-report every server ready, `ng_status +json=true` (its `main`, in the test's process) must find them live, and
-Ctrl-C must stop the fleet cleanly.
+environment's config must bring what that environment needs. So each file goes through the real CLI: `+dry_run=true`
+validates every server's fields against its config class, then a real start (`ng_run`'s `main` in a process of its
+own, forked from one that imported it once: `tests/forked_commands.py`; the fleet's zygote and servers start as
+usual) must report every server ready, `ng_status +json=true` (its `main`, in the test's process) must find them
+live, and Ctrl-C must stop the fleet cleanly.
 
 An environment's config is listed beside `vllm_model.yaml` (as NeMo-RL's recipes list it beside
 `vllm_model_for_training.yaml`); the policy endpoint is a scripted model this test serves.
@@ -16,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from gymfleet.cli.status import main as status_main
 from gymfleet.fleet.config_merge import load_config_files
 from gymfleet.testing import free_port, serve
 from responses_api_models.scripted_model.app import ScriptedModel
+from tests.forked_commands import CommandForks
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(
@@ -65,6 +65,18 @@ def policy_url():
         yield url + "/v1"
 
 
+@pytest.fixture(scope="module")
+def ng_run_forks():
+    """Forks of one process that imported `ng_run` and what it imports as it starts a fleet (~1.3 CPU s a start)."""
+    forks = CommandForks(["gymfleet.cli.run", "gymfleet.fleet.config", "gymfleet.fleet.ray_placement",
+                          "gymfleet.fleet.readiness", "gymfleet.fleet.supervisor", "gymfleet.fleet.head",
+                          "hydra.core.override_parser.overrides_parser"])
+    try:
+        yield forks
+    finally:
+        forks.close()
+
+
 def command_line(config_file: str, policy_url: str, head_port: int) -> list[str]:
     """What a user types: the file (beside a policy server when it has none), the endpoint, a free head port."""
     files = load_config_files([config_file], [ROOT])
@@ -97,13 +109,12 @@ STARTED_ELSEWHERE = {
 
 
 @pytest.mark.parametrize("config_file", [path for path in SHIPPED if path not in STARTED_ELSEWHERE])
-def test_ng_run_starts_it(config_file, policy_url, tmp_path, capsys, monkeypatch):
+def test_ng_run_starts_it(config_file, policy_url, ng_run_forks, tmp_path, capsys, monkeypatch):
     head_port = free_port()
     log = tmp_path / "ng_run.log"
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "gymfleet.cli.run",
-                                    *command_line(config_file, policy_url, head_port)],
-                                   cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    log.touch()
+    process = ng_run_forks.start("gymfleet.cli.run", command_line(config_file, policy_url, head_port), cwd=ROOT,
+                                 output=log)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while "servers ready!" not in log.read_text():
