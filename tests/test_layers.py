@@ -30,10 +30,16 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "root"
 
 
+def _modules() -> dict[str, Path]:
+    """Every gymfleet module -> its file."""
+    return {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
 @functools.cache
 def _imports() -> dict[str, set[str]]:
-    """Every gymfleet module -> the gymfleet modules it imports (at any depth of its code)."""
-    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    """Every gymfleet module -> the gymfleet modules it imports (at any depth of its code). Parsed on first use, not
+    at collection: every xdist worker collects this file, one runs it."""
+    modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         found = set()
@@ -61,7 +67,7 @@ def test_no_module_imports_a_higher_layer():
     assert not upward, "\n".join(upward)
 
 
-@pytest.mark.parametrize("module", sorted(_imports()))
+@pytest.mark.parametrize("module", sorted(_modules()))
 def test_no_import_circle(module):
     graph = _imports()
     seen, stack = set(), [(target, (module, target)) for target in graph[module]]
