@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from reasoning_gym.utils import extract_answer as package_extract_answer
 
 from resources_servers.reasoning_gym.scoring import extract_answer, first_plain_box, score
 
@@ -21,7 +20,10 @@ KK, ARITH, COUNTDOWN = ROWS["knights_knaves"], ROWS["basic_arithmetic"], ROWS["c
 
 
 def _nemo_extract(text: str) -> str:
-    """NeMo-Gym's extraction as its behaviour spec states it, with the package's own tag extractor."""
+    """NeMo-Gym's extraction as its behaviour spec states it, with the package's own tag extractor (imported here:
+    reasoning_gym takes ~1 CPU s to import, and every xdist worker collects this file)."""
+    from reasoning_gym.utils import extract_answer as package_extract_answer
+
     tagged = package_extract_answer(text, tag_name="answer")
     if tagged is not None:
         return tagged
