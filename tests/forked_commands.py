@@ -146,6 +146,8 @@ def _returncode(status: int) -> int:
 
 def _child(control: socket.socket, request: dict[str, Any]) -> None:
     """The forked command's whole life: never returns."""
+    from gymfleet.fleet.zygote_child import exit_as_the_interpreter  # the checkout is on sys.path by now
+
     code: Any = 1
     try:
         control.close()
@@ -171,16 +173,7 @@ def _child(control: socket.socket, request: dict[str, Any]) -> None:
         traceback.print_exc()
         code = 1
     finally:
-        if isinstance(code, str):  # sys.exit("message"), as the interpreter reports it
-            print(code, file=sys.stderr)
-            code = 1
-        with contextlib.suppress(BaseException):
-            import atexit
-
-            atexit._run_exitfuncs()  # as the interpreter would at exit
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+        exit_as_the_interpreter(code)
 
 
 def _serve(control: socket.socket, preload: list[str]) -> None:

@@ -24,9 +24,9 @@ import sys
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["become_child", "run_child", "set_cmdline"]
+__all__ = ["become_child", "exit_as_the_interpreter", "run_child", "set_cmdline"]
 
 
 def run_child(message: dict[str, Any], fd: int, args: argparse.Namespace, supervisor: int | None,
@@ -55,18 +55,25 @@ def run_child(message: dict[str, Any], fd: int, args: argparse.Namespace, superv
         traceback.print_exc()
         code = 1
     finally:
-        if isinstance(code, str):  # sys.exit("message"), as the interpreter reports it
-            print(code, file=sys.stderr)
-            code = 1
-        code = 0 if code is None else code
-        with contextlib.suppress(Exception):
-            import atexit
+        exit_as_the_interpreter(code)
 
-            atexit._run_exitfuncs()  # as the interpreter would at exit (logging's flush among them)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code if isinstance(code, int) else 1)
+
+def exit_as_the_interpreter(code: Any) -> NoReturn:
+    """End a forked child with `code` (a `SystemExit` code) as the interpreter would end: a string is printed and
+    exits 1, None exits 0, `atexit` handlers run (logging's flush among them), output is flushed; then `os._exit`,
+    never back into the parent's code."""
+    if isinstance(code, str):  # sys.exit("message"), as the interpreter reports it
+        print(code, file=sys.stderr)
+        code = 1
+    code = 0 if code is None else code
+    with contextlib.suppress(Exception):
+        import atexit
+
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 1)
 
 
 def become_child(message: dict[str, Any], fd: int, inherited: list[socket.socket], wake: tuple[int, int]) -> None:
