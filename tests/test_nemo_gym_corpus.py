@@ -17,6 +17,7 @@ made with uv from the package index the first time, then cached.
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from fastapi import FastAPI
@@ -155,3 +156,35 @@ def test_a_test_file_that_cannot_be_collected_is_one_error_and_the_others_still_
     _tests(folder, tmp_path / "scratch", result, "check")
     assert (result.tests_passed, result.tests_total) == (2, 3), result.why
     assert "No module named 'nemo_gym.no_such_module'" in result.why[0]
+
+
+def test_a_conftest_imports_its_trees_folders_even_where_gymfleet_has_environments_of_those_names(tmp_path):
+    """pytest loads a folder's `tests/conftest.py` before `pytest_configure`: the tree must already be entered then,
+    or a conftest importing `resources_servers.<name>.app` binds gymfleet's environment of that name (genrm_compare's
+    conftest did) and a bare sibling import (`from util import ...`) is not found. Every name gymfleet ships is tried,
+    from one folder's conftest (one pytest run)."""
+    from gymfleet.fleet.config import repository_root
+    from gymfleet.testing.nemo_gym_corpus import _tests
+
+    builtins = sorted(p.name for p in (repository_root() / "resources_servers").iterdir()
+                      if (p / "app.py").is_file() and p.name not in sys.stdlib_module_names)  # calendar: as pytest
+    assert "genrm_compare" in builtins
+    tree = tmp_path / "tree" / "resources_servers"
+    for name in builtins:
+        (tree / name).mkdir(parents=True)
+        (tree / name / "app.py").write_text(f"WHOSE = 'tree:{name}'\n")
+    folder = tree / "genrm_compare"
+    (folder / "tests").mkdir()
+    for package in (folder, folder / "tests"):
+        (package / "__init__.py").write_text("")
+    (folder / "util.py").write_text("SIBLING = 'util'\n")
+    (folder / "tests" / "conftest.py").write_text(
+        "import importlib\n\nfrom util import SIBLING\n\n"
+        f"WHOSE = [importlib.import_module(f'resources_servers.{{n}}.app').WHOSE for n in {builtins!r}]\n")
+    (folder / "tests" / "test_whose.py").write_text(
+        "from resources_servers.genrm_compare.tests.conftest import SIBLING, WHOSE\n\n\n"
+        "def test_the_trees_folders():\n"
+        f"    assert (WHOSE, SIBLING) == ({[f'tree:{n}' for n in builtins]!r}, 'util')\n")
+    result = FolderResult("genrm_compare")
+    _tests(folder, tmp_path / "scratch", result, "check")
+    assert (result.tests_passed, result.tests_total) == (1, 1), result.why

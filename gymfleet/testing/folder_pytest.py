@@ -9,12 +9,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from gymfleet.fleet.folders import enter_tree
 
 FOLDER_ENV = "GYMFLEET_TEST_FOLDER"
 
 
-def pytest_configure(config) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args) -> None:
+    """Enter the tree before pytest imports the first conftest: a folder's `tests/conftest.py` is loaded here, before
+    `pytest_configure`, and one that imports `resources_servers.<name>.app` where gymfleet has an environment of that
+    name (genrm_compare's) would otherwise bind gymfleet's module for the whole session."""
     folder = os.environ.get(FOLDER_ENV)
     if folder:
         # The surface's pydantic classes read their attribute docstrings through `inspect.getmodule`, which on
