@@ -128,6 +128,43 @@ def test_dry_run_says_which_folder_serves_an_instance_and_validates_it_in_its_ow
     assert done.returncode != 0 and "mcqa.resources_servers.mcqa.grading_mod" in done.stderr
 
 
+NESTED_REFS = """\
+verifiers:
+  judge: {type: resources_servers, name: absent_verifier}
+fallbacks:
+  - {type: responses_api_models, name: absent_model}
+"""
+
+
+def test_a_folders_nested_server_references_are_read_as_nemo_gym_reads_them(tmp_path, caplog):
+    """NeMo-Gym 0.7.0 checks the server references in a folder's top-level fields only: one nested deeper (ns_tools'
+    `verifiers: {math_with_judge: {type, name}}`, in a mapping or a list) names a server the folder looks up when it
+    calls it, so the folder starts without it, and start-up names each dangling one. A top-level one, and any in
+    gymfleet's own environments, still stops the config."""
+    from gymfleet.errors import ServerRefError
+    from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+
+    def parse(config: Path, initial: dict | None = None):
+        return parse_global_config(GlobalConfigDictParserConfig(
+            cli_args=[f"+config_paths=[{config}]"], initial_global_config_dict=initial, skip_load_from_dotenv=True),
+            assign_ports=False, root=ROOT)
+
+    with caplog.at_level("WARNING"):
+        config = parse(make_tree(tmp_path / "nested", fields=NESTED_REFS))
+    assert config.instance("mcqa").folder is not None
+    warned = caplog.text
+    assert "mcqa.resources_servers.mcqa.verifiers.judge" in warned and "'absent_verifier'" in warned
+    assert "mcqa.resources_servers.mcqa.fallbacks[0]" in warned and "'absent_model'" in warned
+    top = make_tree(tmp_path / "top", fields="judge_server: {type: resources_servers, name: absent_verifier}\n")
+    with pytest.raises(ServerRefError, match=r"mcqa\.resources_servers\.mcqa\.judge_server"):
+        parse(top)
+    builtin = {"builtin_mcqa": {"resources_servers": {"mcqa": {
+        **BUILTIN_MCQA["builtin_mcqa"]["resources_servers"]["mcqa"],
+        "verifiers": {"judge": {"type": "resources_servers", "name": "absent_verifier"}}}}}}
+    with pytest.raises(ServerRefError, match=r"builtin_mcqa\.resources_servers\.mcqa\.verifiers\.judge"):
+        parse(make_tree(tmp_path / "beside"), builtin)
+
+
 def test_nemo_gym_stays_gymfleets_surface_when_a_folder_puts_its_tree_first_on_sys_path(tmp_path):
     """A folder's test may insert its tree's root first on sys.path (competitive_coding_challenges' do); the tree's
     own `nemo_gym/` (NeMo-Gym's code: here one that raises) must not shadow gymfleet's surface."""

@@ -5,6 +5,7 @@ pydantic config class (`validate_fields`), every error naming its dotted YAML pa
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,8 @@ def _plain(value: Any, resolve: bool) -> Any:
 
 __all__ = ["resolve_server_ref", "validate_fields"]
 
+log = logging.getLogger(__name__)
+
 
 def _validate_instance(inst: ServerInstance, instances: dict[str, ServerInstance]) -> None:
     if not isinstance(inst.fields.get("entrypoint"), str):
@@ -54,12 +57,31 @@ def _validate_instance(inst: ServerInstance, instances: dict[str, ServerInstance
                 path=path,
                 hint=f"Valid domains: {', '.join(DOMAINS)}.",
             )
-    _check_refs(inst.fields, inst.path, instances)
+    if inst.folder is None:
+        _check_refs(inst.fields, inst.path, instances)
+        return
+    # A NeMo-Gym folder's config is read as NeMo-Gym 0.7.0 reads it: a reference in a top-level field must name a
+    # server of the fleet; one nested deeper (ns_tools' `verifiers: {math_with_judge: {type, name}}`) is the folder's
+    # own business, looked up when it calls it. Such a dangling one is named at start, not refused.
+    for key, value in inst.fields.items():
+        at = join_path(inst.path, key)
+        if _is_ref(value):
+            resolve_server_ref(value, value["type"], instances, at)
+            continue
+        try:
+            _check_refs(value, at, instances)
+        except ServerRefError as exc:
+            log.warning("%s: %s (NeMo-Gym checks a folder's top-level references only: it starts, and its calls to "
+                        "that server will fail until the fleet has it)", inst.name, exc)
+
+
+def _is_ref(node: Any) -> bool:
+    return isinstance(node, dict) and set(node) == {"type", "name"} and node["type"] in SERVER_TYPES
 
 
 def _check_refs(node: Any, at: str, instances: dict[str, ServerInstance]) -> None:
     if isinstance(node, dict):
-        if set(node) == {"type", "name"} and node["type"] in SERVER_TYPES:
+        if _is_ref(node):
             resolve_server_ref(node, node["type"], instances, at)
             return
         for key, value in node.items():
