@@ -6,6 +6,7 @@ rollout-record helpers (`rollout_collection`'s failure keys and rules, `path_uti
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import pytest
@@ -18,8 +19,10 @@ from nemo_gym.reward_profile import RewardProfiler
 from nemo_gym.rollout_collection import (
     NG_FAILURE_CLASS_KEY,
     NG_TERMINAL_KEY,
+    DispatchLatencyTracker,
     get_max_rollout_attempts,
     is_terminal_failure,
+    migrate_invalid_judge_main_rows,
     observed_elapsed,
 )
 from nemo_gym.task_data import (
@@ -210,3 +213,58 @@ def test_record_helpers_elapsed_attempts_sidecars_and_deliverables(monkeypatch, 
     (tmp_path / "history.json").write_text("x")
     assert [p.name for p in sorted(tmp_path.iterdir()) if is_deliverable(p)] == ["report.docx"]
     assert "history.json" in IGNORE_FILES
+
+
+def test_dispatch_latency_tracker_quantiles_margin_and_summary():
+    tracker = DispatchLatencyTracker()
+    assert tracker.quantile(0.5) is None and tracker.drain_margin(None) is None
+    assert "No completed rollouts" in tracker.summary()
+    values = [random.Random(seed).uniform(1, 600) for seed in range(9)]
+    for i, value in enumerate(values):
+        tracker.record(value)
+        tracker.record(-value)  # not a duration: ignored
+        tracker.record(0)
+        ordered = sorted(values[:i + 1])
+        for q in (0.0, 0.25, 0.5, 0.75, 0.9, 1.0):  # linear between the closest ranks, as NeMo-Gym's
+            at = (len(ordered) - 1) * q
+            low, high = int(at), min(int(at) + 1, len(ordered) - 1)
+            assert tracker.quantile(q) == pytest.approx(ordered[low] + (ordered[high] - ordered[low]) * (at - low))
+        assert tracker.drain_margin(None) == (tracker.quantile(0.75) if i + 1 >= 5 else None)
+        assert tracker.drain_margin(7.0) == 7.0
+    tracker.record_drained()
+    assert tracker.drained == 1
+    summary = tracker.summary()
+    assert f"over {len(values)} completed rollout(s)" in summary and f"max {max(values) / 60:.1f} min" in summary
+    assert "Drained (not dispatched, no time left in the budget): 1." in summary
+
+
+def test_invalid_judge_rows_move_to_the_failures_sidecar_once(tmp_path):
+    out = tmp_path / "rollouts.jsonl"
+    assert migrate_invalid_judge_main_rows(out) == 0  # no file yet
+    kept = {"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}
+    delivered = tmp_path / "task1"
+    delivered.mkdir()
+    (delivered / "report.docx").write_text("x")
+    (tmp_path / "task2").mkdir()
+    (tmp_path / "task2" / "history.json").write_text("run state, not a deliverable")
+    invalid = [
+        {"_ng_task_index": 1, "_ng_rollout_index": 0, "invalid_judge_response": True, "reward": 0.0,
+         NG_TERMINAL_KEY: True, "deliverables_dir": str(delivered)},
+        {"_ng_task_index": 2, "_ng_rollout_index": 0, "invalid_judge_response": True, NG_FAILURE_CLASS_KEY: "x",
+         "deliverables_dir": str(tmp_path / "task2"), "reuse_cached_deliverable": True},
+    ]
+    out.write_text("".join(json.dumps(row) + "\n" for row in [kept, *invalid]))
+    out.chmod(0o640)
+    assert migrate_invalid_judge_main_rows(out) == 2
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [kept]
+    assert out.stat().st_mode & 0o777 == 0o640
+    moved = [json.loads(line) for line in failures_path_for(out).read_text().splitlines()]
+    assert [row[NG_FAILURE_CLASS_KEY] for row in moved] == ["judge_invalid", "x"]
+    assert all(row["_ng_migrated_invalid_judge_response"] and NG_TERMINAL_KEY not in row for row in moved)
+    assert moved[0]["reuse_cached_deliverable"] is True and "reuse_cached_deliverable" not in moved[1]
+    out.write_text("".join(json.dumps(row) + "\n" for row in [kept, *invalid]))  # the legacy rows come back
+    assert migrate_invalid_judge_main_rows(out) == 2
+    assert len(failures_path_for(out).read_text().splitlines()) == 2, "a migrated row is not moved twice"
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [kept]
+    assert migrate_invalid_judge_main_rows(out) == 0
+    assert not list(tmp_path.glob(".rollouts.jsonl.migrate-*"))
