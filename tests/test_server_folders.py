@@ -251,6 +251,45 @@ def test_a_missing_requirement_stops_with_the_install_command(tmp_path):
     assert folder_python(tmp_path.parent) == sys.executable  # no requirements.txt: nothing to install
 
 
+def test_what_a_folder_imports_from_nemo_gyms_own_dependencies_without_listing_it_is_a_missing_requirement(
+        tmp_path):
+    """Under NeMo-Gym a folder's venv holds NeMo-Gym's own dependencies (workplace_assistant imports pandas, which
+    `datasets` brings, without listing it). Every package of that closure (`NEMO_GYM_PROVIDES`) that this environment
+    cannot import, imported when the server starts (through the folder's own modules) or, for its tests, by its
+    tests, is a requirement missing here: `check` stops naming it, the file that imports it and the fix. One that is
+    listed, importable here, guarded by `try` or imported inside a function is not."""
+    import importlib.util
+
+    from gymfleet.fleet.folder_imports import NEMO_GYM_PROVIDES
+
+    absent = {name: req for name, req in NEMO_GYM_PROVIDES.items() if importlib.util.find_spec(name) is None}
+    present = [name for name in NEMO_GYM_PROVIDES if name not in absent]
+    assert "pandas" in absent, "gymfleet's own dependencies must not bring pandas (the brief: not a core dependency)"
+    folder = tmp_path / "resources_servers" / "assistant"
+    (folder / "tools").mkdir(parents=True)
+    (folder / "tests").mkdir()
+    special = {"dill", "sklearn", "wandb", "sqlparse"}  # guarded, in a function, in tests only, listed
+    assert special <= set(absent)
+    names = sorted(set(absent) - special)
+    (folder / "app.py").write_text(
+        "import json\nfrom tools import analytics\nimport resources_servers.assistant.more\n"
+        + "".join(f"import {name}\n" for name in present)
+        + "try:\n    import dill\nexcept ImportError:\n    dill = None\n\n\ndef later():\n    import sklearn\n")
+    (folder / "tools" / "__init__.py").write_text("")
+    (folder / "tools" / "analytics.py").write_text("".join(f"import {name}.sub\n" for name in names[::2]))
+    (folder / "more.py").write_text("".join(f"from {name} import thing\n" for name in names[1::2]))
+    (folder / "tests" / "test_app.py").write_text("import wandb\n")
+    (folder / "requirements.txt").write_text("-e nemo-gym[dev] @ ../../\nsqlparse\n")
+    expected = {absent[name] for name in names}
+    reqs = check_requirements(folder)
+    assert set(reqs.implied) == expected and set(reqs.missing) >= expected and set(reqs.lines) >= expected
+    assert reqs.implied[absent["pandas"]].startswith(("tools/analytics.py:", "more.py:"))
+    assert set(check_requirements(folder, tests=True).implied) == expected | {absent["wandb"]}
+    with pytest.raises(ConfigError, match=r"(?s)not installed here: .*pandas.*imported without being listed: .*"
+                                          r"pandas by (tools/analytics|more)\.py:\d+.*pip install"):
+        folder_python(folder)
+
+
 def test_a_conflicting_pin_runs_in_an_environment_of_its_own_made_once(tmp_path):
     assert importlib.metadata.version("tabulate") != PINNED.split("==")[1]
     config = make_tree(tmp_path / "tree", env="pinned", requirements=f"-e nemo-gym[dev] @ ../../\n{PINNED}\n")

@@ -71,6 +71,9 @@ class FolderRequirements:
     """Lines that are not plain requirements (an index option, a URL, a local path), with their file and line."""
     lines: list[str] = field(default_factory=list)
     """Every requirement but NeMo-Gym's own line, as written: what the folder's own environment installs."""
+    implied: dict[str, str] = field(default_factory=dict)
+    """`{requirement: "<file>:<line>"}`: what the folder imports from NeMo-Gym's own dependencies without listing it
+    (`gymfleet.fleet.folder_imports`), counted in `missing` and `lines` too."""
 
     @property
     def shared_ok(self) -> bool:
@@ -81,14 +84,24 @@ class FolderRequirements:
         if self.conflicting:
             parts.append("conflicting with this environment: " + ", ".join(self.conflicting))
         if self.missing:
-            parts.append("not installed: " + ", ".join(self.missing))
+            parts.append("not installed: " + ", ".join(self.missing) + self.implied_note())
         if self.unsupported:
             parts.append("not plain requirements: " + ", ".join(self.unsupported))
         return "; ".join(parts) or "all satisfied"
 
+    def implied_note(self) -> str:
+        if not self.implied:
+            return ""
+        where = ", ".join(f"{req} by {at}" for req, at in self.implied.items())
+        return (f" (imported without being listed: {where}; NeMo-Gym's own dependencies bring them to its venv, "
+                "gymfleet's do not)")
 
-def check_requirements(folder: Path) -> FolderRequirements:
-    """Sort `folder/requirements.txt` (none: nothing to install) against this interpreter's packages."""
+
+def check_requirements(folder: Path, tests: bool = False) -> FolderRequirements:
+    """Sort `folder/requirements.txt` (none: nothing to install) against this interpreter's packages, plus what the
+    folder imports from NeMo-Gym's own dependencies without listing it (with `tests`, its tests' imports too)."""
+    from gymfleet.fleet.folder_imports import implied_requirements
+
     result = FolderRequirements(Path(folder))
     path = Path(folder) / "requirements.txt"
     if path.is_file():
@@ -100,6 +113,12 @@ def check_requirements(folder: Path) -> FolderRequirements:
         sources = ((data.get("tool") or {}).get("uv") or {}).get("sources") or {}
         for text in (data.get("project") or {}).get("dependencies") or []:
             _sort_line(_with_source(str(text), sources), "pyproject.toml", 0, Path(folder), result)
+    listed = {name for name in map(_name_of, result.lines) if name}
+    for requirement, where in implied_requirements(Path(folder), tests=tests).items():
+        if _name_of(requirement) not in listed:
+            result.implied[requirement] = where
+            result.lines.append(requirement)
+            result.missing.append(requirement)
     return result
 
 
@@ -228,9 +247,10 @@ def _is_tree_root(folder: Path, text: str) -> bool:
 
 
 def folder_python(folder: Path, policy: str = "check", say: Callable[[str], None] = print,
-                  cache: Path | None = None) -> str:
-    """The interpreter that serves `folder`: this one when the shared environment satisfies its requirements (after
-    installing the missing ones with `policy="install"`), else the folder's own cached environment's.
+                  cache: Path | None = None, tests: bool = False) -> str:
+    """The interpreter that serves `folder` (with `tests`, that runs its tests too): this one when the shared
+    environment satisfies its requirements (after installing the missing ones with `policy="install"`), else the
+    folder's own cached environment's.
 
     Raises:
         ConfigError: requirements this environment lacks (`policy="check"`), lines gymfleet cannot install, an
@@ -239,7 +259,7 @@ def folder_python(folder: Path, policy: str = "check", say: Callable[[str], None
     if policy not in POLICIES:
         raise ConfigError(f"folder_requirements: unknown value {policy!r}; choices: {', '.join(POLICIES)}",
                           path="folder_requirements")
-    reqs = check_requirements(folder)
+    reqs = check_requirements(folder, tests=tests)
     where = f"{folder}/requirements.txt"
     if reqs.unsupported:
         raise ConfigError(f"{where}: cannot install {', '.join(reqs.unsupported)}", path="folder_requirements",
@@ -248,7 +268,7 @@ def folder_python(folder: Path, policy: str = "check", say: Callable[[str], None
         return sys.executable
     if not reqs.conflicting and policy == "check":
         raise ConfigError(
-            f"{where}: not installed here: {', '.join(reqs.missing)}", path="folder_requirements",
+            f"{where}: not installed here: {', '.join(reqs.missing)}{reqs.implied_note()}", path="folder_requirements",
             hint=f"Install them (pip install {' '.join(_quoted(reqs.missing))}), or start with "
                  "+folder_requirements=install (into this environment) or +folder_requirements=venv (its own).")
     if not reqs.conflicting and policy == "install":

@@ -404,7 +404,7 @@ def _tests(folder: Path, scratch: Path, result: FolderResult, requirements: str)
     from gymfleet.fleet.folder_env import folder_python
 
     try:
-        python = folder_python(folder, requirements, say=lambda line: None)
+        python = folder_python(folder, requirements, say=lambda line: None, tests=True)
     except ConfigError as exc:
         result.why.append(f"tests: {str(exc).splitlines()[0]}")
         return
