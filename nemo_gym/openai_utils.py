@@ -2,7 +2,14 @@
 (`gymfleet.serving.nemo_gym_types`; no code of its own)."""
 
 from gymfleet.serving.nemo_gym_client import RATE_LIMIT_ERROR_CODES, RETRY_ERROR_CODES
-from gymfleet.serving.nemo_gym_openai import NeMoGymAsyncOpenAI, PermanentEndpointError
+from gymfleet.serving.nemo_gym_openai import (
+    NeMoGymAsyncOpenAI,
+    NeMoGymResponseInputTokensDetails,
+    NeMoGymResponseOutputTokensDetails,
+    NeMoGymResponseUsage,
+    PermanentEndpointError,
+    accumulate_response_usage,
+)
 from gymfleet.serving.nemo_gym_types import (
     NeMoGymChatCompletion,
     NeMoGymChatCompletionCreateParamsNonStreaming,
@@ -30,4 +37,6 @@ __all__ = [
     "NeMoGymResponseCreateParamsNonStreaming", "NeMoGymResponseFunctionCallOutput",
     "NeMoGymResponseFunctionToolCall", "NeMoGymResponseOutputItem", "NeMoGymResponseOutputMessage",
     "NeMoGymResponseOutputRefusal", "NeMoGymResponseOutputText", "NeMoGymResponseReasoningItem", "NeMoGymSummary",
+    "NeMoGymResponseInputTokensDetails", "NeMoGymResponseOutputTokensDetails", "NeMoGymResponseUsage",
+    "accumulate_response_usage",
 ]

@@ -54,3 +54,22 @@ class ResponsesConverter(BaseModel):
         plain, completion = _plain(responses_create_params), _plain(chat_completion)
         model = plain.get("model") or completion.get("model") or ""
         return NeMoGymResponse.model_validate(chat_to_response(completion, plain, model=model))
+
+
+RESPONSE_OUTPUT_BOUNDARY_TYPES = frozenset({
+    "apply_patch_call", "code_interpreter_call", "computer_call", "custom_tool_call", "file_search_call",
+    "function_call", "image_generation_call", "local_shell_call", "mcp_approval_request", "mcp_call", "mcp_list_tools",
+    "reasoning", "shell_call", "tool_search_call", "web_search_call",
+})
+"""Item types only the model produces: the first one (or an assistant message) opens a turn's output."""
+
+
+def split_responses_input_output_items(items: list[Any]) -> tuple[list[Any], list[Any]]:
+    """`(input, output)`: `items` cut before the first assistant message or model-produced item (NeMo-Gym 0.7.0's
+    `nemo_gym.responses_converter.split_responses_input_output_items`); all input when there is none."""
+    for at, item in enumerate(items or []):
+        kind = item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
+        role = item.get("role") if isinstance(item, dict) else getattr(item, "role", None)
+        if (kind == "message" and role == "assistant") or kind in RESPONSE_OUTPUT_BOUNDARY_TYPES:
+            return list(items[:at]), list(items[at:])
+    return list(items or []), []

@@ -19,6 +19,8 @@ import logging
 from typing import Any
 
 import orjson
+from openai.types.responses import ResponseUsage
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import BaseModel, Field, PrivateAttr
 
 from gymfleet.serving.nemo_gym_client import (
@@ -106,3 +108,50 @@ class NeMoGymAsyncOpenAI(BaseModel):
 
     async def create_tokenize(self, **params: Any) -> Any:
         return await self._call("POST", f"{self.base_url.removesuffix('/v1')}/tokenize", json=params)
+
+
+def _add_known(left: int | None, right: int | None) -> int | None:
+    return None if left is None or right is None else left + right  # an unknown count stays unknown
+
+
+class NeMoGymResponseInputTokensDetails(InputTokensDetails):
+    cached_tokens: int | None  # None: the server did not say
+    cache_write_tokens: int | None = None  # newer than 0.7.0's openai: its callers never set it
+
+
+class NeMoGymResponseOutputTokensDetails(OutputTokensDetails):
+    reasoning_tokens: int | None
+
+
+class NeMoGymResponseUsage(ResponseUsage):
+    """A response's token usage whose detail counts may be unknown (NeMo-Gym 0.7.0's `openai_utils` type)."""
+
+    input_tokens_details: NeMoGymResponseInputTokensDetails
+    output_tokens_details: NeMoGymResponseOutputTokensDetails
+
+    @classmethod
+    def sum_from_list(cls, usages: list[NeMoGymResponseUsage]) -> NeMoGymResponseUsage:
+        total = cls(input_tokens=0, output_tokens=0, total_tokens=0,
+                    input_tokens_details=NeMoGymResponseInputTokensDetails(cached_tokens=0),
+                    output_tokens_details=NeMoGymResponseOutputTokensDetails(reasoning_tokens=0))
+        for usage in usages:
+            total = accumulate_response_usage(total, usage)
+        return total
+
+
+def accumulate_response_usage(total: Any, additional: Any) -> Any:
+    """The token usage of two responses together (NeMo-Gym 0.7.0's `openai_utils.accumulate_response_usage`):
+    `None` adds nothing; the detail counts (`cached_tokens`, `reasoning_tokens`) add where both sides know them."""
+    if additional is None:
+        return total
+    if total is None:
+        return additional.model_copy(deep=True)
+    result = total.model_copy(deep=True)
+    result.input_tokens += additional.input_tokens
+    result.output_tokens += additional.output_tokens
+    result.total_tokens += additional.total_tokens
+    for details, count in (("input_tokens_details", "cached_tokens"), ("output_tokens_details", "reasoning_tokens")):
+        mine, theirs = getattr(result, details, None), getattr(additional, details, None)
+        if mine is not None and theirs is not None:
+            setattr(mine, count, _add_known(getattr(mine, count), getattr(theirs, count)))
+    return result

@@ -1,0 +1,166 @@
+"""NeMo-Gym 0.7.0's agent definitions (`nemo_gym.base_responses_api_agent`, `nemo_gym.tool_access`), so the modules
+that define NeMo-Gym agents import: environment folders and their tests import those modules for their config and
+request models (gdpval's stirrup_agent helpers, conversational_tool_use_simulation's
+`ConversationalToolUseAgentRunRequest`, finance_agent_v2's `FinanceAgentConfig`, legal_agent_bench's
+`HarborAgentConfig`).
+
+What is here has 0.7.0's fields and validation: the agent-session contracts (`AgentSeedSessionRequest`/`Response`,
+`AgentCloseSessionRequest`/`Response`, `AgentSessionState`, `AgentSessionSetupError`, `AGENT_SESSION_COOKIE_KEY`),
+an agent's config (`BaseResponsesAPIAgentConfig`), the tool-access descriptions (`ToolAccess`: `DirectHTTPToolAccess`,
+`MCPToolAccess`) and the class agents subclass (`SimpleResponsesAPIAgent`, with `Body`). What is not: serving one.
+gymfleet serves its own agents (`agents/`); NeMo-Gym's agents (their session lifecycle, `/run`, token capture) are
+the next step, so `SimpleResponsesAPIAgent.setup_webserver()` raises, naming that, instead of serving half of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import Body, FastAPI
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+
+from gymfleet.serving.nemo_gym_metrics import AggregateMetricsMixin
+from gymfleet.serving.nemo_gym_observability import AgentObservationBundle
+from gymfleet.serving.nemo_gym_server import BaseServer, SimpleServer
+from gymfleet.serving.nemo_gym_types import BaseRunServerInstanceConfig, EpisodeId, SandboxAccess, TaskId
+
+__all__ = [
+    "AGENT_SESSION_COOKIE_KEY", "AgentCloseSessionRequest", "AgentCloseSessionResponse", "AgentSeedSessionRequest",
+    "AgentSeedSessionResponse", "AgentSessionSetupError", "AgentSessionState", "BaseResponsesAPIAgent",
+    "BaseResponsesAPIAgentConfig", "Body", "DirectHTTPToolAccess", "MCPStreamableHTTPConnection", "MCPToolAccess",
+    "SimpleResponsesAPIAgent", "ToolAccess",
+]
+
+AGENT_SESSION_COOKIE_KEY = "agent_session_id"
+_TOOL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class DirectHTTPToolAccess(BaseModel):
+    """Typed tool routes an agent calls directly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["direct_http"] = "direct_http"
+    name: str = Field(min_length=1, pattern=_TOOL_NAME)
+    required: bool
+    base_url: AnyHttpUrl
+    cookies: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class MCPStreamableHTTPConnection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    transport: Literal["streamable_http"] = "streamable_http"
+    url: AnyHttpUrl
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+class MCPToolAccess(BaseModel):
+    """A named MCP server an agent configures for a session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["mcp"] = "mcp"
+    name: str = Field(min_length=1, pattern=_TOOL_NAME)
+    required: bool
+    connection: MCPStreamableHTTPConnection
+
+
+ToolAccess = Annotated[DirectHTTPToolAccess | MCPToolAccess, Field(discriminator="kind")]
+
+
+def _unique_names(accesses: list[Any], what: str) -> list[Any]:
+    names = [access.name for access in accesses]
+    if len(names) != len(set(names)):
+        raise ValueError(f"{what} tool access names must be unique")
+    return accesses
+
+
+class AgentSeedSessionRequest(BaseModel):
+    """Start (idempotently) an agent session under the caller's id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent_session_id: str = Field(min_length=1)
+    episode_id: EpisodeId
+    task_id: TaskId
+    tool_accesses: list[ToolAccess] = Field(default_factory=list)
+    sandbox_access: SandboxAccess | None = None
+
+    @field_validator("tool_accesses")
+    @classmethod
+    def _unique(cls, accesses: list[Any]) -> list[Any]:
+        return _unique_names(accesses, "an agent session's")
+
+
+class AgentSeedSessionResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_session_id: str
+
+
+class AgentCloseSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_session_id: str
+    episode_id: EpisodeId
+
+
+class AgentCloseSessionResponse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_session_id: str
+    agent_observations: AgentObservationBundle | None = None
+    resources_cookies: dict[str, str] | None = None
+
+
+class BaseResponsesAPIAgentConfig(BaseRunServerInstanceConfig):
+    session_close_retry_window_seconds: float = Field(default=300, gt=0, allow_inf_nan=False)
+    skip_verification: bool = False
+    skip_verification_reward: float = 0.0
+    token_id_capture: bool = False
+    tool_accesses: list[ToolAccess] = Field(default_factory=list)
+
+    @field_validator("tool_accesses")
+    @classmethod
+    def _unique(cls, accesses: list[Any]) -> list[Any]:
+        return _unique_names(accesses, "configured")
+
+
+class BaseResponsesAPIAgent(BaseServer):
+    config: BaseResponsesAPIAgentConfig
+
+
+@dataclass
+class AgentSessionState:
+    """An agent's state for one session, bound to the request that seeded it."""
+
+    request: AgentSeedSessionRequest
+
+
+class AgentSessionSetupError(Exception):
+    """A session setup that failed part-way: keeps the partial state (for close) and the original error."""
+
+    def __init__(self, state: AgentSessionState, *, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.state = state
+        self.error = error
+
+
+class SimpleResponsesAPIAgent(BaseResponsesAPIAgent, AggregateMetricsMixin, SimpleServer):
+    """The class NeMo-Gym's agents subclass (`responses`, `run`): defined and constructible here, not served."""
+
+    config: BaseResponsesAPIAgentConfig
+
+    async def responses(self, body: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement responses()")
+
+    async def run(self, body: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement run()")
+
+    def setup_webserver(self) -> FastAPI:
+        raise NotImplementedError(
+            f"{type(self).__name__}: NeMo-Gym's own agents are not served by gymfleet yet (their session lifecycle "
+            "and /run are the next step); serve the environment with one of gymfleet's agents (agents/simple_agent)")
