@@ -36,35 +36,36 @@ AGENT_SESSION_COOKIE_KEY = "agent_session_id"
 _TOOL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
-class DirectHTTPToolAccess(BaseModel):
-    """Typed tool routes an agent calls directly."""
+class _Strict(BaseModel):
+    """0.7.0's agent contracts refuse fields they do not declare."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["direct_http"] = "direct_http"
+
+class _NamedAccess(_Strict):
     name: str = Field(min_length=1, pattern=_TOOL_NAME)
     required: bool
+
+
+class DirectHTTPToolAccess(_NamedAccess):
+    """Typed tool routes an agent calls directly."""
+
+    kind: Literal["direct_http"] = "direct_http"
     base_url: AnyHttpUrl
     cookies: dict[str, str] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
 
 
-class MCPStreamableHTTPConnection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MCPStreamableHTTPConnection(_Strict):
     transport: Literal["streamable_http"] = "streamable_http"
     url: AnyHttpUrl
     headers: dict[str, str] = Field(default_factory=dict)
 
 
-class MCPToolAccess(BaseModel):
+class MCPToolAccess(_NamedAccess):
     """A named MCP server an agent configures for a session."""
 
-    model_config = ConfigDict(extra="forbid")
-
     kind: Literal["mcp"] = "mcp"
-    name: str = Field(min_length=1, pattern=_TOOL_NAME)
-    required: bool
     connection: MCPStreamableHTTPConnection
 
 
@@ -78,10 +79,8 @@ def _unique_names(accesses: list[Any], what: str) -> list[Any]:
     return accesses
 
 
-class AgentSeedSessionRequest(BaseModel):
+class AgentSeedSessionRequest(_Strict):
     """Start (idempotently) an agent session under the caller's id."""
-
-    model_config = ConfigDict(extra="forbid")
 
     agent_session_id: str = Field(min_length=1)
     episode_id: EpisodeId
@@ -95,22 +94,16 @@ class AgentSeedSessionRequest(BaseModel):
         return _unique_names(accesses, "an agent session's")
 
 
-class AgentSeedSessionResponse(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AgentSeedSessionResponse(_Strict):
     agent_session_id: str
 
 
-class AgentCloseSessionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AgentCloseSessionRequest(_Strict):
     agent_session_id: str
     episode_id: EpisodeId
 
 
-class AgentCloseSessionResponse(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AgentCloseSessionResponse(_Strict):
     agent_session_id: str
     agent_observations: AgentObservationBundle | None = None
     resources_cookies: dict[str, str] | None = None
