@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import Body, FastAPI
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from gymfleet.serving.nemo_gym_metrics import AggregateMetricsMixin
 from gymfleet.serving.nemo_gym_observability import AgentObservationBundle
@@ -72,11 +72,16 @@ class MCPToolAccess(_NamedAccess):
 ToolAccess = Annotated[DirectHTTPToolAccess | MCPToolAccess, Field(discriminator="kind")]
 
 
-def _unique_names(accesses: list[Any], what: str) -> list[Any]:
-    names = [access.name for access in accesses]
-    if len(names) != len(set(names)):
-        raise ValueError(f"{what} tool access names must be unique")
-    return accesses
+def _unique_names(what: str) -> AfterValidator:
+    """Tool accesses whose names are unique (`what` says whose, in the error)."""
+
+    def check(accesses: list[Any]) -> list[Any]:
+        names = [access.name for access in accesses]
+        if len(names) != len(set(names)):
+            raise ValueError(f"{what} tool access names must be unique")
+        return accesses
+
+    return AfterValidator(check)
 
 
 class AgentSeedSessionRequest(_Strict):
@@ -85,13 +90,8 @@ class AgentSeedSessionRequest(_Strict):
     agent_session_id: str = Field(min_length=1)
     episode_id: EpisodeId
     task_id: TaskId
-    tool_accesses: list[ToolAccess] = Field(default_factory=list)
+    tool_accesses: Annotated[list[ToolAccess], _unique_names("an agent session's")] = Field(default_factory=list)
     sandbox_access: SandboxAccess | None = None
-
-    @field_validator("tool_accesses")
-    @classmethod
-    def _unique(cls, accesses: list[Any]) -> list[Any]:
-        return _unique_names(accesses, "an agent session's")
 
 
 class AgentSeedSessionResponse(_Strict):
@@ -114,12 +114,7 @@ class BaseResponsesAPIAgentConfig(BaseRunServerInstanceConfig):
     skip_verification: bool = False
     skip_verification_reward: float = 0.0
     token_id_capture: bool = False
-    tool_accesses: list[ToolAccess] = Field(default_factory=list)
-
-    @field_validator("tool_accesses")
-    @classmethod
-    def _unique(cls, accesses: list[Any]) -> list[Any]:
-        return _unique_names(accesses, "configured")
+    tool_accesses: Annotated[list[ToolAccess], _unique_names("configured")] = Field(default_factory=list)
 
 
 class BaseResponsesAPIAgent(BaseServer):
