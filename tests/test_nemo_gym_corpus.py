@@ -17,7 +17,10 @@ made with uv from the package index the first time, then cached.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
@@ -158,22 +161,22 @@ def test_a_test_file_that_cannot_be_collected_is_one_error_and_the_others_still_
     assert "No module named 'nemo_gym.no_such_module'" in result.why[0]
 
 
-def test_a_conftest_imports_its_trees_folders_even_where_gymfleet_has_environments_of_those_names(tmp_path):
-    """pytest loads a folder's `tests/conftest.py` before `pytest_configure`: the tree must already be entered then,
-    or a conftest importing `resources_servers.<name>.app` binds gymfleet's environment of that name (genrm_compare's
-    conftest did) and a bare sibling import (`from util import ...`) is not found. Every name gymfleet ships is tried,
-    from one folder's conftest (one pytest run)."""
+def _tree_named_like_gymfleets_environments(tmp_path) -> Path:
+    """A NeMo-Gym-shaped tree with a folder for every environment name gymfleet ships (and an `environment_servers`
+    package) and a folder `genrm_compare` whose conftest imports all of them and a bare sibling module."""
     from gymfleet.fleet.config import repository_root
-    from gymfleet.testing.nemo_gym_corpus import _tests
 
     builtins = sorted(p.name for p in (repository_root() / "resources_servers").iterdir()
                       if (p / "app.py").is_file() and p.name not in sys.stdlib_module_names)  # calendar: as pytest
     assert "genrm_compare" in builtins
-    tree = tmp_path / "tree" / "resources_servers"
+    tree = tmp_path / "tree"
     for name in builtins:
-        (tree / name).mkdir(parents=True)
-        (tree / name / "app.py").write_text(f"WHOSE = 'tree:{name}'\n")
-    folder = tree / "genrm_compare"
+        (tree / "resources_servers" / name).mkdir(parents=True)
+        (tree / "resources_servers" / name / "app.py").write_text(f"WHOSE = 'tree:{name}'\n")
+    (tree / "environment_servers" / "legacy").mkdir(parents=True)
+    (tree / "environment_servers" / "legacy" / "app.py").write_text("WHOSE = 'tree:legacy'\n")
+    folder = tree / "resources_servers" / "genrm_compare"
+    (folder / "app.py").write_text("import nemo_gym  # a NeMo-Gym folder\n\nWHOSE = 'tree:genrm_compare'\n")
     (folder / "tests").mkdir()
     for package in (folder, folder / "tests"):
         (package / "__init__.py").write_text("")
@@ -182,9 +185,24 @@ def test_a_conftest_imports_its_trees_folders_even_where_gymfleet_has_environmen
         "import importlib\n\nfrom util import SIBLING\n\n"
         f"WHOSE = [importlib.import_module(f'resources_servers.{{n}}.app').WHOSE for n in {builtins!r}]\n")
     (folder / "tests" / "test_whose.py").write_text(
+        "from environment_servers.legacy.app import WHOSE as LEGACY\n"
         "from resources_servers.genrm_compare.tests.conftest import SIBLING, WHOSE\n\n\n"
         "def test_the_trees_folders():\n"
-        f"    assert (WHOSE, SIBLING) == ({[f'tree:{n}' for n in builtins]!r}, 'util')\n")
+        f"    assert (WHOSE, SIBLING, LEGACY) == ({[f'tree:{n}' for n in builtins]!r}, 'util', 'tree:legacy')\n")
+    return folder
+
+
+def test_a_conftest_imports_its_trees_folders_even_where_gymfleet_has_environments_of_those_names(tmp_path):
+    """pytest loads a folder's `tests/conftest.py` before `pytest_configure`: the tree must already be entered then,
+    or a conftest importing `resources_servers.<name>.app` binds gymfleet's environment of that name (genrm_compare's
+    conftest did) and a bare sibling import (`from util import ...`) is not found. Every name gymfleet ships is tried,
+    from one folder's conftest (one pytest run), by the bench's runner and by `ng_test`."""
+    from gymfleet.testing.nemo_gym_corpus import _tests
+
+    folder = _tree_named_like_gymfleets_environments(tmp_path)
     result = FolderResult("genrm_compare")
     _tests(folder, tmp_path / "scratch", result, "check")
     assert (result.tests_passed, result.tests_total) == (1, 1), result.why
+    done = subprocess.run([sys.executable, "-m", "gymfleet.cli.test", f"+entrypoint={folder}",
+                           "+pytest_args=[-q,-p,no:warnings]"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and re.search(r"\b1 passed", done.stdout), done.stdout[-3000:] + done.stderr[-2000:]

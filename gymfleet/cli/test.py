@@ -134,7 +134,7 @@ def _run_folder_tests(folder: Path, extra: list[str]) -> int:
         print(f"{folder} ships no tests/ folder: nothing to run", flush=True)
         return 5  # pytest's "no tests collected"
     with tempfile.TemporaryDirectory(prefix="gymfleet-nemo-gym-tests-") as scratch:
-        print(f"Testing NeMo-Gym folder {folder} on gymfleet's nemo_gym surface (staged in {scratch})", flush=True)
+        print(f"Testing NeMo-Gym folder {folder}, where it lies, on gymfleet's nemo_gym surface", flush=True)
         return run_folder_tests(folder, Path(scratch), extra).returncode
 
 

@@ -384,17 +384,10 @@ def run_tests_in_place(folder: Path, scratch: Path, python: str | None = None, t
     gymfleet's `filterwarnings = error`), imports resolving in its tree (`gymfleet.testing.folder_pytest`), in a
     subprocess of `python` (the folder's own environment's, when it has one). A test file that cannot be collected
     counts as one error and the folder's other files still run (`--continue-on-collection-errors`)."""
-    from gymfleet.testing.folder_pytest import FOLDER_ENV
-    from gymfleet.testing.nemo_gym_folders import FOLDER_PYTEST_INI
+    from gymfleet.testing.nemo_gym_folders import folder_test_command
 
-    scratch.mkdir(parents=True, exist_ok=True)
-    ini = scratch / "pytest.ini"
-    ini.write_text(FOLDER_PYTEST_INI)
-    env = {**os.environ, FOLDER_ENV: str(folder),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(_root()), os.environ.get("PYTHONPATH")]))}
-    command = [python or sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir", str(folder), "-p",
-               "gymfleet.testing.folder_pytest", "-p", "no:cacheprovider", "-q", "--no-header",
-               "--continue-on-collection-errors", "tests"]
+    flags = ["-q", "--no-header", "--continue-on-collection-errors"]
+    command, env = folder_test_command(folder, scratch, python, flags)
     return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout_s,
                           stdin=subprocess.DEVNULL, errors="replace")
 

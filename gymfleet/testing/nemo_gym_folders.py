@@ -1,15 +1,17 @@
-"""Run a NeMo-Gym environment folder's own shipped tests against gymfleet's `nemo_gym` surface.
+"""Run a NeMo-Gym environment folder's own shipped tests against gymfleet's `nemo_gym` surface, and stage folders.
 
-A folder's tests import it as NeMo-Gym lays it out (`from resources_servers.<name>.app import ...`), and gymfleet has
-a `resources_servers` package of its own. So the folder is staged: copied (caches left out) into
-`<root>/resources_servers/<name>/` of a scratch tree with the `__init__.py` files that make it a package there (and
-the tree's `benchmarks/` linked beside it, which folders' fixtures read configs from), and
-pytest runs in the folder (as NeMo-Gym runs them) in a fresh interpreter whose path starts with the folder and the
-tree (then gymfleet's checkout, whose `nemo_gym` package the folder imports). The run uses the folder's own
+A folder's tests import it as NeMo-Gym lays it out (`from resources_servers.<name>.app import ...`, other folders of
+its tree, `environment_servers.<x>`), and gymfleet has a `resources_servers` package of its own. `run_folder_tests`
+runs them where the folder lies (as NeMo-Gym runs them: pytest in the folder, in a fresh interpreter) with the plugin
+`gymfleet.testing.folder_pytest`, which enters the folder's tree before the first conftest loads: the tree's packages
+win over gymfleet's folders of the same names, `nemo_gym` stays gymfleet's surface. The run uses the folder's own
 settings, not gymfleet's (no `filterwarnings = error`): NeMo-Gym's `asyncio_mode = auto` for its `async def` tests,
-and nothing else.
+and nothing else. `ng_test +entrypoint=<path to a NeMo-Gym folder>` runs this (`gymfleet.cli.test`); so does the
+corpus bench (`gymfleet.testing.nemo_gym_corpus.run_tests_in_place`, in the folder's own environment).
 
-`ng_test +entrypoint=<path to a NeMo-Gym folder>` runs this (`gymfleet.cli.test`); so do the compatibility tests.
+`stage_folder` copies a folder (caches left out) into `<root>/resources_servers/<name>/` of a scratch tree with the
+`__init__.py` files that make it a package there (and the tree's `benchmarks/` linked beside it, which folders'
+fixtures read configs from): what the compatibility tests serve folders from.
 """
 
 from __future__ import annotations
@@ -47,28 +49,28 @@ def stage_folder(folder: Path, root: Path) -> Path:
     return target
 
 
-def folder_test_command(root: Path, name: str, extra: list[str] = ()) -> tuple[list[str], dict[str, str]]:
-    """The command (run in the folder, as NeMo-Gym runs them) and environment that run staged folder `name`'s tests.
-
-    The folder itself leads the path (its tests import `from app import ...`), then the tree (`from
-    resources_servers.<name>.app import ...`), then gymfleet's checkout.
-    """
+def folder_test_command(folder: Path, scratch: Path, python: str | None = None, extra: list[str] = (),
+                        ) -> tuple[list[str], dict[str, str]]:
+    """The command (run in `folder`, as NeMo-Gym runs them) and environment that run `folder`'s own tests where the
+    folder lies: NeMo-Gym's pytest settings (written to `scratch`), imports resolving in the folder's tree
+    (`gymfleet.testing.folder_pytest`: bare sibling imports, `resources_servers.<name>` and the tree's other packages
+    such as `environment_servers`, never gymfleet's folders of those names), gymfleet's `nemo_gym` surface."""
     from gymfleet.fleet.config import repository_root
+    from gymfleet.testing.folder_pytest import FOLDER_ENV
 
-    env = dict(os.environ)
-    folder = root / "resources_servers" / name
-    path = [str(folder), str(root), str(repository_root()), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(path).rstrip(os.pathsep)
-    env["NEMO_GYM_EXTRA_ROOTS"] = str(root)  # the folder's configs resolve in its tree, not gymfleet's checkout
-    command = [sys.executable, "-m", "pytest", "-c", str(root / "pytest.ini"), "--rootdir", str(root),
-               "-p", "no:cacheprovider", "tests", *extra]
+    scratch.mkdir(parents=True, exist_ok=True)
+    ini = scratch / "pytest.ini"
+    ini.write_text(FOLDER_PYTEST_INI)
+    env = {**os.environ, FOLDER_ENV: str(folder),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(repository_root()), os.environ.get("PYTHONPATH")]))}
+    command = [python or sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir", str(folder), "-p",
+               "gymfleet.testing.folder_pytest", "-p", "no:cacheprovider", "tests", *extra]
     return command, env
 
 
 def run_folder_tests(folder: Path, scratch: Path, extra: list[str] = (), *, capture: bool = False,
                      timeout_s: float | None = None) -> subprocess.CompletedProcess:
-    """Stage `folder` under `scratch` and run its tests there (pytest's exit code in `returncode`)."""
-    stage_folder(folder, scratch)
-    command, env = folder_test_command(scratch, folder.name, list(extra))
-    return subprocess.run(command, cwd=scratch / "resources_servers" / folder.name, env=env, check=False,
-                          capture_output=capture, text=True, timeout=timeout_s)
+    """Run `folder`'s own tests where it lies (`folder_test_command`; pytest's exit code in `returncode`)."""
+    command, env = folder_test_command(Path(folder), scratch, extra=list(extra))
+    return subprocess.run(command, cwd=folder, env=env, check=False, capture_output=capture, text=True,
+                          timeout=timeout_s)
