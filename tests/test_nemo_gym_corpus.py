@@ -121,6 +121,40 @@ def test_rows_that_cannot_be_replayed_here_are_counted_by_what_they_lack(tmp_pat
     assert result.blocked == {TASK_MISSING: 1, JUDGE_MISSING: 2}, "row c disagrees: counted as no want"
 
 
+def test_a_row_replayed_without_its_task_sends_none_of_what_verify_computed(tmp_path):
+    """A verify that spreads its request into its answer (iheval: `Answer(**body.model_dump(), row_id=...)`) fails
+    with "multiple values" when handed back its own outputs: a row whose task is not in `data/` is replayed less every
+    key verify added to the folder's rows whose task is there, whichever keys those are."""
+    outputs = ["row_id", "generation", "strict", "loose"]
+    app = FastAPI()
+
+    @app.post("/verify")
+    async def verify(body: dict) -> dict:
+        def answer(question, **computed):  # NeMo-Gym folders build their answer this way
+            return {**computed, "question": question}
+
+        try:
+            return {**answer(**body, **{key: 1 for key in outputs}), "reward": 1.0}
+        except TypeError as exc:
+            return JSONResponse({"detail": str(exc)}, 500)
+
+    def row(text: str, computed: list[str]) -> dict:
+        return {"responses_create_params": {"input": text}, "response": {"output": []}, "question": text,
+                "_ng_task_index": 0, "reward": 1.0, **{key: 1 for key in computed}}
+
+    data = tmp_path / "folder" / "data"
+    data.mkdir(parents=True)
+    recorded = [row("a", outputs[:2]), row("b", outputs[1:]), row("orphan", outputs)]
+    (data / "example_rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recorded))
+    (data / "example.jsonl").write_text("".join(json.dumps({"responses_create_params": {"input": t}, "question": t})
+                                               + "\n" for t in ["a", "b"]))
+    (tmp_path / "folder" / "app.py").write_text("")
+    result = FolderResult("folder")
+    with serve(app) as url:
+        _replay(tmp_path / "folder", url, result)
+    assert (result.agree, result.rows) == (3, 3), result.why
+
+
 def test_a_field_set_from_a_setting_nobody_gave_is_named_as_what_the_folder_needs(tmp_path):
     from gymfleet.testing.nemo_gym_corpus import _unset_setting
 

@@ -64,6 +64,7 @@ from gymfleet.testing.nemo_gym_recordings import (
     replay_request,
     task_for,
     task_rows,
+    verify_outputs,
 )
 
 START_TIMEOUT_S = 240
@@ -312,14 +313,16 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
     rows = recorded_rows(folder)
     tasks, inputs = task_rows(folder), materialized_inputs(folder)
     result.rows = len(rows)
+    found = [task_for(row, tasks, inputs) for row in rows]
+    computed = verify_outputs(rows, found)
     first_problem = None
     orphans = 0
     blocked: dict[str, int] = {}
     for index, row in enumerate(rows):
-        task = task_for(row, tasks, inputs)
+        task = found[index]
         orphans += not task
         lacks = None if task else TASK_MISSING
-        request = replay_request(row, task)
+        request = replay_request(row, task, computed)
         if judge is not None:
             judge.replaying(row)
         misses = judge.misses if judge is not None else 0

@@ -122,16 +122,28 @@ def _likeliest(row: dict, candidates: list[dict], tie_takes_first: bool) -> dict
     return candidates[scores.index(best)] if tie_takes_first or scores.count(best) == 1 else None
 
 
-def replay_request(row: dict, task: dict) -> dict:
+def replay_request(row: dict, task: dict, computed: frozenset[str] = frozenset()) -> dict:
     """The `/verify` body NeMo-Gym's agent sent for a recorded rollout `row`: its task row, the recorded `response`
     and the row's `_ng_*` keys. A recorded row is the verify *answer* (the task echoed plus what verify computed:
     `extracted_answer`, ...), so sending it whole would hand verify its own outputs as inputs (a folder that builds
     `Answer(**body.model_dump(), extracted_answer=...)` then fails with "multiple values"). Without its task row
-    (not in `data/`), the row less `reward` is the best there is."""
+    (not in `data/`), the row less `reward` and less the keys verify computed (`computed`: what it added to the
+    folder's other rows, `verify_outputs`) is the best there is."""
     if not task:
-        return {key: value for key, value in row.items() if key != "reward"}
+        return {key: value for key, value in row.items() if key != "reward" and key not in computed}
     keys = {key: value for key, value in row.items() if key.startswith("_ng_")}
     return {**task, "response": row["response"], **keys}
+
+
+def verify_outputs(rows: list[dict], tasks: list[dict]) -> frozenset[str]:
+    """The keys a folder's `/verify` adds to its task rows (`tasks[i]` is `rows[i]`'s, `{}` where it has none), seen
+    in its rows whose task is known (iheval's `row_id`, `generation`, its scorers' flags): what a row replayed
+    without its task must not send back as input."""
+    added: set[str] = set()
+    for row, task in zip(rows, tasks, strict=True):
+        if task:
+            added |= {key for key in row if key not in task and key != "response" and not key.startswith("_ng_")}
+    return frozenset(added)
 
 
 def episode_body(row: dict, task: dict) -> dict:
