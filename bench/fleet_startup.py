@@ -52,6 +52,8 @@ STARTED = re.compile(r"^started (\S+) .* pid (\d+),")
 # "started mcqa (resources_servers/mcqa) on http://127.0.0.1:10523, pid 4242, log: ..." -> mcqa, 4242
 ZYGOTE_DONE = re.compile(r"zygote: shared stack imported in ([\d.]+)s, \d+ servers' in ([\d.]+)s")
 ZYGOTE_IMPORTED = re.compile(r"zygote \(pid \d+\): imported (.+) in ([\d.]+)s")
+FRESH = re.compile(r"served by the folder .*\(in a fresh interpreter")
+# "foo: served by the folder /x/resources_servers/foo (in a fresh interpreter: <why>)": the start-up line that says why
 WARMED = re.compile(r": warmed up in [\d.]+s")
 # a server that loads what its requests need once it is up (`Server.warm_up`: instruction_following, reasoning_gym)
 
@@ -69,6 +71,39 @@ def overlay(mode: str, folder: Path) -> Path:
         "policy_model_name": "scripted",
     }
     path = folder / f"nano3_{mode}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+NEMO_GYM_FOLDERS = (
+    "string_match", "equivalence_rule", "example_multi_step", "example_session_state_mgmt",
+    "example_single_tool_call", "example_tool_call_multireward", "aalcr", "abstention", "aegis_v4_safety", "arc_agi",
+    "bbq", "bunsenbench_chemistry_mcq", "circle_click", "circle_count", "citation_if", "format_verification",
+    "gpqa_diamond", "hotpotqa_qa", "imo_gradingbench", "ragtruth",
+)  # fmt: skip
+"""Folders of NeMo-Gym 0.7.0's wheel that start here in the shared environment: pure Python, every line of their
+`requirements.txt` (if any) satisfied by gymfleet's own (`bench/nemo_gym_corpus.py`'s table: `start yes`)."""
+
+
+def nemo_gym_overlay(mode: str, folder: Path, count: int) -> Path:
+    """A config file: the first `count` of `NEMO_GYM_FOLDERS` served from the wheel where they lie (their model
+    servers stand-ins that answer nothing, as the corpus bench has them), and `server_start: <mode>`."""
+    from gymfleet.testing.nemo_gym_corpus import STUB_MODEL_URL, folder_config
+    from gymfleet.testing.nemo_gym_wheel import nemo_gym_wheel
+
+    if not 0 < count <= len(NEMO_GYM_FOLDERS):
+        raise SystemExit(f"--nemo-gym-folders: 1 to {len(NEMO_GYM_FOLDERS)}, not {count}")
+    tree = nemo_gym_wheel() / "resources_servers"
+    data: dict = {"server_start": mode, "server_folders": {}, "policy_base_url": STUB_MODEL_URL,
+                  "policy_api_key": "stand-in", "policy_model_name": "stand-in",
+                  "model_endpoint_readiness_timeout_seconds": 0}
+    for name in NEMO_GYM_FOLDERS[:count]:
+        blocks, servers = folder_config(tree / name)
+        if clash := set(servers) & set(data):
+            raise SystemExit(f"{name}: instance names {sorted(clash)} are taken by an earlier folder")
+        data.update(blocks)
+        data["server_folders"].update({server: str(tree / name) for server in servers})
+    path = folder / f"nemo_gym_{count}_{mode}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -146,9 +181,10 @@ def breakdown(timed: list[tuple[float, str]], ready_s: float) -> dict[str, float
     }
 
 
-def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False) -> dict:
-    """Start the fleet once in `mode`; measure; stop it. Returns the measurements (with `trace`: `breakdown`)."""
-    config = overlay(mode, folder)
+def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False, nemo_gym_folders: int = 0) -> dict:
+    """Start the fleet once in `mode`; measure; stop it. Returns the measurements (with `trace`: `breakdown`).
+    With `nemo_gym_folders`, the fleet is that many NeMo-Gym folders (`nemo_gym_overlay`) instead of Nano 3."""
+    config = nemo_gym_overlay(mode, folder, nemo_gym_folders) if nemo_gym_folders else overlay(mode, folder)
     command = [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{config}]",
                f"+head_server.port={free_port()}"]
     began = time.monotonic()
@@ -183,7 +219,10 @@ def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False) ->
         total = memory(process.pid)
         per_server = [memory(pid) for pid in servers.values()]
         count = len(psutil.Process(process.pid).children(recursive=True)) + 1
-        return {"mode": mode, "ready_s": ready_s, "servers": len(servers), "processes": count, "total": total,
+        fresh = sorted(name for name, pid in servers.items() if _parent(pid) == process.pid)
+        return {"mode": mode, "forked": len(servers) - len(fresh), "fresh": fresh,
+                "why_fresh": [line for line in lines if FRESH.search(line)],
+                "ready_s": ready_s, "servers": len(servers), "processes": count, "total": total,
                 "cpu_at_ready": cpu_at_ready, "cpu_settled": cpu_seconds(process.pid, servers),
                 "breakdown": breakdown(timed, ready_s) if trace else {},
                 "per_server": [statistics.median(values) for values in zip(*per_server, strict=True)]}
@@ -196,6 +235,15 @@ def start_once(mode: str, folder: Path, settle_s: float, trace: bool = False) ->
             process.wait()
         if process.stdout:
             process.stdout.close()
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of `pid`: the supervisor (`ng_run`) for a fresh interpreter, the zygote (or its helper) for a
+    fork."""
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _pump(process: subprocess.Popen, began: float, output: queue.Queue) -> None:
@@ -213,7 +261,7 @@ def with_signal(process: subprocess.Popen, sig: int, group: bool = False) -> Non
 
 
 def table(results: list[dict]) -> str:
-    header = ("mode", "servers", "procs", "ready s", "range", "RSS MiB*", "PSS MiB", "range", "USS MiB",
+    header = ("mode", "servers", "forked", "procs", "ready s", "range", "RSS MiB*", "PSS MiB", "range", "USS MiB",
               "server RSS*", "server PSS", "server USS", "CPU s sup/zyg/srv")
     rows = [header]
     for mode in dict.fromkeys(r["mode"] for r in results):
@@ -222,6 +270,7 @@ def table(results: list[dict]) -> str:
         rows.append((
             f"{mode} (x{len(runs)})",
             str(runs[0]["servers"]),
+            str(runs[0]["forked"]),
             str(runs[0]["processes"]),
             f"{med(r['ready_s'] for r in runs):.2f}",
             f"{min(r['ready_s'] for r in runs):.2f}-{max(r['ready_s'] for r in runs):.2f}",
@@ -234,6 +283,7 @@ def table(results: list[dict]) -> str:
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.append("forked: servers forked from the zygote (or its helper); the others are fresh interpreters.")
     lines.append("ready s: from launching ng_run to its 'All N / N servers ready' line (median, and range). Totals: "
                  "every process of the fleet (supervisor, zygote, servers, workers); server*: per-server medians.")
     lines.append("CPU s: user + system seconds used by the time the fleet was ready (median): the supervisor, the "
@@ -244,6 +294,7 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--settle-s", type=float, default=2.0, help="wait after ready before measuring memory")
@@ -251,31 +302,38 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true",
                         help="log the zygote at DEBUG and print what each start's time to ready is made of")
     parser.add_argument("--json", type=Path, help="also write the numbers there (for bench/report.py)")
+    parser.add_argument("--nemo-gym-folders", type=int, default=0, metavar="N",
+                        help="start N NeMo-Gym folders of the 0.7.0 wheel where they lie (NEMO_GYM_FOLDERS), in the "
+                             "shared environment, instead of the Nano 3 fleet")
     args = parser.parse_args()
     modes = args.modes.split(",")
     results = []
     with tempfile.TemporaryDirectory() as folder:
         for repeat in range(args.repeats):
             for mode in modes:
-                result = start_once(mode, Path(folder), args.settle_s, args.trace)
+                result = start_once(mode, Path(folder), args.settle_s, args.trace, args.nemo_gym_folders)
                 cpu, settled = result["cpu_at_ready"], result["cpu_settled"]
                 print(f"run {repeat + 1}/{args.repeats} {mode}: ready in {result['ready_s']:.2f} s, "
                       f"RSS {result['total'][0]:.0f} MiB, PSS {result['total'][1]:.0f} MiB; CPU s at ready: "
                       f"supervisor {cpu['supervisor']:.2f}, zygote {cpu['zygote']:.2f}, servers {cpu['servers']:.2f} "
                       f"(after --settle-s: servers {settled['servers']:.2f})", flush=True)
+                if result["fresh"]:
+                    print(f"    fresh interpreters: {', '.join(result['fresh'])}", flush=True)
+                for line in result["why_fresh"][:3]:
+                    print(f"    {line}", flush=True)
                 for part, seconds in result["breakdown"].items():
                     print(f"    {seconds:6.2f} s  {part}", flush=True)
                 results.append(result)
     print(table(results))
-    sys.path.insert(0, str(ROOT))
     from bench._common import write_plots
 
     medians = {mode: [r for r in results if r["mode"] == mode] for mode in modes}
+    fleet = f"{args.nemo_gym_folders} NeMo-Gym folders" if args.nemo_gym_folders else "Nano 3 fleet"
     write_plots(args.json, [
-        {"title": "Nano 3 fleet: time to ready (median)", "x_label": "server start", "y_label": "seconds",
+        {"title": f"{fleet}: time to ready (median)", "x_label": "server start", "y_label": "seconds",
          "series": {"ready": [[mode, statistics.median(r["ready_s"] for r in runs)]
                               for mode, runs in medians.items()]}},
-        {"title": "Nano 3 fleet: memory of all its processes (median)", "x_label": "server start", "y_label": "MiB",
+        {"title": f"{fleet}: memory of all its processes (median)", "x_label": "server start", "y_label": "MiB",
          "series": {kind: [[mode, statistics.median(r["total"][i] for r in runs)] for mode, runs in medians.items()]
                     for i, kind in enumerate(("RSS (double-counts shared)", "PSS", "USS"))}},
     ])

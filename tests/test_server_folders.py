@@ -2,8 +2,8 @@
 
 A tree of our own (written under tmp_path, laid out as a NeMo-Gym checkout: `resources_servers/<env>/`, no
 `resources_servers/__init__.py`) holds a folder named `mcqa` like gymfleet's built-in environment, importing a bare
-sibling module and another folder of its tree. Served beside gymfleet's own `example_weather` in one fleet, its
-imports must resolve in its tree. A folder whose requirements pin a version the fleet's environment does not have runs
+sibling module and another folder of its tree. Served beside gymfleet's own `mcqa` in one fleet (forked from the
+zygote, which imported gymfleet's `mcqa` and the `nemo_gym` surface), its imports must resolve in its tree. A folder whose requirements pin a version the fleet's environment does not have runs
 in an environment of its own, made with uv (a real install of a small pure-Python package from the package index).
 """
 
@@ -21,6 +21,7 @@ import pytest
 
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.folder_env import check_requirements, folder_python
+from gymfleet.fleet.zygote import ForkedProcess
 from gymfleet.testing import fleet_headers, running_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +32,7 @@ APP = '''
 import importlib.metadata
 import sys
 
+import nemo_gym
 import resources_servers
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse
 from resources_servers.shared_helpers.helpers import ORIGIN
@@ -47,6 +49,7 @@ class TreeResponse(VerifyResponse):
     package_path: list[str]
     tabulate: str
     prefix: str
+    parent_dir: str
 
 
 class TreeServer(ResourcesServer):
@@ -57,7 +60,8 @@ class TreeServer(ResourcesServer):
     async def verify(self, body: VerifyRequest) -> TreeResponse:
         return TreeResponse.echo(body, reward=1.0, which=WHICH, origin=ORIGIN,
                                  package_path=list(resources_servers.__path__),
-                                 tabulate=importlib.metadata.version("tabulate"), prefix=sys.prefix)
+                                 tabulate=importlib.metadata.version("tabulate"), prefix=sys.prefix,
+                                 parent_dir=str(nemo_gym.PARENT_DIR))
 '''
 
 
@@ -105,6 +109,10 @@ def test_a_folder_of_another_tree_is_served_from_its_tree_beside_the_builtin_env
         assert body["which"] == "the tree's util" and body["origin"] == "the tree's shared_helpers"
         assert body["package_path"] == [str(tmp_path / "tree/resources_servers")]
         assert body["reward"] == 1.0 and body["prefix"] == sys.prefix
+        # In the fleet's environment it is forked from the zygote, which imported the nemo_gym surface (not the
+        # folder) before the tree was known: NeMo-Gym's PARENT_DIR still reads the folder's tree.
+        assert isinstance(fleet.children["mcqa"].process, ForkedProcess)
+        assert body["parent_dir"] == str(tmp_path / "tree")
         row = {**ROW, "options": [{"A": "yes"}, {"B": "no"}], "expected_answer": "A"}
         builtin = httpx.post(fleet.config.instance("builtin_mcqa").url + "/verify", json=row, timeout=30,
                              headers=fleet_headers(fleet))

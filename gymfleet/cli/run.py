@@ -107,7 +107,7 @@ def dry_run(config: GlobalConfig) -> str:
         raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
     for instance in config.instances.values():
         if instance.folder is not None:
-            print(describe(instance), flush=True)
+            print(describe(instance, "validated in a fresh interpreter"), flush=True)
         validate_instance(instance, config)
     rows = [("INSTANCE", "TYPE", "IMPL", "LISTENS ON", "WORKERS", "REPLICAS", "USES")]
     for inst in config.instances.values():

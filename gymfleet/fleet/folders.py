@@ -15,9 +15,11 @@ Imports inside a folder resolve as under NeMo-Gym (which runs `python app.py` in
 installed): bare sibling imports (`from util import ...`) find the folder, and the tree's top-level packages
 (`resources_servers`, `responses_api_agents`, `environments`, ...) are the tree's, never gymfleet's folders of the
 same name; `nemo_gym` stays gymfleet's surface even where the folder puts its tree first on `sys.path`. One Python
-process can hold one `resources_servers` package, so a foreign folder always runs in a fresh interpreter of its own
-(never forked from the zygote, never built in the supervisor): `enter_tree` is the first thing that interpreter does,
-and `gymfleet.fleet.launch.check_in_fresh_interpreter` is how a dry run and the supervisor validate one.
+process can hold one `resources_servers` package, so a foreign folder runs in a process of its own, never built in
+the supervisor: forked from the zygote when it runs in the fleet's environment (the zygote imports the `nemo_gym`
+surface, never the folder; the forked server enters the tree), else a fresh interpreter of the folder's own
+environment (`gymfleet.fleet.folder_env`). `enter_tree` is the first thing that process does with the folder, and
+`gymfleet.fleet.launch.check_in_fresh_interpreter` is how a dry run and the supervisor validate one.
 """
 
 from __future__ import annotations
@@ -100,11 +102,12 @@ def named_folders(value: Any) -> dict[str, str]:
     return found
 
 
-def describe(instance: Any) -> str:
-    """The start-up line that says which implementation serves `instance` (a `ServerInstance` with a `folder`)."""
+def describe(instance: Any, how: str) -> str:
+    """The start-up line that says which implementation serves `instance` (a `ServerInstance` with a `folder`) and
+    `how` its process started (forked from the zygote, or a fresh interpreter and why)."""
     builtin = dataclasses.replace(instance, folder=None).dir
     shadowed = f", not gymfleet's built-in {builtin.parent.name}/{builtin.name}" if builtin.is_dir() else ""
-    return f"{instance.name}: served by the folder {instance.folder}{shadowed} (in a fresh interpreter)"
+    return f"{instance.name}: served by the folder {instance.folder}{shadowed} ({how})"
 
 
 # ------------------------------------------------------------------------------------------ inside the child
@@ -190,8 +193,21 @@ def enter_tree(folder: Path) -> None:
     os.chdir(folder)  # NeMo-Gym starts the server in its folder: relative data paths resolve there
     os.environ[FOLDER_TREE_ENV] = str(tree)  # ... else in its tree (NeMo-Gym's PARENT_DIR): nemo_gym_paths
     paths = sys.modules.get("gymfleet.serving.nemo_gym_paths")
-    if paths is not None and paths.PARENT_DIR != tree:  # imported already: its constants follow
-        paths.PARENT_DIR, paths.CACHE_DIR = tree, tree / "cache"
+    if paths is not None and paths.PARENT_DIR != tree:  # imported already (a server forked from the zygote)
+        _follow(paths.PARENT_DIR, tree)
+
+
+def _follow(old: Path, tree: Path) -> None:
+    """Point `PARENT_DIR` and `CACHE_DIR` at `tree` in `nemo_gym_paths` and in every module that copied them at
+    import (`nemo_gym`, `nemo_gym_types`, ...: `from ... import PARENT_DIR`), so a server forked from the zygote,
+    which imported the surface before the folder's tree was known, reads the tree as a fresh interpreter would."""
+    values = {"PARENT_DIR": (old, tree), "CACHE_DIR": (old / "cache", tree / "cache")}
+    for module in list(sys.modules.values()):
+        if module is None or not module.__name__.startswith(("gymfleet.", "nemo_gym")):
+            continue
+        for name, (before, after) in values.items():
+            if getattr(module, name, None) == before:
+                setattr(module, name, after)
 
 
 def module_name(folder: Path, entrypoint: str) -> str:

@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -122,22 +123,36 @@ class ServerStart:
 
     def _popen(self, instance: ServerInstance, sock: socket.socket) -> subprocess.Popen | ForkedProcess:
         """The server process of `instance`, in its own process group, output piped to the supervisor, listening on
-        `sock` (bound to its port; the process gets its own copy): forked by the zygote, or (`server_start: spawn`,
-        or no zygote left) a fresh interpreter."""
+        `sock` (bound to its port; the process gets its own copy): forked by the zygote (a NeMo-Gym folder of another
+        tree too, when it runs in this environment: it enters its tree after the fork), or a fresh interpreter
+        (`server_start: spawn`, no zygote left, or a folder with an environment of its own)."""
         zygote = self._zygote
-        if zygote is not None and instance.folder is None:  # a folder of another tree: a fresh interpreter
+        python = instance_python(instance, self.config, self._say)
+        if zygote is not None and python == sys.executable:  # not a folder with an environment of its own
             env = {**os.environ, **self.credential.child_env()}
             try:
                 return zygote.spawn(instance.name, own_secrets(json.loads(self._secrets_env), instance.name), env,
                                     sock.fileno())
             except ZygoteError as exc:
                 self._zygote_lost(zygote, str(exc))
-        return self._spawn_popen(instance, sock)
+        return self._spawn_popen(instance, sock, python)
 
-    def _spawn_popen(self, instance: ServerInstance, sock: socket.socket) -> subprocess.Popen:
-        """`instance` as a fresh interpreter: `python -m gymfleet.fleet.launch`."""
+    def how_started(self, process: subprocess.Popen | ForkedProcess) -> str:
+        """How `process` started, for the start-up line of a folder of another tree: forked from the zygote, or a
+        fresh interpreter and why (the folder's own environment, `server_start: spawn`, or no zygote left)."""
+        if isinstance(process, ForkedProcess):
+            return "forked from the zygote"
+        if process.args[0] != sys.executable:
+            return "in a fresh interpreter of its own environment: its requirements conflict with the fleet's"
+        if self.server_start == "spawn":
+            return "in a fresh interpreter: server_start=spawn"
+        return "in a fresh interpreter: the zygote is gone"
+
+    def _spawn_popen(self, instance: ServerInstance, sock: socket.socket, python: str | None = None,
+                     ) -> subprocess.Popen:
+        """`instance` as a fresh interpreter: `python -m gymfleet.fleet.launch` (`python`: the instance's)."""
         command = [
-            instance_python(instance, self.config, self._say),
+            python or instance_python(instance, self.config, self._say),
             "-m",
             "gymfleet.fleet.launch",
             "--config",

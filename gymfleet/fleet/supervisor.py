@@ -233,10 +233,10 @@ class Fleet(ServerStart, Readiness, Watched):
         """Start `instance` for the first time on its bound socket `sock` (closed here once handed over) and say so:
         name, what it is, URL, pid, where its output goes (and, for a folder of another tree, which folder serves
         it)."""
-        if instance.folder is not None:
-            self._say(describe(instance))
         with sock:
             process = self._popen(instance, sock)
+        if instance.folder is not None:
+            self._say(describe(instance, self.how_started(process)))
         child = self.children[instance.name] = _Child(instance, process, time.time())
         self._start_pump(child)
         self._say(f"started {instance.name} ({instance.server_type}/{instance.impl}) on {instance.url}, "

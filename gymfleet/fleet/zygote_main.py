@@ -37,7 +37,7 @@ from gymfleet.fleet.cache import cache_dir
 from gymfleet.fleet.zygote import READY_TIMEOUT_S, ZygoteError, _open_pidfd, _receive, _send
 from gymfleet.fleet.zygote_child import run_child, set_cmdline
 
-__all__ = ["SHARED_MODULES", "gc_paused", "main", "preload"]
+__all__ = ["FOLDER_MODULES", "SHARED_MODULES", "gc_paused", "main", "preload"]
 
 log = logging.getLogger(__name__)
 
@@ -69,26 +69,39 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def import_shared() -> None:
-    """Import what every server imports, whatever the config (`SHARED_MODULES`)."""
-    for name in SHARED_MODULES:
+def import_shared(names: tuple[str, ...] = SHARED_MODULES) -> None:
+    """Import what every server imports, whatever the config (`SHARED_MODULES`), or the modules `names`."""
+    for name in names:
         try:
             importlib.import_module(name)
         except ImportError:  # optional accelerators (uvloop, httptools, websockets) may be missing
             pass
 
 
-def server_groups(config_path: Path) -> list[list[Any]]:
-    """The config's instances grouped by the server file they run (instances of one class share one import); not
-    those served from a folder of another tree (`gymfleet.fleet.folders`: a fresh interpreter each)."""
+FOLDER_MODULES = (
+    "nemo_gym.base_resources_server", "nemo_gym.server_utils", "nemo_gym.openai_utils", "nemo_gym.config_types",
+    "nemo_gym.reward_profile", "gymfleet.serving.nemo_gym_server",
+)  # fmt: skip
+"""Imported when the config serves NeMo-Gym folders of another tree (`gymfleet.fleet.folders`): the `nemo_gym`
+surface such folders import (about 2 s of imports each, measured on this machine), shared by their servers. The
+folders themselves are never imported here (one process holds one tree's `resources_servers`): each forked server
+enters its folder's tree and imports its `app.py` after the fork."""
+
+
+def server_groups(config_path: Path) -> tuple[list[list[Any]], bool]:
+    """The config's instances grouped by the server file they run (instances of one class share one import), not
+    those served from a folder of another tree (each imports its folder after its fork); and whether there are
+    such folders."""
     from gymfleet.fleet.launch import load_config
 
     groups: dict[Path, list[Any]] = {}
+    folders = False
     for instance in load_config(config_path, []).instances.values():
         if instance.folder is not None:
+            folders = True
             continue
         groups.setdefault(instance.dir / (instance.entrypoint or "app.py"), []).append(instance)
-    return list(groups.values())
+    return list(groups.values()), folders
 
 
 def preload(groups: list[list[Any]], claims: int | None = None,
@@ -207,10 +220,13 @@ def main(argv: list[str] | None = None) -> None:
         if message is None:
             return  # the supervisor did not need us after all (a dry run, Ray placement, `server_start: spawn`)
         args.config = Path(message["path"])
-    groups = slowest_first(server_groups(args.config), read_import_times())  # the file goes when the fleet stops
+    groups, folders = server_groups(args.config)
+    groups = slowest_first(groups, read_import_times())  # the file goes when the fleet stops
     helper = _Helper.start(groups, supervisor, args) if len(groups) > 1 and _cpus() > 1 else None
     seconds: dict[str, float] = {}
     with gc_paused():
+        if folders:  # the zygote forks the folders' servers: the surface they share, while the helper imports
+            import_shared(FOLDER_MODULES)
         preload(groups, helper.claims if helper else None, seconds)  # what the helper leaves; the zygote forks it
     threads = _python_threads()
     if helper:
