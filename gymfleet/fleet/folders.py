@@ -181,8 +181,10 @@ def enter_tree(folder: Path) -> None:
     folder = Path(folder).resolve()
     tree = folder.parents[1]
     names = tree_packages(tree)
+    known = getattr(sys.modules.get("inspect"), "_filesbymodname", {})  # `inspect.getmodule`'s cache of files
     for module in [m for m in sys.modules if m.partition(".")[0] in names]:
         del sys.modules[module]
+        known.pop(module, None)  # else it reads the tree's namespace package (no file) as a changed built-in module
     surface = _surface_location()
     if surface is not None:
         sys.meta_path.insert(0, _SurfaceFinder(surface))
@@ -197,17 +199,22 @@ def enter_tree(folder: Path) -> None:
         _follow(paths.PARENT_DIR, tree)
 
 
+PATH_COPIES = ("gymfleet.serving.nemo_gym_paths", "gymfleet.serving.nemo_gym_types", "nemo_gym")
+"""The modules holding `PARENT_DIR` and `CACHE_DIR` as values (`nemo_gym_paths` and the two that import them from
+it), which `enter_tree` repoints. Named rather than searched for: reading every module of a forked server copies
+about 7 MiB of the zygote's pages into it (their reference counts), measured."""
+
+
 def _follow(old: Path, tree: Path) -> None:
-    """Point `PARENT_DIR` and `CACHE_DIR` at `tree` in `nemo_gym_paths` and in every module that copied them at
-    import (`nemo_gym`, `nemo_gym_types`, ...: `from ... import PARENT_DIR`), so a server forked from the zygote,
-    which imported the surface before the folder's tree was known, reads the tree as a fresh interpreter would."""
+    """Point `PARENT_DIR` and `CACHE_DIR` at `tree` in the modules of `PATH_COPIES` already imported, so a server
+    forked from the zygote, which imported the surface before the folder's tree was known, reads the tree as a fresh
+    interpreter would."""
     values = {"PARENT_DIR": (old, tree), "CACHE_DIR": (old / "cache", tree / "cache")}
-    for module in list(sys.modules.values()):
-        if module is None or not module.__name__.startswith(("gymfleet.", "nemo_gym")):
-            continue
-        for name, (before, after) in values.items():
-            if getattr(module, name, None) == before:
-                setattr(module, name, after)
+    for name in PATH_COPIES:
+        module = sys.modules.get(name)
+        for attribute, (before, after) in values.items():
+            if module is not None and getattr(module, attribute, None) == before:
+                setattr(module, attribute, after)
 
 
 def module_name(folder: Path, entrypoint: str) -> str:

@@ -80,12 +80,15 @@ def import_shared(names: tuple[str, ...] = SHARED_MODULES) -> None:
 
 FOLDER_MODULES = (
     "nemo_gym.base_resources_server", "nemo_gym.server_utils", "nemo_gym.openai_utils", "nemo_gym.config_types",
-    "nemo_gym.reward_profile", "gymfleet.serving.nemo_gym_server",
+    "nemo_gym.reward_profile", "gymfleet.serving.nemo_gym_server", "httpx", "pydantic.v1",
 )  # fmt: skip
 """Imported when the config serves NeMo-Gym folders of another tree (`gymfleet.fleet.folders`): the `nemo_gym`
-surface such folders import (about 2 s of imports each, measured on this machine), shared by their servers. The
-folders themselves are never imported here (one process holds one tree's `resources_servers`): each forked server
-enters its folder's tree and imports its `app.py` after the fork."""
+surface such folders import (about 2 s of imports each, measured on this machine), shared by their servers, with
+what each such server imports once built (`httpx`, whose hook sends the fleet token from a folder's own clients,
+and with it `rich` and `pygments`; `pydantic.v1`, which FastAPI imports when it builds the folder's routes): 116
+modules and about 20 MiB of private memory per server when left to the fork. The folders themselves are never
+imported here (one process holds one tree's `resources_servers`): each forked server enters its folder's tree and
+imports its `app.py` after the fork."""
 
 
 def server_groups(config_path: Path) -> tuple[list[list[Any]], bool]:
