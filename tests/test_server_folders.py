@@ -3,8 +3,9 @@
 A tree of our own (written under tmp_path, laid out as a NeMo-Gym checkout: `resources_servers/<env>/`, no
 `resources_servers/__init__.py`) holds a folder named `mcqa` like gymfleet's built-in environment, importing a bare
 sibling module and another folder of its tree. Served beside gymfleet's own `mcqa` in one fleet (forked from the
-zygote, which imported gymfleet's `mcqa` and the `nemo_gym` surface), its imports must resolve in its tree. A folder whose requirements pin a version the fleet's environment does not have runs
-in an environment of its own, made with uv (a real install of a small pure-Python package from the package index).
+zygote, which imported gymfleet's `mcqa` and the `nemo_gym` surface), its imports must resolve in its tree. A folder
+whose requirements pin a version the fleet's environment does not have runs in an environment of its own, made with
+uv (a real install of a small pure-Python package from the package index).
 """
 
 from __future__ import annotations
