@@ -337,11 +337,25 @@ def test_open_groups_are_capped_with_a_429_and_compare_size_with_a_413(genrm_url
         assert [round(r) for r in _compare(url, ["[Q1] a", "[Q2] b", "[Q3] c"])["rewards"]] == [1, 2, 3]
 
 
+def _wait_for_verifies_in_flight(url: str, count: int) -> None:
+    """Until `count` requests besides this one are being handled (the server's in-flight gauge, which counts the
+    `/metrics` request reading it too); a bound against a hang, not a timing assertion."""
+    deadline = time.monotonic() + 60
+    while True:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+        value = next(float(line.split()[-1]) for line in text.splitlines()
+                     if line.startswith("gymfleet_requests_in_flight "))
+        if value >= count + 1:
+            return
+        assert time.monotonic() < deadline, f"{value - 1:.0f} of {count} requests in flight"
+        time.sleep(0.02)
+
+
 def test_a_repeated_verify_joins_its_rollout_and_a_different_response_conflicts(genrm_url):
     with _env(genrm_url, num_rollouts_per_prompt=2) as (url, server):
         first = _group(url, OUR_ROWS[4], ["[Q4] a"], wait=False)
-        time.sleep(0.2)
         repeated = _group(url, OUR_ROWS[4], ["[Q4] a"], wait=False)
+        _wait_for_verifies_in_flight(url, 2)  # both wait in the group before the conflict and the partner come
         (conflict,) = _group(url, OUR_ROWS[4], ["[Q1] other"])
         assert conflict["_ng_failure_class"] == "cohort_conflict" and "rollout 0" in conflict["failure"]
         (partner,) = _group(url, OUR_ROWS[4], ["[Q2] b"], first_index=1)
