@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import typing
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -19,7 +20,7 @@ from gymfleet.fleet.config_instances import (
     ServerInstance,
     _discover_instances,
 )
-from gymfleet.fleet.config_merge import describe_validation_error, join_path
+from gymfleet.fleet.config_merge import join_path
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -160,3 +161,51 @@ def validate_fields(model_cls: type[pydantic.BaseModel], data: dict, path: str) 
         raise ConfigError(
             f"invalid {model_cls.__name__} config:\n  " + "\n  ".join(lines), path=path, hint=hint
         ) from None
+
+
+def describe_validation_error(
+    error: pydantic.ValidationError, model_cls: type[pydantic.BaseModel], path: str
+) -> tuple[list[str], str | None]:
+    """One line per bad field, named by its full dotted YAML path, plus a hint listing valid fields for typos."""
+    lines, hint = [], None
+    for err in error.errors():
+        at = path
+        for part in err["loc"]:
+            at = join_path(at, part)
+        if err["type"] == "extra_forbidden":
+            known = _model_fields_at(model_cls, err["loc"][:-1])
+            lines.append(f"{at}: unknown field.{did_you_mean(err['loc'][-1], known)}")
+            hint = f"Valid fields here: {', '.join(sorted(known))}."
+        elif err["type"] == "missing":
+            lines.append(f"{at}: required field is missing.")
+        else:
+            lines.append(f"{at}: {err['msg']} (got {_short_repr(err.get('input'))}).")
+    return lines, hint
+
+
+def _model_fields_at(model_cls: type[pydantic.BaseModel], loc: tuple) -> list[str]:
+    """Field names of the (nested) model at `loc`, best effort: [] where the type is not a model."""
+    cls: Any = model_cls
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = cls.model_fields.get(part) if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel) else None
+        if info is None:
+            return []
+        models = [
+            a for a in _flatten_types(info.annotation) if isinstance(a, type) and issubclass(a, pydantic.BaseModel)
+        ]
+        if not models:
+            return []
+        cls = models[0]
+    return [alias for name, info in cls.model_fields.items() for alias in {name, info.alias or name}]
+
+
+def _flatten_types(annotation: Any) -> list[Any]:
+    args = typing.get_args(annotation)
+    return [annotation] if not args else [t for arg in args for t in _flatten_types(arg)]
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

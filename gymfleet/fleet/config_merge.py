@@ -3,7 +3,8 @@ it.
 
 Parsing Hydra-style CLI overrides into a nested dict, finding and loading YAML files (with their own `config_paths`
 includes), merging with OmegaConf, applying the NeMo-Gym directives `_inherit_from`, `_copy` and `_delete_key`,
-finding `???` values, masking secrets and turning pydantic errors into YAML-path messages. Trees are plain dicts
+finding `???` values and masking secrets (`gymfleet.fleet.config_checks` turns pydantic errors into YAML-path
+messages). Trees are plain dicts
 whose `${...}` interpolations are kept as text; `gymfleet.fleet.config` resolves them once, after ports are assigned.
 """
 
@@ -19,7 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pydantic
 import yaml
 
 from gymfleet.errors import ConfigError, did_you_mean
@@ -28,7 +28,7 @@ if typing.TYPE_CHECKING:
     from omegaconf.errors import OmegaConfBaseException
 
 # omegaconf is imported by the functions that merge, load and resolve, not here: a server (forked by the zygote or a
-# fresh `python -m gymfleet.fleet.launch`) imports this module for `describe_validation_error`, reads a resolved JSON
+# fresh `python -m gymfleet.fleet.launch`) imports this module through `config_checks`, reads a resolved JSON
 # config and never needs omegaconf (~70 ms of import on the zygote's path to its first fork).
 
 logger = logging.getLogger(__name__)
@@ -461,54 +461,3 @@ def find_missing(node: Any, at: str = "") -> list[str]:
         return [at] if node == MISSING else []
     items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
     return [path for key, value in items for path in find_missing(value, join_path(at, key))]
-
-
-# ---------------------------------------------------------------------------------------------- reporting
-
-
-def describe_validation_error(
-    error: pydantic.ValidationError, model_cls: type[pydantic.BaseModel], path: str
-) -> tuple[list[str], str | None]:
-    """One line per bad field, named by its full dotted YAML path, plus a hint listing valid fields for typos."""
-    lines, hint = [], None
-    for err in error.errors():
-        at = path
-        for part in err["loc"]:
-            at = join_path(at, part)
-        if err["type"] == "extra_forbidden":
-            known = _model_fields_at(model_cls, err["loc"][:-1])
-            lines.append(f"{at}: unknown field.{did_you_mean(err['loc'][-1], known)}")
-            hint = f"Valid fields here: {', '.join(sorted(known))}."
-        elif err["type"] == "missing":
-            lines.append(f"{at}: required field is missing.")
-        else:
-            lines.append(f"{at}: {err['msg']} (got {_short_repr(err.get('input'))}).")
-    return lines, hint
-
-
-def _model_fields_at(model_cls: type[pydantic.BaseModel], loc: tuple) -> list[str]:
-    """Field names of the (nested) model at `loc`, best effort: [] where the type is not a model."""
-    cls: Any = model_cls
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        info = cls.model_fields.get(part) if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel) else None
-        if info is None:
-            return []
-        models = [
-            a for a in _flatten_types(info.annotation) if isinstance(a, type) and issubclass(a, pydantic.BaseModel)
-        ]
-        if not models:
-            return []
-        cls = models[0]
-    return [alias for name, info in cls.model_fields.items() for alias in {name, info.alias or name}]
-
-
-def _flatten_types(annotation: Any) -> list[Any]:
-    args = typing.get_args(annotation)
-    return [annotation] if not args else [t for arg in args for t in _flatten_types(arg)]
-
-
-def _short_repr(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
