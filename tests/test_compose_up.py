@@ -140,7 +140,9 @@ def test_compose_up_serves_a_code_gen_rollout_with_the_sandbox_service(engine, t
             read = containers["fleet"].exec_run(["sh", "-c", "cat ~/.cache/gymfleet/tokens/head-*.token"])
             assert read.exit_code == 0, read.output
             token = {auth.TOKEN_HEADER: read.output.decode().strip()}
-            published = yaml.safe_load(httpx.get(head + "/global_config_dict_yaml", headers=token, timeout=30).json())
+            answer = httpx.get(head + "/global_config_dict_yaml", headers=token, timeout=30)
+            assert answer.status_code == 200, f"{answer.status_code}: {answer.text[:500]}"
+            published = yaml.safe_load(answer.json())
             assert published["code_gen"]["resources_servers"]["code_gen"]["sandbox_url"] == env["SANDBOX_URL"]
             agent = published["code_gen_simple_agent"]["responses_api_agents"]["simple_agent"]
             result = httpx.post(f"http://{agent['host']}:{agent['port']}/run",

@@ -205,16 +205,17 @@ def test_global_config_parser_resolves_relative_config_paths_in_the_tree_of_the_
     assert parsed.tree_mcqa.resources_servers.mcqa.origin == "the tree"
 
 
-def test_a_folders_own_httpx_and_openai_clients_send_the_fleet_token_to_the_fleets_servers_only():
+def test_a_folders_own_httpx_and_openai_clients_send_the_fleet_token_to_the_fleets_servers_only(monkeypatch):
     """gdpval calls its judge with `openai.AsyncOpenAI(base_url=get_server_url(judge) + "/v1", api_key="sk-dummy")`:
     gymfleet's servers refuse a call without the fleet's token, so a folder's own httpx-based clients get it for
     the fleet's granted addresses, never for another URL and never over a token header the call sets itself."""
-    import asyncio
-
     import openai
 
     from gymfleet import auth
-    from gymfleet.serving.nemo_gym_own_clients import send_fleet_token_from_own_clients
+    from gymfleet.serving.nemo_gym_own_clients import (
+        send_fleet_token_from_own_clients,
+        stop_sending_fleet_token_from_own_clients,
+    )
 
     app = FastAPI()
 
@@ -224,8 +225,23 @@ def test_a_folders_own_httpx_and_openai_clients_send_the_fleet_token_to_the_flee
                 "parallel_tool_calls": False, "tool_choice": "auto", "tools": [],
                 "token": request.headers.get(auth.TOKEN_HEADER)}
 
+    monkeypatch.setattr(auth, "_origins", {})  # the grants below end with this test
     send_fleet_token_from_own_clients()
     send_fleet_token_from_own_clients()  # idempotent: one hook
+    try:
+        _check_own_clients_send_the_token(app, openai)
+    finally:
+        stop_sending_fleet_token_from_own_clients()  # this test process serves no folder: leave httpx as it was
+    with serve(app) as fleet_url:
+        auth.grant(fleet_url, "fleet-secret")
+        assert httpx.get(f"{fleet_url}/x").json()["token"] is None, "the hook is gone once stopped"
+
+
+def _check_own_clients_send_the_token(app: FastAPI, openai: Any) -> None:
+    import asyncio
+
+    from gymfleet import auth
+
     with serve(app) as fleet_url, serve(app) as other_url:
         auth.grant(fleet_url, "fleet-secret")
         assert httpx.get(f"{fleet_url}/x").json()["token"] == "fleet-secret"

@@ -20,7 +20,8 @@ from typing import Any
 
 from gymfleet import auth
 
-_installed = False
+_installed: list[tuple[Any, str, Any]] = []
+"""(class, attribute, the original method) for every transport method the hook replaced: empty when not installed."""
 
 
 def _add_fleet_token(request: Any) -> None:
@@ -32,8 +33,8 @@ def _add_fleet_token(request: Any) -> None:
 
 def send_fleet_token_from_own_clients() -> None:
     """Install the hook on httpx, and on httpx2 (which recent OpenAI SDKs use instead) where it is installed (see
-    the module docstring); idempotent."""
-    global _installed
+    the module docstring); idempotent. A folder's server process installs it for its life; anything else that
+    installs it (a test) removes it with `stop_sending_fleet_token_from_own_clients()`."""
     if _installed:
         return
     import importlib
@@ -43,7 +44,13 @@ def send_fleet_token_from_own_clients() -> None:
             _hook(importlib.import_module(name))
         except ImportError:
             continue
-    _installed = True
+
+
+def stop_sending_fleet_token_from_own_clients() -> None:
+    """Put httpx's transports back as they were (a no-op if the hook is not installed)."""
+    while _installed:
+        cls, attribute, original = _installed.pop()
+        setattr(cls, attribute, original)
 
 
 HTTPX_MODULES = ("httpx", "httpx2")
@@ -63,5 +70,7 @@ def _hook(httpx: Any) -> None:
         _add_fleet_token(request)
         return await async_send(self, request)
 
+    _installed.append((httpx.HTTPTransport, "handle_request", sync_send))
+    _installed.append((httpx.AsyncHTTPTransport, "handle_async_request", async_send))
     httpx.HTTPTransport.handle_request = handle_request
     httpx.AsyncHTTPTransport.handle_async_request = handle_async_request
