@@ -123,13 +123,16 @@ def test_a_folder_that_builds_its_own_app_keeps_sessions_in_its_tests_and_under_
     with serve(server.setup_webserver()) as url:  # as the folder's own tests serve it
         assert [answer.get("terminated") for answer in _episode(url)] == [None, False, True]
     host = host_class_for(_StepServer)(None, {}, folder=server)
+    plain_send = httpx.HTTPTransport.handle_request
     with serve(host.create_app()) as url:  # as ng_run serves it
+        assert httpx.HTTPTransport.handle_request is not plain_send, "its own clients send the fleet token"
         reset, first, second = _episode(url)
         assert reset == {"observation": "go", "rollout": "7-0"} and (first["terminated"], second["terminated"]) == \
             (False, True), "one cookie jar, one session, across the routes the folder's app declared"
         liveness = httpx.get(f"{url}/", timeout=10)
         assert liveness.status_code == 200 and "gymfleet_requests_total" in httpx.get(f"{url}/metrics").text
         assert httpx.get(f"{url}/reward_provenance", timeout=10).json()["instance"] == "steps"
+    assert httpx.HTTPTransport.handle_request is plain_send, "the server stopped: nothing left on this process's httpx"
 
 
 def _openai_app() -> FastAPI:
@@ -227,14 +230,16 @@ def test_a_folders_own_httpx_and_openai_clients_send_the_fleet_token_to_the_flee
 
     monkeypatch.setattr(auth, "_origins", {})  # the grants below end with this test
     send_fleet_token_from_own_clients()
-    send_fleet_token_from_own_clients()  # idempotent: one hook
+    send_fleet_token_from_own_clients()  # two folder servers in one process: one hook, counted
     try:
         _check_own_clients_send_the_token(app, openai)
+        stop_sending_fleet_token_from_own_clients()
+        _check_own_clients_send_the_token(app, openai)  # one server still serving: still sent
     finally:
-        stop_sending_fleet_token_from_own_clients()  # this test process serves no folder: leave httpx as it was
+        stop_sending_fleet_token_from_own_clients()  # the last one stopped: httpx is as it was
     with serve(app) as fleet_url:
         auth.grant(fleet_url, "fleet-secret")
-        assert httpx.get(f"{fleet_url}/x").json()["token"] is None, "the hook is gone once stopped"
+        assert httpx.get(f"{fleet_url}/x").json()["token"] is None, "the hook is gone once the last server stops"
 
 
 def _check_own_clients_send_the_token(app: FastAPI, openai: Any) -> None:

@@ -6,7 +6,8 @@ calls a fleet server through `ServerClient` sends it (`gymfleet.http` adds it fo
 rubric judges are `openai.AsyncOpenAI(base_url=get_server_url(judge) + "/v1", api_key="sk-dummy")`. Under gymfleet
 that call was refused (401, "no valid fleet token"), where under NeMo-Gym it reached the judge.
 
-`send_fleet_token_from_own_clients()` (called once where a folder is built) makes httpx's transports (httpx, or its
+`send_fleet_token_from_own_clients()` (called when a folder's server starts serving; `stop_sending_...` when it stops)
+makes httpx's transports (httpx, or its
 successor httpx2, is what the OpenAI SDK and most async clients use) add the fleet's token header to a request whose
 URL is a granted fleet address, as `gymfleet.http` does: never to any other URL, and never over a token header the
 request already has. A folder's `requests` or `aiohttp` clients of its own do not get it (none of NeMo-Gym 0.7.0's
@@ -22,6 +23,8 @@ from gymfleet import auth
 
 _installed: list[tuple[Any, str, Any]] = []
 """(class, attribute, the original method) for every transport method the hook replaced: empty when not installed."""
+_users = 0
+"""Callers of `send_fleet_token_from_own_clients()` not yet matched by a stop."""
 
 
 def _add_fleet_token(request: Any) -> None:
@@ -33,8 +36,10 @@ def _add_fleet_token(request: Any) -> None:
 
 def send_fleet_token_from_own_clients() -> None:
     """Install the hook on httpx, and on httpx2 (which recent OpenAI SDKs use instead) where it is installed (see
-    the module docstring); idempotent. A folder's server process installs it for its life; anything else that
-    installs it (a test) removes it with `stop_sending_fleet_token_from_own_clients()`."""
+    the module docstring). Counted: each call is matched by one `stop_sending_fleet_token_from_own_clients()`, and
+    the hook stays while any caller still needs it (several folder servers in one process, as in tests)."""
+    global _users
+    _users += 1
     if _installed:
         return
     import importlib
@@ -47,8 +52,11 @@ def send_fleet_token_from_own_clients() -> None:
 
 
 def stop_sending_fleet_token_from_own_clients() -> None:
-    """Put httpx's transports back as they were (a no-op if the hook is not installed)."""
-    while _installed:
+    """One caller no longer needs the hook; the last one puts httpx's transports back as they were, so a process
+    that served a folder for a while (a test) sends no token from then on."""
+    global _users
+    _users = max(0, _users - 1)
+    while not _users and _installed:
         cls, attribute, original = _installed.pop()
         setattr(cls, attribute, original)
 

@@ -64,7 +64,10 @@ from gymfleet.serving.nemo_gym_client import (
 )
 from gymfleet.serving.nemo_gym_mcp import CatchAll, MCPTool, maybe_auto_expose, normalize_tool_name
 from gymfleet.serving.nemo_gym_metrics import AggregateMetricsMixin, compute_aggregate_metrics
-from gymfleet.serving.nemo_gym_own_clients import send_fleet_token_from_own_clients
+from gymfleet.serving.nemo_gym_own_clients import (
+    send_fleet_token_from_own_clients,
+    stop_sending_fleet_token_from_own_clients,
+)
 from gymfleet.serving.nemo_gym_types import (
     AggregateMetrics,
     AggregateMetricsRequest,
@@ -264,8 +267,15 @@ class NeMoGymResourcesHost(ResourcesServer):
 
         client = ServerClient(head_server_config=self.global_config.get("head_server"),
                               global_config_dict=DictConfig(self.global_config))
-        send_fleet_token_from_own_clients()  # a folder's own httpx clients on the fleet's addresses (gdpval's judges)
         return cls(config=folder_config, server_client=client)
+
+    async def startup(self) -> None:
+        await super().startup()
+        send_fleet_token_from_own_clients()  # a folder's own httpx clients on the fleet's addresses (gdpval's judges)
+
+    async def shutdown(self) -> None:
+        stop_sending_fleet_token_from_own_clients()
+        await super().shutdown()
 
     @property
     def cookie_name(self) -> str:
