@@ -83,8 +83,8 @@ def _bytecode_cache_for_child_processes() -> None:
 
 _bytecode_cache_for_child_processes()
 
-# Seconds each of the costliest test files took in CI (2 cores, `-n 2 --dist loadfile` then; from `--durations`, rounded
-# up). Only the order work is handed out in depends on it: under `--dist loadfile` a worker runs one file at a
+# Seconds each of the costliest test files took in CI (2 cores, `-n 2 --dist loadfile` then; from `--durations`,
+# rounded up). Only the order work is handed out in depends on it: under `--dist loadfile` a worker runs one file at a
 # time, and xdist by default hands out files by test count, most first, so the one-test files (often one long
 # integration test) came last and one worker finished them alone while the other idled. Handing out the longest
 # first (then the rest by test count, as xdist does) leaves short files for the end. A file missing here costs
