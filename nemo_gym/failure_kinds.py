@@ -1,41 +1,7 @@
-"""NeMo-Gym's `nemo_gym.failure_kinds` vocabulary, re-exported from gymfleet (`gymfleet.serving.nemo_gym_failures`;
-no code of its own)."""
+"""NeMo-Gym's `nemo_gym.failure_kinds` vocabulary, re-exported from gymfleet (`gymfleet.serving.nemo_gym_failures`,
+whose `__all__` is this module's; no code of its own)."""
 
-from gymfleet.serving.nemo_gym_failures import (
-    AGENT_COMMAND_NOT_ALLOWED,
-    AGENT_REQUEST_FAILED,
-    AGENT_RUN_ERROR,
-    AGENT_TIMEOUT,
-    CANCELLED,
-    COHORT_INCOMPLETE,
-    FAILURE_KINDS,
-    JUDGE_FAILED,
-    JUDGE_UNPARSEABLE,
-    KILL_SHAPED,
-    PERSISTENCE_FAILED,
-    PROVIDER_OOM_KILLED,
-    PROVIDER_QUOTA_EXHAUSTED,
-    PROVIDER_UNAVAILABLE,
-    SESSION_EXPIRED,
-    SESSION_LOST,
-    SESSION_RELEASE_FAILED,
-    SHUTDOWN,
-    TRANSPORT_LOCAL_RESOURCE,
-    TRANSPORT_PEER_DROP,
-    TRANSPORT_TIMEOUT,
-    TRANSPORT_UNREACHABLE,
-    VERIFIER_ERROR,
-    FailureStage,
-    is_namespaced,
-    is_registered,
-    validate_failure_kind,
-)
+from gymfleet.serving import nemo_gym_failures
+from gymfleet.serving.nemo_gym_failures import *  # noqa: F403  (nemo_gym_failures.__all__)
 
-__all__ = [
-    "AGENT_COMMAND_NOT_ALLOWED", "AGENT_REQUEST_FAILED", "AGENT_RUN_ERROR", "AGENT_TIMEOUT", "CANCELLED",
-    "COHORT_INCOMPLETE", "FAILURE_KINDS", "JUDGE_FAILED", "JUDGE_UNPARSEABLE", "KILL_SHAPED", "PERSISTENCE_FAILED",
-    "PROVIDER_OOM_KILLED", "PROVIDER_QUOTA_EXHAUSTED", "PROVIDER_UNAVAILABLE", "SESSION_EXPIRED", "SESSION_LOST",
-    "SESSION_RELEASE_FAILED", "SHUTDOWN", "TRANSPORT_LOCAL_RESOURCE", "TRANSPORT_PEER_DROP", "TRANSPORT_TIMEOUT",
-    "TRANSPORT_UNREACHABLE", "VERIFIER_ERROR", "FailureStage", "is_namespaced", "is_registered",
-    "validate_failure_kind",
-]
+__all__ = nemo_gym_failures.__all__

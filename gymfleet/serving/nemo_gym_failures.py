@@ -14,6 +14,16 @@ import logging
 import re
 from typing import Literal
 
+# NeMo-Gym's names (`nemo_gym.failure_kinds` re-exports exactly these); `GYMFLEET_FAILURE_CLASSES` is gymfleet's own.
+__all__ = [
+    "AGENT_COMMAND_NOT_ALLOWED", "AGENT_REQUEST_FAILED", "AGENT_RUN_ERROR", "AGENT_TIMEOUT", "CANCELLED",
+    "COHORT_INCOMPLETE", "FAILURE_KINDS", "JUDGE_FAILED", "JUDGE_UNPARSEABLE", "KILL_SHAPED", "PERSISTENCE_FAILED",
+    "PROVIDER_OOM_KILLED", "PROVIDER_QUOTA_EXHAUSTED", "PROVIDER_UNAVAILABLE", "SESSION_EXPIRED", "SESSION_LOST",
+    "SESSION_RELEASE_FAILED", "SHUTDOWN", "TRANSPORT_LOCAL_RESOURCE", "TRANSPORT_PEER_DROP", "TRANSPORT_TIMEOUT",
+    "TRANSPORT_UNREACHABLE", "VERIFIER_ERROR", "FailureStage", "is_namespaced", "is_registered",
+    "validate_failure_kind",
+]
+
 log = logging.getLogger(__name__)
 
 FailureStage = Literal["admission", "seed", "agent", "verification", "cleanup"]

@@ -21,6 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gymfleet.serving.nemo_gym_types import ModelServerRef, NeMoGymResponse, NeMoGymResponseInputItem
 
+__all__ = [
+    "AgentEpisode", "AgentInvocation", "AgentObservationBundle", "AgentObservationRecord",
+    "ContextCompactionObservation", "ModelCallRef", "ObservationGap", "ObservationModel", "SandboxObservation",
+    "ToolCallObservation", "TrajectoryModelCall", "TrajectoryRecord", "TrajectoryResponseMetadata",
+    "TrajectoryTokenStats", "TrajectoryToolCall", "TrajectoryTurn",
+]
+
 _NonNegative = Annotated[float | None, Field(default=None, ge=0)]
 _Count = Annotated[int | None, Field(default=None, ge=0)]
 

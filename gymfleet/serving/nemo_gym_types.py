@@ -351,10 +351,16 @@ class BaseSeedSessionResponse(BaseModel):
     """`/seed_session` answer."""
 
 
-class EpisodeId(BaseModel):
+class _Strict(BaseModel):
+    """The Environment Server protocol's contracts refuse fields they do not declare."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class EpisodeId(_Strict):
     """One attempt of a logical rollout (NeMo-Gym's Environment Server protocol)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
     rollout_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     attempt: int = Field(default=0, ge=0)
 
@@ -372,18 +378,17 @@ class EpisodeId(BaseModel):
         return f"{self.rollout_id}-a{self.attempt}" if self.attempt else self.rollout_id
 
 
-class TaskId(BaseModel):
+class TaskId(_Strict):
     """One task of a run's taskset."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
     taskset: str = Field(min_length=1)
     task_id: str = Field(min_length=1)
 
 
-class ResourcesSeedSessionRequest(BaseModel):
+class ResourcesSeedSessionRequest(_Strict):
     """An Environment Server's `/seed_session`: state under a caller-chosen id (seeding twice returns it again)."""
 
-    model_config = ConfigDict(extra="forbid")
     resources_session_id: str = Field(min_length=1)
     episode_id: EpisodeId
     task_id: TaskId
@@ -399,51 +404,47 @@ class MCPServerMetadata(BaseModel):
     headers: dict[str, str]
 
 
-class DirectSandboxConnection(BaseModel):
+class DirectSandboxConnection(_Strict):
     """Reconnect to a sandbox through the named top-level provider configuration and the provider's descriptor."""
 
-    model_config = ConfigDict(extra="forbid")
     kind: Literal["direct"] = "direct"
     provider_config_ref: str
     descriptor: dict[str, JsonValue]
 
 
-class SandboxAccess(BaseModel):
+class SandboxAccess(_Strict):
     """A sandbox its owner (a resources server) lends to the agent: how to reach it and where to work."""
 
-    model_config = ConfigDict(extra="forbid")
     connection: DirectSandboxConnection
     workdir: str
 
 
-class ResourcesSeedSessionResponse(BaseModel):
+class ResourcesSeedSessionResponse(_Strict):
     """The seeded session's id (and, for servers that give them, tool and sandbox access)."""
 
-    model_config = ConfigDict(extra="forbid")
     resources_session_id: str
     resources_tools: MCPServerMetadata | None = None
     sandbox_access: SandboxAccess | None = None
 
 
-class ResourcesVerifyRequest(BaseModel, Generic[VerificationInputT]):
+class ResourcesVerifyRequest(_Strict, Generic[VerificationInputT]):
     """An Environment Server's `/verify`: the episode's ids and its typed output."""
 
-    model_config = ConfigDict(extra="forbid")
     episode_id: EpisodeId
     task_id: TaskId
     verification_input: VerificationInputT
 
 
-class ResourcesCloseSessionRequest(BaseModel):
+class ResourcesCloseSessionRequest(_Strict):
     """`/close_session`: release the state seeded under `resources_session_id`."""
 
-    model_config = ConfigDict(extra="forbid")
     resources_session_id: str
     episode_id: EpisodeId
 
 
-class ResourcesCloseSessionResponse(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ResourcesCloseSessionResponse(_Strict):
+    """`/close_session` answer."""
+
     resources_session_id: str
 
 
