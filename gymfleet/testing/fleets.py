@@ -108,14 +108,16 @@ def url_fixtures(make: Callable[..., AbstractContextManager[str]], **fixtures: d
     return [fixture(name, arguments) for name, arguments in fixtures.items()]
 
 
-def judged_fixtures(server_cls: Any, config: dict[str, Any], judge: Callable[[], Any]) -> tuple[Any, Any]:
-    """A test module's `judge_url` (the model server `judge()` builds, served) and `url` (`server_cls(config)`
-    reaching it as `judge_model`) fixtures, module-scoped: `judge_url, url = judged_fixtures(...)`."""
+def judged_fixtures(server_cls: Any, config: dict[str, Any], model_cls: Any, rules: Any,
+                    **judge: Any) -> tuple[Any, Any]:
+    """A test module's `judge_url` (the model server `model_cls({"name": "judge_model", "rules": rules, **judge})`, a
+    scripted model, served) and `url` (`server_cls(config)` reaching it as `judge_model`) fixtures, module-scoped:
+    `judge_url, url = judged_fixtures(...)`."""
     import pytest
 
     @pytest.fixture(scope="module", name="judge_url")
     def judge_url() -> Iterator[str]:
-        with served(judge()) as url:
+        with served(model_cls({"name": "judge_model", "rules": rules, **judge})) as url:
             yield url
 
     @pytest.fixture(scope="module", name="url")

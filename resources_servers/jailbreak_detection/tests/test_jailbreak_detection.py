@@ -124,8 +124,7 @@ CONFIG = {"name": "jailbreak_detection", "domain": "safety", "judge_model_server
           "judge_timeout_s": 1.5, "judge_max_attempts": 2,
           "judge_responses_create_params": {"input": [], "temperature": 0.0, "max_output_tokens": 1024, "seed": 7}}
 
-judge_url, url = judged_fixtures(JailbreakDetectionServer, CONFIG, lambda: ScriptedModel(
-    {"name": "judge_model", "model": "safety-judge", "rules": JUDGE_RULES}))
+judge_url, url = judged_fixtures(JailbreakDetectionServer, CONFIG, ScriptedModel, JUDGE_RULES, model="safety-judge")
 verify = functools.partial(post_verify, timeout=30)
 
 
