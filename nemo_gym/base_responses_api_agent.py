@@ -1,23 +1,8 @@
 """NeMo-Gym's `nemo_gym.base_responses_api_agent`: the agent definitions (config, session contracts, the class agents
-subclass), re-exported from gymfleet (`gymfleet.serving.nemo_gym_agent`; no code of its own). NeMo-Gym's agents
-import and validate here; gymfleet does not serve them yet."""
+subclass), re-exported from gymfleet (`gymfleet.serving.nemo_gym_agent`, whose `AGENT_NAMES` are this module's; no
+code of its own). NeMo-Gym's agents import and validate here; gymfleet does not serve them yet."""
 
-from gymfleet.serving.nemo_gym_agent import (
-    AGENT_SESSION_COOKIE_KEY,
-    AgentCloseSessionRequest,
-    AgentCloseSessionResponse,
-    AgentSeedSessionRequest,
-    AgentSeedSessionResponse,
-    AgentSessionSetupError,
-    AgentSessionState,
-    BaseResponsesAPIAgent,
-    BaseResponsesAPIAgentConfig,
-    Body,
-    SimpleResponsesAPIAgent,
-)
+from gymfleet.serving import nemo_gym_agent
+from gymfleet.serving.nemo_gym_agent import *  # noqa: F403  (nemo_gym_agent.__all__: these and the tool access types)
 
-__all__ = [
-    "AGENT_SESSION_COOKIE_KEY", "AgentCloseSessionRequest", "AgentCloseSessionResponse", "AgentSeedSessionRequest",
-    "AgentSeedSessionResponse", "AgentSessionSetupError", "AgentSessionState", "BaseResponsesAPIAgent",
-    "BaseResponsesAPIAgentConfig", "Body", "SimpleResponsesAPIAgent",
-]
+__all__ = nemo_gym_agent.AGENT_NAMES

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI  # noqa: F401  (Body: NeMo-Gym re-exports it, see AGENT_NAMES)
 from pydantic import AfterValidator, AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from gymfleet.serving.nemo_gym_metrics import AggregateMetricsMixin
@@ -25,12 +25,15 @@ from gymfleet.serving.nemo_gym_observability import AgentObservationBundle
 from gymfleet.serving.nemo_gym_server import BaseServer, SimpleServer
 from gymfleet.serving.nemo_gym_types import BaseRunServerInstanceConfig, EpisodeId, SandboxAccess, TaskId
 
-__all__ = [
+AGENT_NAMES = [
     "AGENT_SESSION_COOKIE_KEY", "AgentCloseSessionRequest", "AgentCloseSessionResponse", "AgentSeedSessionRequest",
     "AgentSeedSessionResponse", "AgentSessionSetupError", "AgentSessionState", "BaseResponsesAPIAgent",
-    "BaseResponsesAPIAgentConfig", "Body", "DirectHTTPToolAccess", "MCPStreamableHTTPConnection", "MCPToolAccess",
-    "SimpleResponsesAPIAgent", "ToolAccess",
+    "BaseResponsesAPIAgentConfig", "Body", "SimpleResponsesAPIAgent",
 ]
+"""`nemo_gym.base_responses_api_agent`'s names."""
+TOOL_ACCESS_NAMES = ["DirectHTTPToolAccess", "MCPStreamableHTTPConnection", "MCPToolAccess", "ToolAccess"]
+"""`nemo_gym.tool_access`'s names."""
+__all__ = [*AGENT_NAMES, *TOOL_ACCESS_NAMES]
 
 AGENT_SESSION_COOKIE_KEY = "agent_session_id"
 _TOOL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
