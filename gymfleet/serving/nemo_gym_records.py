@@ -35,6 +35,14 @@ from typing import Any
 
 from gymfleet.serving.nemo_gym_types import ATTEMPT_INDEX_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
+ROLLOUT_COLLECTION_NAMES = [
+    "NG_ELAPSED_KEY", "NG_FAILURE_CLASS_KEY", "NG_NO_PERSIST_KEY", "NG_TERMINAL_KEY", "DispatchLatencyTracker",
+    "get_max_rollout_attempts", "is_terminal_failure", "migrate_invalid_judge_main_rows", "observed_elapsed",
+]
+"""What `nemo_gym.rollout_collection` takes from here (beside gymfleet's collection config and helper)."""
+__all__ = [*ROLLOUT_COLLECTION_NAMES, "IGNORE_FILES", "aggregate_metrics_path_for", "failures_path_for",
+           "is_deliverable", "materialized_path_for"]
+
 log = logging.getLogger(__name__)
 
 NG_FAILURE_CLASS_KEY = "_ng_failure_class"
