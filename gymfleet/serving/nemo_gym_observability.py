@@ -98,7 +98,7 @@ class TrajectoryTurn(ObservationModel):
     reasoning_content: Any | None = None
     resolved: bool | None = None
     step_count: int = Field(ge=0, description="Producer-reported cumulative step count within this invocation.")
-    model_calls: list[ModelCallRef] = Field(default_factory=list)
+    model_calls: list[ModelCallRef] = []
 
 
 class AgentInvocation(ObservationModel):
@@ -111,8 +111,8 @@ class AgentInvocation(ObservationModel):
     status: Literal["completed", "failed", "incomplete", "unknown"] = "unknown"
     duration_ms: _NonNegative = None
     error_type: str | None = None
-    model_calls: list[ModelCallRef] = Field(default_factory=list)
-    conversation: list[NeMoGymResponseInputItem] = Field(default_factory=list)
+    model_calls: list[ModelCallRef] = []
+    conversation: list[NeMoGymResponseInputItem] = []
 
 
 class ToolCallObservation(ObservationModel):
@@ -173,7 +173,7 @@ class ContextCompactionObservation(ObservationModel):
     summary: str | None = None
     first_kept_item_id: str | None = None
     before_model_call: ModelCallRef | None = None
-    model_calls: list[ModelCallRef] = Field(default_factory=list)
+    model_calls: list[ModelCallRef] = []
     after_model_call: ModelCallRef | None = None
 
 
@@ -211,7 +211,7 @@ class AgentObservationBundle(ObservationModel):
     source: str
     records: list[AgentObservationRecord] = Field(default_factory=list,
                                                   description="Unordered: position is not execution order.")
-    gaps: list[ObservationGap] = Field(default_factory=list)
+    gaps: list[ObservationGap] = []
 
     @model_validator(mode="after")
     def _invocation_tree(self) -> AgentObservationBundle:
@@ -230,11 +230,11 @@ class TrajectoryRecord(ObservationModel):
     schema_version: Literal["1.0"] = "1.0"
     task_id: str
     rollout_id: str
-    invocations: list[AgentInvocation] = Field(default_factory=list)
-    turns: list[TrajectoryTurn] = Field(default_factory=list)
-    model_calls: list[TrajectoryModelCall] = Field(default_factory=list)
-    tool_calls: list[TrajectoryToolCall] = Field(default_factory=list)
-    gaps: list[ObservationGap] = Field(default_factory=list)
+    invocations: list[AgentInvocation] = []
+    turns: list[TrajectoryTurn] = []
+    model_calls: list[TrajectoryModelCall] = []
+    tool_calls: list[TrajectoryToolCall] = []
+    gaps: list[ObservationGap] = []
 
     @model_validator(mode="after")
     def _consistent(self) -> TrajectoryRecord:
