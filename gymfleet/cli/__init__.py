@@ -50,6 +50,16 @@ def run_cli(body: Callable[[list[str]], T], argv: list[str] | None = None, *, do
         raise SystemExit(2) from None
 
 
+def command(body: Callable[[list[str]], int], doc: str | None = None) -> Callable[[list[str] | None], None]:
+    """An `ng_*` command's entry point: `main(argv=None)` runs `body` through `run_cli` (`doc`: its help) and exits
+    with the code it returns. A command module ends `main = command(_run, __doc__)`."""
+
+    def main(argv: list[str] | None = None) -> None:
+        sys.exit(run_cli(body, argv, doc=doc))
+
+    return main
+
+
 def reject_unknown_keys(config: GlobalConfig, command: str, known: Iterable[str]) -> None:
     """Refuse `+key=value` arguments that nothing reads, with a did-you-mean: a typo must not pass silently.
 

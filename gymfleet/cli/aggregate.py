@@ -17,14 +17,13 @@ Exit code 0, or 2 for a missing file, a line that is not a JSON object, or an ex
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from gymfleet.cli import command_fields, run_cli
+from gymfleet.cli import command, command_fields
 from gymfleet.errors import ConfigError
 from gymfleet.rollouts.collect import for_aggregation
 from gymfleet.rollouts.rows import read_jsonl
@@ -97,8 +96,7 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv, doc=__doc__))
+main = command(_run, __doc__)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import asyncio
 import sys
 
 from gymfleet import http
-from gymfleet.cli import command_fields, run_cli
+from gymfleet.cli import command, command_fields
 from gymfleet.errors import ConfigError, TransportError
 from gymfleet.rollouts.collect import CollectionSummary, collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, load_rows
@@ -106,8 +106,7 @@ def finish(summary: CollectionSummary) -> int:
     return summary.exit_code
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv, doc=__doc__))
+main = command(_run, __doc__)
 
 
 if __name__ == "__main__":

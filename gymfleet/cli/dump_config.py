@@ -8,9 +8,8 @@ Ports left unset are chosen when `ng_run` starts the fleet, so they are not know
 from __future__ import annotations
 
 import re
-import sys
 
-from gymfleet.cli import command_config, run_cli
+from gymfleet.cli import command, command_config
 
 UNASSIGNED_PORT = "<port assigned at start>"
 _NONE_PORT = re.compile(r"(?<=[\w\]]):None(?=[/?#\s]|$)")
@@ -30,8 +29,7 @@ def render(text: str) -> str:
     return _NONE_PORT.sub(":" + UNASSIGNED_PORT, text)
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_dump, argv, doc=__doc__))
+main = command(_dump, __doc__)
 
 
 if __name__ == "__main__":

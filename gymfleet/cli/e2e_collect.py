@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from gymfleet import http
-from gymfleet.cli import reject_unknown_keys, run_cli
+from gymfleet.cli import command, reject_unknown_keys
 from gymfleet.cli.collect import INTERRUPTED, finish
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.config_checks import validate_fields
@@ -69,8 +69,7 @@ def _run(argv: list[str]) -> int:
     return finish(summary)
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv, doc=__doc__))
+main = command(_run, __doc__)
 
 
 if __name__ == "__main__":

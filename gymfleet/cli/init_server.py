@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import keyword
-import sys
 from importlib import resources
 from pathlib import Path
 from string import Template
 
-from gymfleet.cli import command_config, run_cli
+from gymfleet.cli import command, command_config
 from gymfleet.errors import ConfigError
 from gymfleet.serving.resources import DOMAINS
 
@@ -134,8 +133,7 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv, doc=__doc__))
+main = command(_run, __doc__)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ metrics conflict; every problem is listed as `file:line: reason`.
 
 from __future__ import annotations
 
-import sys
-
-from gymfleet.cli import reject_unknown_keys, run_cli
+from gymfleet.cli import command, reject_unknown_keys
 from gymfleet.fleet.config_checks import validate_fields
 from gymfleet.rollouts.prepare_data import TrainDataProcessorConfig, parse_prepare_config, prepare
 
@@ -29,8 +27,7 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv, doc=__doc__))
+main = command(_run, __doc__)
 
 
 if __name__ == "__main__":

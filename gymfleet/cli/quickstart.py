@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 from gymfleet import http
-from gymfleet.cli import reject_unknown_keys, run_cli
+from gymfleet.cli import command, reject_unknown_keys
 from gymfleet.cli.collect import report
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.config_instances import repository_root
@@ -78,8 +77,7 @@ def _quickstart(argv: list[str]) -> int:
     return summary.exit_code
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_quickstart, argv, doc=__doc__))
+main = command(_quickstart, __doc__)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from gymfleet import http
-from gymfleet.cli import command_fields, run_cli
+from gymfleet.cli import command, command_fields
 from gymfleet.errors import ConfigError, TransportError
 from gymfleet.fleet.config_instances import GlobalConfig
 from gymfleet.rollouts.reverify import (
@@ -72,8 +72,7 @@ def _run(argv: list[str]) -> int:
     return summary.exit_code
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv, doc=__doc__))
+main = command(_run, __doc__)
 
 
 if __name__ == "__main__":

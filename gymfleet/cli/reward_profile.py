@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from gymfleet.cli import command_fields, run_cli
+from gymfleet.cli import command, command_fields
 from gymfleet.errors import DataError
 from gymfleet.rollouts.collect_outputs import rollout_key
 from gymfleet.rollouts.rows import read_jsonl
@@ -303,8 +302,7 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_run, argv, doc=__doc__))
+main = command(_run, __doc__)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ when every replica answers. Exit code 0 when every instance is live, else 1.
 from __future__ import annotations
 
 import json
-import sys
 import urllib.error
 import urllib.request
 
 from gymfleet import auth
-from gymfleet.cli import command_config, run_cli
+from gymfleet.cli import command, command_config
 from gymfleet.errors import ConfigError, TransportError
 
 WAITING = "waiting for upstream"
@@ -120,8 +119,7 @@ def _print_table(instances: list[dict], head: str) -> None:
                       f"timeout {upstream.get('timeout_s', 0):g} s)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_status, argv, doc=__doc__))
+main = command(_status, __doc__)
 
 
 if __name__ == "__main__":

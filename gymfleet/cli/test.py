@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gymfleet.cli import command_config, run_cli
+from gymfleet.cli import command, command_config
 from gymfleet.errors import ConfigError, did_you_mean
 from gymfleet.fleet.config_instances import repository_root
 
@@ -146,12 +146,10 @@ def _test_all(argv: list[str]) -> int:
     return _run_pytest(pytest_command(envs, root, _extra_args(config.data.get("pytest_args"))), root)
 
 
-def main(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_test, argv, doc=__doc__))
+main = command(_test, __doc__)
 
 
-def main_all(argv: list[str] | None = None) -> None:
-    sys.exit(run_cli(_test_all, argv, doc=__doc__))
+main_all = command(_test_all, __doc__)
 
 
 if __name__ == "__main__":
