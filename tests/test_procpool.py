@@ -21,7 +21,16 @@ def echo(value):
     return value, os.getpid()
 
 
-def spin(seconds: float = 3600.0):
+def spin(seconds: float = 3600.0, held_until: str | None = None, demoted_first: bool = False):
+    """Spin for `seconds` of wall time. With `held_until` (a path), first wait for it to exist without using CPU
+    (after spinning until this worker is reniced to 19, with `demoted_first`): an item that burns its CPU budget
+    only once the test has checked what happens while it runs, so that budget can be short and still never run out
+    too early on a fast machine."""
+    if demoted_first:
+        while os.getpriority(os.PRIO_PROCESS, 0) < 19:
+            pass
+    if held_until is not None:
+        wait_for_file(held_until, limit_s=120)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
@@ -150,11 +159,15 @@ async def test_a_blocked_item_is_killed_at_the_wall_clock_backstop():
         assert await pool.run(0, timeout_s=5) == "rested"
 
 
-async def test_a_hung_item_does_not_fail_or_stall_others():
-    with closing(ProcessPool(spin, size=2, slow_after_s=None, initializer=slow_initializer)) as pool:
-        hung = asyncio.ensure_future(pool.run(timeout_s=2))  # 2 s of CPU: ten 1 ms items pass it many times over
+async def test_a_hung_item_does_not_fail_or_stall_others(tmp_path):
+    released = tmp_path / "released"
+    # The hung item holds its worker, then spins out its 0.5 s of CPU once the ten 1 ms items are back (the wall
+    # backstop, 100x, never decides: a busy machine may take long over the ten).
+    with closing(ProcessPool(spin, size=2, slow_after_s=None, initializer=slow_initializer, wall_factor=100)) as pool:
+        hung = asyncio.ensure_future(pool.run(3600, str(released), timeout_s=0.5))
         quick = await asyncio.gather(*(pool.run(0.001, timeout_s=10) for _ in range(10)))
         assert quick == ["spun"] * 10 and not hung.done()
+        released.touch()
         with pytest.raises(ItemTimeout):
             await hung
 
@@ -180,12 +193,13 @@ async def test_waiting_for_an_item_does_not_block_the_event_loop(tmp_path):
         assert await item is True
 
 
-async def test_slow_items_are_demoted_so_a_one_worker_pool_keeps_serving():
-    with closing(ProcessPool(spin, size=1, slow_after_s=0.2)) as pool:
+async def test_slow_items_are_demoted_so_a_one_worker_pool_keeps_serving(tmp_path):
+    released = tmp_path / "released"
+    with closing(ProcessPool(spin, size=1, slow_after_s=0.2, wall_factor=100)) as pool:
         await pool.start()
-        # 5 s of CPU: ample for the demotion (0.2 s) and five short items to pass it, and the wait for its timeout
-        # at the end is half what 10 s was.
-        hung = asyncio.ensure_future(pool.run(timeout_s=5))
+        # The item spins until it is demoted (0.2 s of CPU), holds its worker while five short items pass it, then
+        # spins out the rest of its 0.5 s of CPU at nice 19 (the wall backstop, 100x, never decides).
+        hung = asyncio.ensure_future(pool.run(3600, str(released), True, timeout_s=0.5))
         for _ in range(600):  # demotion needs 0.2 s of CPU, which a busy machine may take a while to give
             await asyncio.sleep(0.05)
             if pool.stats["demoted"]:
@@ -194,6 +208,7 @@ async def test_slow_items_are_demoted_so_a_one_worker_pool_keeps_serving():
         assert os.getpriority(os.PRIO_PROCESS, demoted.pid) == 19
         assert await asyncio.gather(*(pool.run(0.001, timeout_s=10) for _ in range(5))) == ["spun"] * 5
         assert not hung.done()
+        released.touch()
         with pytest.raises(ItemTimeout):
             await hung
         assert await _wait_dead(demoted.pid)
