@@ -288,10 +288,14 @@ class WarmingServer(ResourcesServer):
 
 
 class AsyncWarmingServer(WarmingServer):
-    """The same, its `warm_up` an `async def` (run as a task on the server's loop, not in a thread)."""
+    """The same, its `warm_up` an `async def` (run as a task on the server's loop, not in a thread). It waits for
+    the release on the loop (polled): a thread blocked in `release.wait` would hold up the loop's closing (its
+    default executor is joined) until the release, which a warm-up the server cancels never gets."""
 
     async def warm_up(self) -> None:
-        await asyncio.to_thread(self.release.wait, 60)
+        deadline = time.monotonic() + 60
+        while not self.release.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         if self.fail:
             raise RuntimeError("model files missing")
         self.loaded = True
