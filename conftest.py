@@ -83,36 +83,49 @@ def _bytecode_cache_for_child_processes() -> None:
 
 _bytecode_cache_for_child_processes()
 
-# Seconds each of the costliest test files took in CI (2 cores, `-n 2 --dist loadfile` then; from `--durations`,
-# rounded up). Only the order work is handed out in depends on it: under `--dist loadfile` a worker runs one file at a
-# time, and xdist by default hands out files by test count, most first, so the one-test files (often one long
-# integration test) came last and one worker finished them alone while the other idled. Handing out the longest
-# first (then the rest by test count, as xdist does) leaves short files for the end. A file missing here costs
-# DEFAULT_TEST_COST_S a test; refresh from a CI log with `--durations=0` when files grow.
+# Seconds each of the costliest test files takes in CI (2 cores, `-n 4 --dist loadfile`; from `--durations`, rounded
+# up: the files of the slowest 40 tests of the quiet CI run at 9:30, at least the sum of their listed tests). Only the
+# order work is handed out in depends on it: under `--dist loadfile` a worker runs one file at a time, and xdist by
+# default hands out files by test count, most first, so the one-test files (often one long integration test) came
+# last and one worker finished them alone while the others idled. Handing out the longest first (then the rest by
+# test count, as xdist does) leaves short files for the end. A file missing here costs DEFAULT_TEST_COST_S a test;
+# refresh from a CI log with `--durations=0` when files grow.
 FILE_COST_S = {
     "tests/test_shipped_configs.py": 220,
     "tests/test_docs.py": 120,
+    "tests/test_nemo_gym_corpus.py": 110,
     "tests/test_nemo_gym_folders.py": 110,
-    "tests/test_nemo_gym_corpus.py": 95,
     "tests/test_ray_placement.py": 75,
+    "resources_servers/code_gen/tests/test_code_gen_load.py": 70,
     "tests/test_collect.py": 70,
+    "tests/test_compose_up.py": 60,
     "tests/test_zygote.py": 55,
     "tests/test_cli_tools.py": 50,
     "tests/test_fleet.py": 45,
-    "resources_servers/code_gen/tests/test_code_gen_load.py": 35,
-    "tests/test_compose_up.py": 35,
+    "resources_servers/swerl_gen/tests/test_swerl_gen.py": 35,
     "tests/test_fleet_restarts.py": 30,
-    "resources_servers/swerl_gen/tests/test_swerl_gen.py": 30,
+    "resources_servers/math_with_judge/tests/test_math_with_judge.py": 25,
     "tests/test_fleet_auth.py": 25,
-    "tests/test_procpool.py": 21,
+    "tests/test_server_folders.py": 25,
+    "tests/test_fault_injection.py": 20,
     "tests/test_fleet_messages.py": 20,
     "tests/test_compose.py": 18,
     "tests/test_containers.py": 18,
+    "tests/test_judge_outage.py": 16,
     "tests/test_fleet_secrets_and_ports.py": 16,
-    "tests/test_judge_outage.py": 15,
+    "tests/test_procpool.py": 15,
+    "tests/test_mathcheck.py": 15,
     "sandbox/tests/test_escapes.py": 15,
-    "resources_servers/math_with_judge/tests/test_math_with_judge.py": 15,
+    "tests/test_fuzz_scoring.py": 15,
+    "resources_servers/instruction_following/tests/test_instruction_following_linear.py": 13,
     "tests/test_super3_recipe.py": 12,
+    "sandbox/tests/test_sandbox_service.py": 12,
+    "resources_servers/math_formal_lean/tests/test_math_formal_lean_proof.py": 12,
+    "resources_servers/swebench/tests/test_swebench_rollouts.py": 12,
+    "responses_api_models/local_vllm_model/tests/test_local_vllm_model.py": 10,
+    "tests/test_deferred.py": 10,
+    "tests/test_sympy_parse.py": 10,
+    "sandbox/tests/test_forkserver.py": 10,
     "tests/test_nano3_recipe.py": 10,
     "tests/test_quickstart.py": 8,
 }
