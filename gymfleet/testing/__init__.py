@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import socket
 import threading
@@ -29,6 +30,8 @@ import uvicorn
 
 from gymfleet.http_types import SERVER_KEEP_ALIVE_S
 from gymfleet.wire import make_response  # noqa: F401  (tests build responses with it from here)
+
+log = logging.getLogger(__name__)
 
 
 class _ThreadServer(uvicorn.Server):
@@ -75,6 +78,9 @@ class _ThreadServer(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
+SERVE_STOP_TIMEOUT_S = 10.0
+
+
 @contextmanager
 def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve `app` in a background thread; yields its base URL (`http://127.0.0.1:<port>`)."""
@@ -95,8 +101,11 @@ def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
         yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.stop()
-        thread.join(10)
+        thread.join(SERVE_STOP_TIMEOUT_S)
         sock.close()
+        if thread.is_alive():  # the test waited the whole timeout: say so, it is the test's wall time
+            log.warning("the test server's thread did not stop within %gs: its event loop waits on something the "
+                        "test left running (e.g. a thread of `asyncio.to_thread` still blocked)", SERVE_STOP_TIMEOUT_S)
 
 
 NEWER_RESPONSES_PARAMS: dict[str, Any] = {
