@@ -84,12 +84,13 @@ def _bytecode_cache_for_child_processes() -> None:
 _bytecode_cache_for_child_processes()
 
 # Seconds each of the costliest test files takes in CI (2 cores, `-n 4 --dist loadfile`; from `--durations`, rounded
-# up: the files of the slowest 40 tests of the quiet CI run at 9:30, at least the sum of their listed tests). Only the
-# order work is handed out in depends on it: under `--dist loadfile` a worker runs one file at a time, and xdist by
-# default hands out files by test count, most first, so the one-test files (often one long integration test) came
-# last and one worker finished them alone while the others idled. Handing out the longest first (then the rest by
-# test count, as xdist does) leaves short files for the end. A file missing here costs DEFAULT_TEST_COST_S a test;
-# refresh from a CI log with `--durations=0` when files grow.
+# up: the files of the slowest 40 tests of the quiet CI run at 9:30, at least the sum of their listed tests; a few
+# more, of few tests but long ones, from `--durations=0` on a loaded machine, halved). Only the order work is handed
+# out in depends on it: under `--dist loadfile` a worker runs one file at a time, and xdist by default hands out
+# files by test count, most first, so the one-test files (often one long integration test) came last and one worker
+# finished them alone while the others idled. Handing out the longest first (then the rest by test count, as xdist
+# does) leaves short files for the end. A file missing here costs DEFAULT_TEST_COST_S a test; refresh from a CI log
+# with `--durations=0` when files grow.
 FILE_COST_S = {
     "tests/test_shipped_configs.py": 220,
     "tests/test_docs.py": 120,
@@ -100,14 +101,18 @@ FILE_COST_S = {
     "tests/test_collect.py": 70,
     "tests/test_compose_up.py": 60,
     "tests/test_zygote.py": 55,
+    "tests/test_nemo_rl_integration.py": 50,
     "tests/test_cli_tools.py": 50,
     "tests/test_fleet.py": 45,
     "resources_servers/swerl_gen/tests/test_swerl_gen.py": 35,
     "tests/test_fleet_restarts.py": 30,
     "resources_servers/math_with_judge/tests/test_math_with_judge.py": 25,
     "tests/test_fleet_auth.py": 25,
+    "resources_servers/code_gen/tests/test_code_gen_server.py": 25,
+    "resources_servers/swebench/tests/test_swebench_server.py": 25,
     "tests/test_server_folders.py": 25,
     "tests/test_fault_injection.py": 20,
+    "sandbox/tests/test_host_kills.py": 20,
     "tests/test_fleet_messages.py": 20,
     "tests/test_compose.py": 18,
     "tests/test_containers.py": 18,
@@ -127,6 +132,7 @@ FILE_COST_S = {
     "tests/test_sympy_parse.py": 10,
     "sandbox/tests/test_forkserver.py": 10,
     "tests/test_nano3_recipe.py": 10,
+    "resources_servers/ns_tools/tests/test_ns_tools_rollouts.py": 10,
     "tests/test_quickstart.py": 8,
 }
 DEFAULT_TEST_COST_S = 0.05
