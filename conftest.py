@@ -90,7 +90,7 @@ _bytecode_cache_for_child_processes()
 # files by test count, most first, so the one-test files (often one long integration test) came last and one worker
 # finished them alone while the others idled. Handing out the longest first (then the rest by test count, as xdist
 # does) leaves short files for the end. A file missing here costs DEFAULT_TEST_COST_S a test; refresh from a CI log
-# with `--durations=0` when files grow.
+# with `--durations=0` when files grow: `python tests/file_costs.py ci.log` prints this table.
 FILE_COST_S = {
     "tests/test_shipped_configs.py": 220,
     "tests/test_docs.py": 120,
@@ -102,6 +102,8 @@ FILE_COST_S = {
     "tests/test_compose_up.py": 60,
     "tests/test_zygote.py": 55,
     "tests/test_nemo_rl_integration.py": 50,
+    "resources_servers/ns_tools/tests/test_ns_tools.py": 50,
+    "tests/test_nemo_gym_sandbox.py": 50,
     "tests/test_cli_tools.py": 50,
     "tests/test_fleet.py": 45,
     "resources_servers/swerl_gen/tests/test_swerl_gen.py": 35,
@@ -111,6 +113,7 @@ FILE_COST_S = {
     "resources_servers/code_gen/tests/test_code_gen_server.py": 25,
     "resources_servers/swebench/tests/test_swebench_server.py": 25,
     "tests/test_server_folders.py": 25,
+    "tests/test_sandbox_client.py": 25,
     "tests/test_fault_injection.py": 20,
     "sandbox/tests/test_host_kills.py": 20,
     "tests/test_fleet_messages.py": 20,
