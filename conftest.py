@@ -106,6 +106,7 @@ FILE_COST_S = {
     "tests/test_nemo_gym_sandbox.py": 50,
     "tests/test_cli_tools.py": 50,
     "tests/test_fleet.py": 45,
+    "tests/test_fuzz_http.py": 40,
     "resources_servers/swerl_gen/tests/test_swerl_gen.py": 35,
     "tests/test_fleet_restarts.py": 30,
     "resources_servers/math_with_judge/tests/test_math_with_judge.py": 25,
