@@ -159,10 +159,12 @@ def load_server_class(instance: ServerInstance) -> type[Server]:
         for _, obj in inspect.getmembers(module, inspect.isclass)
         if issubclass(obj, Server) and obj.__module__ == module.__name__ and not inspect.isabstract(obj)
     ]
-    if not classes:  # a NeMo-Gym folder: its SimpleResourcesServer subclass, served by gymfleet's host for it
+    if not classes:  # a NeMo-Gym folder: its SimpleResourcesServer (or agent) subclass, served by gymfleet's host
+        from gymfleet.serving.nemo_gym_agent_server import agent_host_class_for, nemo_gym_agent_classes
         from gymfleet.serving.nemo_gym_server import host_class_for, nemo_gym_server_classes
 
         classes = [host_class_for(cls) for cls in nemo_gym_server_classes(module)]
+        classes += [agent_host_class_for(cls) for cls in nemo_gym_agent_classes(module)]
     if len(classes) != 1:
         found = [cls.__name__ for cls in classes] or "none"
         raise ConfigError(f"{where}: {path} must define exactly one Server subclass; found {found}", path=where)

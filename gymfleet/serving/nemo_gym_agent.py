@@ -6,10 +6,9 @@ request models (gdpval's stirrup_agent helpers, conversational_tool_use_simulati
 
 What is here has 0.7.0's fields and validation: the agent-session contracts (`AgentSeedSessionRequest`/`Response`,
 `AgentCloseSessionRequest`/`Response`, `AgentSessionState`, `AgentSessionSetupError`, `AGENT_SESSION_COOKIE_KEY`),
-an agent's config (`BaseResponsesAPIAgentConfig`), the tool-access descriptions (`ToolAccess`: `DirectHTTPToolAccess`,
-`MCPToolAccess`) and the class agents subclass (`SimpleResponsesAPIAgent`, with `Body`). What is not: serving one.
-gymfleet serves its own agents (`agents/`); NeMo-Gym's agents (their session lifecycle, `/run`, token capture) are
-the next step, so `SimpleResponsesAPIAgent.setup_webserver()` raises, naming that, instead of serving half of it.
+an agent's config (`BaseResponsesAPIAgentConfig`) and the tool-access descriptions (`ToolAccess`:
+`DirectHTTPToolAccess`, `MCPToolAccess`). The class agents subclass, `SimpleResponsesAPIAgent`, and its serving are in
+`gymfleet.serving.nemo_gym_agent_server`.
 """
 
 from __future__ import annotations
@@ -17,18 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import Body, FastAPI  # noqa: F401  (Body: NeMo-Gym re-exports it, see AGENT_NAMES)
+from fastapi import Body  # noqa: F401  (NeMo-Gym re-exports it, see AGENT_NAMES)
 from pydantic import AfterValidator, AnyHttpUrl, BaseModel, ConfigDict, Field
 
-from gymfleet.serving.nemo_gym_metrics import AggregateMetricsMixin
 from gymfleet.serving.nemo_gym_observability import AgentObservationBundle
-from gymfleet.serving.nemo_gym_server import BaseServer, SimpleServer
+from gymfleet.serving.nemo_gym_server import BaseServer
 from gymfleet.serving.nemo_gym_types import BaseRunServerInstanceConfig, EpisodeId, SandboxAccess, TaskId
 
 AGENT_NAMES = [
     "AGENT_SESSION_COOKIE_KEY", "AgentCloseSessionRequest", "AgentCloseSessionResponse", "AgentSeedSessionRequest",
     "AgentSeedSessionResponse", "AgentSessionSetupError", "AgentSessionState", "BaseResponsesAPIAgent",
-    "BaseResponsesAPIAgentConfig", "Body", "SimpleResponsesAPIAgent",
+    "BaseResponsesAPIAgentConfig", "Body",
 ]
 """`nemo_gym.base_responses_api_agent`'s names."""
 TOOL_ACCESS_NAMES = ["DirectHTTPToolAccess", "MCPStreamableHTTPConnection", "MCPToolAccess", "ToolAccess"]
@@ -138,20 +136,3 @@ class AgentSessionSetupError(Exception):
         super().__init__(str(error))
         self.state = state
         self.error = error
-
-
-class SimpleResponsesAPIAgent(BaseResponsesAPIAgent, AggregateMetricsMixin, SimpleServer):
-    """The class NeMo-Gym's agents subclass (`responses`, `run`): defined and constructible here, not served."""
-
-    config: BaseResponsesAPIAgentConfig
-
-    async def responses(self, body: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} must implement responses()")
-
-    async def run(self, body: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} must implement run()")
-
-    def setup_webserver(self) -> FastAPI:
-        raise NotImplementedError(
-            f"{type(self).__name__}: NeMo-Gym's own agents are not served by gymfleet yet (their session lifecycle "
-            "and /run are the next step); serve the environment with one of gymfleet's agents (agents/simple_agent)")

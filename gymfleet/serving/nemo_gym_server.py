@@ -55,6 +55,7 @@ from starlette.responses import Response as StarletteResponse
 from gymfleet.errors import ConfigError
 from gymfleet.masking import redact
 from gymfleet.metrics import LOCAL_HOP
+from gymfleet.serving.nemo_gym_aiohttp import DisconnectCancelMiddleware
 from gymfleet.serving.nemo_gym_client import (
     FAILURE_REASON_CHARS,
     ServerClient,
@@ -128,6 +129,10 @@ class SimpleServer(BaseServer):
     def setup_exception_middleware(self, app: FastAPI) -> None:
         """Nothing to add: gymfleet's app maps errors already."""
 
+    def setup_cancellation_middleware(self, app: FastAPI) -> None:
+        """Cancel a request's handler when its client disconnects (0.7.0's; `gymfleet.serving.nemo_gym_aiohttp`)."""
+        app.add_middleware(DisconnectCancelMiddleware)
+
     @classmethod
     def run_webserver(cls) -> None:
         """NeMo-Gym's `python app.py` start; under gymfleet a folder starts with `ng_run`."""
@@ -147,7 +152,7 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin, SimpleSe
 
     def setup_webserver(self) -> FastAPI:
         if self._gymfleet_host is None:  # built by the folder's own tests, not by ng_run: a host of its own
-            host_class_for(type(self))(None, _plain_or_empty(self.server_client), folder=self)
+            host_class_for(type(self))(None, plain_or_empty(self.server_client), folder=self)
         return self._gymfleet_host.build_app()
 
     async def seed_session(self, body: ResourcesSeedSessionRequest | BaseSeedSessionRequest
@@ -187,7 +192,7 @@ class SimpleResourcesServer(BaseResourcesServer, AggregateMetricsMixin, SimpleSe
         return None
 
 
-def _plain_or_empty(client: Any) -> dict[str, Any]:
+def plain_or_empty(client: Any) -> dict[str, Any]:
     """The global config a folder's client holds, or {} (a test's `MagicMock(spec=ServerClient)` holds none)."""
     config = getattr(client, "global_config_dict", None) if isinstance(client, ServerClient) else None
     if config is None:
@@ -207,7 +212,7 @@ class NeMoGymHostConfig(ResourcesServerConfig):
     domain: str | None = None
 
 
-def _folder_fields(config: NeMoGymHostConfig, config_class: type[BaseModel]) -> dict[str, Any]:
+def _folder_fields(config: BaseModel, config_class: type[BaseModel]) -> dict[str, Any]:
     """What the folder's config class validates: the fields the config gave (its YAML, the host and port the fleet
     chose) and the fields the class declares, as NeMo-Gym hands it its instance config; not gymfleet's defaults for
     fields of its own (`num_replicas`, `max_request_body_mb`, ...), which a folder whose config forbids extra keys
@@ -217,6 +222,31 @@ def _folder_fields(config: NeMoGymHostConfig, config_class: type[BaseModel]) -> 
     given = config.model_dump(mode="json", exclude_unset=True)
     return {**{name: everything[name] for name in config_class.model_fields  # None: the folder's own default applies
                if everything.get(name) is not None}, **given}
+
+
+def build_folder(cls: type[SimpleServer], config: BaseModel, global_config: dict[str, Any]) -> Any:
+    """NeMo-Gym server class `cls` (a folder's) built as NeMo-Gym builds it, `cls(config=..., server_client=...)`:
+    its config class validates the host's config (`_folder_fields`), its client calls the fleet of `global_config`.
+
+    Raises:
+        ConfigError: the folder's config class refuses the instance's fields (each error names the field).
+    """
+    config_class = cls.model_fields["config"].annotation
+    fields = _folder_fields(config, config_class)
+    where = getattr(config, "name", None) or cls.__name__
+    try:
+        folder_config = config_class.model_validate(fields)
+    except ValidationError as exc:
+        lines = [f"{where}.{'.'.join(map(str, error['loc']))}: {error['msg']} (got {_clip(error.get('input'))})"
+                 for error in exc.errors()[:10]]
+        raise ConfigError(f"invalid {config_class.__name__} config for NeMo-Gym folder {cls.__name__}:\n  "
+                          + "\n  ".join(lines), path=where) from None
+    set_served_config(global_config)
+    from omegaconf import DictConfig
+
+    client = ServerClient(head_server_config=global_config.get("head_server"),
+                          global_config_dict=DictConfig(global_config))
+    return cls(config=folder_config, server_client=client)
 
 
 def folder_hash(folder: Path) -> str:
@@ -251,23 +281,7 @@ class NeMoGymResourcesHost(ResourcesServer):
         self.reverify_mode = ReverifyMode(type(folder.config).REVERIFY_MODE).value
 
     def _build_folder(self) -> SimpleResourcesServer:
-        cls = self.folder_class
-        config_class = cls.model_fields["config"].annotation
-        fields = _folder_fields(self.config, config_class)
-        where = self.config.name or cls.__name__
-        try:
-            folder_config = config_class.model_validate(fields)
-        except ValidationError as exc:
-            lines = [f"{where}.{'.'.join(map(str, error['loc']))}: {error['msg']} (got {_clip(error.get('input'))})"
-                     for error in exc.errors()[:10]]
-            raise ConfigError(f"invalid {config_class.__name__} config for NeMo-Gym folder {cls.__name__}:\n  "
-                              + "\n  ".join(lines), path=where) from None
-        set_served_config(self.global_config)
-        from omegaconf import DictConfig
-
-        client = ServerClient(head_server_config=self.global_config.get("head_server"),
-                              global_config_dict=DictConfig(self.global_config))
-        return cls(config=folder_config, server_client=client)
+        return build_folder(self.folder_class, self.config, self.global_config)
 
     async def startup(self) -> None:
         await super().startup()
@@ -361,7 +375,7 @@ class NeMoGymResourcesHost(ResourcesServer):
     def _verify_endpoint(self) -> Any:
         """The folder's `verify` as a FastAPI endpoint with its own parameters, answering its response model."""
         verify = self.folder.verify
-        hints = _type_hints(verify)
+        hints = type_hints(verify)
         answer = hints.get("return")
         adapter = TypeAdapter(answer) if isinstance(answer, type) and issubclass(answer, BaseModel) else None
         environment = self.config.name or type(self).__name__
@@ -406,11 +420,14 @@ class NeMoGymResourcesHost(ResourcesServer):
         return endpoint
 
     def _nemo_failure_row(self, body: BaseModel | None, failure_class: str, reason: str, hop: str) -> dict[str, Any]:
-        """NeMo-Gym's failure row (`failure_fields`) and gymfleet's (`_ng_failure_class`, `failure`), counted in
-        `/metrics`."""
+        """NeMo-Gym's failure row (`failure_fields`; a judge's also `instance_config.mask_sample`, as 0.7.0's
+        `judge_failsafe`) and gymfleet's (`_ng_failure_class`, `failure`), counted in `/metrics`."""
         echoed = body.model_dump(mode="json", by_alias=True) if body is not None else {}
         row = self._failure_row(echoed, failure_class, reason[:FAILURE_REASON_CHARS], hop)
         row.update(failure_fields(failure_class, reason))
+        if failure_class == "judge_failed":  # 0.7.0's judge_failsafe also masks it where older NeMo-RL reads it
+            instance = row.get("instance_config")
+            row["instance_config"] = {**(instance if isinstance(instance, dict) else {}), "mask_sample": True}
         return row
 
 
@@ -419,7 +436,7 @@ def _clip(value: Any, chars: int = 80) -> str:
     return text if len(text) <= chars else f"{text[:chars]}..."
 
 
-def _type_hints(function: Any) -> dict[str, Any]:
+def type_hints(function: Any) -> dict[str, Any]:
     try:
         return typing.get_type_hints(function)
     except (NameError, TypeError):
