@@ -8,8 +8,11 @@ maps such instances to their folder when it lies outside gymfleet's own root; th
 the top-level key `server_folders` (`{instance: folder}`), so every child process sees it; a config written
 elsewhere names a folder there itself (`+server_folders.<instance>=<folder>`, `named_folders`). A resources server's
 folder wins over gymfleet's built-in environment of the same name (for that instance; `describe` is the start-up line
-that says which implementation serves it). Agents and models keep gymfleet's implementation where gymfleet has one
-of that name (NeMo-Gym's own agents are not served yet); a folder with no built-in of its name is served from its tree.
+that says which implementation serves it). An agent or model named in another folder's config (a resources folder's
+`<env>_simple_agent` block) keeps gymfleet's implementation where gymfleet has one of that name; one defined by a
+config file inside its own folder (`<tree>/responses_api_agents/simple_agent/configs/simple_agent.yaml`), or named
+with `+server_folders`, is served from its tree (NeMo-Gym's own agents:
+`gymfleet.serving.nemo_gym_agent_server`), as is a folder with no built-in of its name.
 
 Imports inside a folder resolve as under NeMo-Gym (which runs `python app.py` in the folder, with the tree
 installed): bare sibling imports (`from util import ...`) find the folder, and the tree's top-level packages
@@ -72,11 +75,12 @@ def server_folders(files: Iterable[tuple[Path, dict]], root: Path, definition, t
             if tree is None or tree == root:
                 found.pop(name, None)
                 continue
+            folder = tree / server_type / impl
             builtin = root / type_folders.get(server_type, server_type) / impl
-            if server_type != "resources_servers" and builtin.is_dir():
+            if server_type != "resources_servers" and builtin.is_dir() and folder not in Path(path).resolve().parents:
                 found.pop(name, None)  # gymfleet's agent/model of that name serves it
                 continue
-            found[name] = str(tree / server_type / impl)
+            found[name] = str(folder)
     return found
 
 

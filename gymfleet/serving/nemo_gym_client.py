@@ -8,8 +8,9 @@ A folder calls other fleet servers the NeMo-Gym way:
 
 `ServerClient` resolves `server_name` from the fleet's global config (as gymfleet's own servers do, replicas
 included) and sends through `gymfleet.http.request`: pooled connections, a deadline per attempt
-(`DEFAULT_TIMEOUT_S` unless the call passes `timeout=`), bounded retries with backoff for what is safe to resend
-(a refused connection, a 429/502/503/504; a POST that may have reached the server is never resent), and
+(`DEFAULT_TIMEOUT_S` unless the call passes `timeout=`), bounded retries with backoff for what never reached the
+server (a refused connection; a POST that may have reached the server is never resent; an answer, a 429 or 503
+included, goes back to the folder as under 0.7.0, which retries it within its own deadline if it wants), and
 `gymfleet_upstream_*` metrics per instance. NeMo-Gym retries disconnects forever with a fixed 0.5 s sleep; here a
 call that cannot be completed raises `gymfleet.errors.TransportError`, which the resources server turns into a
 `transport_failed` row, never a reward. A call that failed (a non-2xx answer too) is noted in its request
@@ -238,6 +239,11 @@ def _timeout_s(value: Any) -> float:
     return float(value)
 
 
+ANSWERS_NOT_RETRIED = http.RetryPolicy(retry_statuses=frozenset())
+"""A folder's calls: what never reached the server is retried (bounded, with backoff), an answer is never resent,
+whatever its status: as under 0.7.0, a 429/503 goes back to the folder, which retries it within its own deadline
+(genrm_compare's judge loop), instead of gymfleet's backoff spending that deadline first."""
+
 _OPTIONS = frozenset({"json", "data", "cookies", "headers", "timeout", "params"})
 
 
@@ -260,7 +266,7 @@ def _send_options(options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     data = options.get("data")
     return options.get("params"), {"json": body, "data": data.encode() if isinstance(data, str) else data,
                    "cookies": _cookies(options.get("cookies")), "headers": options.get("headers"),
-                   "timeout_s": _timeout_s(options.get("timeout"))}
+                   "timeout_s": _timeout_s(options.get("timeout")), "retry": ANSWERS_NOT_RETRIED}
 
 
 async def request(method: str, url: str, **options: Any) -> NeMoGymClientResponse:
