@@ -13,6 +13,8 @@ surface through `ng_test +entrypoint=<folder>`.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +33,7 @@ from gymfleet.fleet.config import ServerInstance
 from gymfleet.fleet.launch import build_server
 from gymfleet.testing import fleet_headers, free_port, running_fleet, serve
 from gymfleet.testing.nemo_gym_folders import stage_folder
-from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder
+from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder, nemo_gym_wheel
 from responses_api_models.scripted_model.app import ScriptedModel
 
 REPLAYED = ["mcqa", "string_match", "equivalence_rule", "example_multi_step", "example_tool_call_multireward",
@@ -276,26 +278,85 @@ def _fleet_config(root: Path, path: Path) -> Path:
     return path
 
 
-def test_folders_start_under_ng_run_and_come_back_after_a_crash(tree, tmp_path):
+POLICY_SCRIPT = {"rules": [{"match": "cystic fibrosis", "text": "It is PCR. \\boxed{B}"}],
+                 "default": {"text": "\\boxed{A}"}}
+"""The policy for mcqa's first two example rows: the first answered right (B), the second wrong."""
+
+
+@pytest.fixture(scope="module")
+def fleet(tree):
+    """One `ng_run` fleet: mcqa and example_session_state_mgmt from the tree, NeMo-Gym's own simple_agent from the tree
+    (its config inside its folder, as the wheel ships it) and gymfleet's simple_agent, both on mcqa, and a scripted
+    policy model."""
+    agent = tree / "responses_api_agents" / "simple_agent"
+    shutil.copytree(nemo_gym_wheel() / "responses_api_agents" / "simple_agent", agent,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    mcqa = {"type": "resources_servers", "name": "ng_mcqa"}
+    policy = {"type": "responses_api_models", "name": "policy_model"}
+    extra = {
+        "folder_requirements": "venv",
+        "simple_agent": {"responses_api_agents": {"simple_agent": {"resources_server": mcqa}}},  # its `???`
+        "gymfleet_agent": {"responses_api_agents": {"simple_agent": {
+            "entrypoint": "app.py", "resources_server": mcqa, "model_server": policy}}},
+        "policy_model": {"responses_api_models": {"scripted_model": {"entrypoint": "app.py", **POLICY_SCRIPT}}},
+    }
+    configs = [str(_fleet_config(tree, tree / "fleet.yaml")), str(agent / "configs" / "simple_agent.yaml")]
+    with running_fleet(configs, extra) as started:
+        yield started
+
+
+def test_nemo_gyms_own_simple_agent_runs_beside_gymfleets_with_the_same_rewards(tree, fleet):
+    token = fleet_headers(fleet)
+    nemo_gym_agent = fleet.config.instance("simple_agent")
+    assert nemo_gym_agent.folder == tree / "responses_api_agents" / "simple_agent", "the tree's agent, not gymfleet's"
+    examples = rows(tree, "mcqa", "example.jsonl")[:2]
+    rewards = {}
+    for name in ("simple_agent", "gymfleet_agent"):
+        url = fleet.config.instance(name).url
+        for index, row in enumerate(examples):
+            answer = httpx.post(f"{url}/run", json=row, headers=token, timeout=120)
+            assert answer.status_code == 200, answer.text
+            result = answer.json()
+            assert "_ng_failure_class" not in result and result["response"]["output"], result
+            rewards[name, index] = result["reward"]
+    assert rewards["simple_agent", 0] == rewards["gymfleet_agent", 0] == 1.0
+    assert rewards["simple_agent", 1] == rewards["gymfleet_agent", 1] == 0.0
+
+    url = nemo_gym_agent.url  # 0.7.0's agent-session lifecycle over HTTP: idempotent seed, bound id, kept close
+    seed = {"agent_session_id": "s1", "episode_id": {"rollout_id": "r1"},
+            "task_id": {"taskset": "mcqa", "task_id": "0"}}
+    with httpx.Client(headers=token, timeout=30) as client:
+        assert client.post(f"{url}/v1/agent_sessions", json=seed).json() == {"agent_session_id": "s1"}
+        assert client.post(f"{url}/v1/agent_sessions", json=seed).status_code == 200, "the same seed again: reused"
+        other = {**seed, "task_id": {"taskset": "mcqa", "task_id": "1"}}
+        assert client.post(f"{url}/v1/agent_sessions", json=other).status_code == 409
+        close = {"agent_session_id": "s1", "episode_id": {"rollout_id": "r1"}}
+        closed = client.post(f"{url}/v1/agent_sessions/close", json=close)
+        assert closed.status_code == 200 and closed.json()["agent_session_id"] == "s1"
+        assert client.post(f"{url}/v1/agent_sessions/close", json=close).json() == closed.json(), "kept for retries"
+        assert client.post(f"{url}/v1/agent_sessions", json=seed).status_code == 409, "closed: never seeded again"
+
+
+def test_folders_start_under_ng_run_and_come_back_after_a_crash(tree, fleet):
     recorded, reward = recorded_rollouts(tree, "mcqa")[0]
     session_row = rows(tree, "example_session_state_mgmt", "example.jsonl")[0]
-    with running_fleet([str(_fleet_config(tree, tree / "fleet.yaml"))], {"folder_requirements": "venv"}) as fleet:
-        token = fleet_headers(fleet)
-        mcqa = fleet.config.instance("ng_mcqa").url
-        counter = fleet.config.instance("ng_example_session_state_mgmt").url
-        assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60, headers=token).json()["reward"] == reward
-        cookies = dict(httpx.post(f"{counter}/seed_session", json=session_row, timeout=30, headers=token).cookies)
+    token = fleet_headers(fleet)
+    mcqa = fleet.config.instance("ng_mcqa").url
+    counter = fleet.config.instance("ng_example_session_state_mgmt").url
+    assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60, headers=token).json()["reward"] == reward
+    cookies = dict(httpx.post(f"{counter}/seed_session", json=session_row, timeout=30, headers=token).cookies)
 
-        for name in ("ng_example_session_state_mgmt", "ng_mcqa"):
-            process = fleet.children[name].process
-            process.kill()
-            process.wait(10)
-        assert _when(lambda: all((row["status"], row["restarts"]) == ("running", 1)
-                                 for row in fleet.process_table().values())), "both came back, restarted once"
-        assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60, headers=token).json()["reward"] == reward
-        lost = httpx.post(f"{counter}/increment_counter", json={"count": 1}, cookies=cookies, timeout=30,
-                          headers=token)
-        assert lost.status_code == 410 and lost.json()["error_type"] == "session_lost", "never a reward on nothing"
+    for name in ("ng_example_session_state_mgmt", "ng_mcqa"):
+        process = fleet.children[name].process
+        process.kill()
+        process.wait(10)
+    table = fleet.process_table
+    assert _when(lambda: all((row["status"], row["restarts"]) == ("running", 1)
+                             for instance, row in table().items() if instance.startswith("ng_"))), "both back once"
+    assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60, headers=token).json()["reward"] == reward
+    lost = httpx.post(f"{counter}/increment_counter", json={"count": 1}, cookies=cookies, timeout=30,
+                      headers=token)
+    assert lost.status_code == 410 and lost.json()["error_type"] == "session_lost", "never a reward on nothing"
 
 
 def _when(condition: Any, attempts: int = 600) -> bool:
@@ -321,3 +382,18 @@ def test_ng_test_runs_a_folders_own_tests_on_the_surface(name):
                            "+pytest_args=[-q,-p,no:warnings]"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def test_genrm_compares_own_http_lifecycle_tests_serve_nemo_gyms_simple_agent():
+    """genrm_compare's own tests that serve NeMo-Gym's simple_agent over TCP beside the folder and read
+    `nemo_gym.server_utils._GLOBAL_AIOHTTP_CLIENT` (6 of its 24): a failed `/verify` through `/run`, the folder's own
+    judge retries on an answer (a 503, handed back within its 0.2 s deadline) and on a body that broke off
+    (`ClientPayloadError`), and a client disconnect that cancels the handler."""
+    folder = nemo_gym_folder("genrm_compare")
+    chosen = "test_http_lifecycle and (incomplete or 503 or interrupted or disconnect)"
+    done = subprocess.run([sys.executable, "-m", "gymfleet.cli.test", f"+entrypoint={folder}",
+                           f"+pytest_args=[-q,-p,no:warnings,-k,'{chosen}']"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"^6 passed", done.stdout, re.MULTILINE) and " failed" not in done.stdout, done.stdout[-3000:]
+
