@@ -1,7 +1,8 @@
 """NeMo-Gym's agent definitions on the `nemo_gym` surface (`nemo_gym.base_responses_api_agent`, `tool_access`, and
 the `openai_utils` / `responses_converter` helpers agents use): environment folders' tests import NeMo-Gym's agent
 modules for their config and request models (conversational_tool_use_simulation, gdpval's stirrup_agent helpers,
-genrm_compare), so those modules must import and validate as under 0.7.0; serving one is refused in one line."""
+genrm_compare), so those modules must import and validate as under 0.7.0; and an agent is served with 0.7.0's routes
+and agent-session lifecycle (`gymfleet.serving.nemo_gym_agent_server`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import random
 import subprocess
 import sys
 import textwrap
+from typing import ClassVar
 
+import httpx
 import pytest
+from fastapi import Body, Request
 from pydantic import ValidationError
 
+from gymfleet.testing import serve
 from nemo_gym.base_responses_api_agent import (
     AGENT_SESSION_COOKIE_KEY,
     AgentCloseSessionResponse,
@@ -29,6 +34,7 @@ from nemo_gym.openai_utils import (
     accumulate_response_usage,
 )
 from nemo_gym.responses_converter import split_responses_input_output_items
+from nemo_gym.server_utils import ServerClient
 from nemo_gym.tool_access import DirectHTTPToolAccess, MCPToolAccess
 
 SEED = {"agent_session_id": "s1", "episode_id": {"rollout_id": "r1"}, "task_id": {"taskset": "ts", "task_id": "t1"}}
@@ -55,14 +61,64 @@ def test_agent_contracts_validate_as_0_7_0s():
     assert (str(error), error.state, AGENT_SESSION_COOKIE_KEY) == ("boom", state, "agent_session_id")
 
 
-def test_a_nemo_gym_agent_is_defined_here_and_refused_when_served():
-    class Agent(SimpleResponsesAPIAgent):
-        config: BaseResponsesAPIAgentConfig
+BODY = Body()
 
-    agent = Agent.model_construct(config=BaseResponsesAPIAgentConfig(host="h", port=1, entrypoint="app.py",
-                                                                     name="a"), server_client=None)
-    with pytest.raises(NotImplementedError, match="NeMo-Gym's own agents are not served by gymfleet yet"):
-        agent.setup_webserver()
+
+class _SessionAgent(SimpleResponsesAPIAgent):
+    """An agent of the kind NeMo-Gym's are: sessions seeded, activated through `/v1/responses`, closed."""
+
+    config: BaseResponsesAPIAgentConfig
+    closed: ClassVar[list[str]] = []
+
+    async def _seed_agent_session_state(self, body: AgentSeedSessionRequest) -> AgentSessionState:
+        state = AgentSessionState(request=body)
+        if body.task_id.task_id == "bad":
+            raise AgentSessionSetupError(state, error=RuntimeError("setup failed half-way"))
+        return state
+
+    async def _close_agent_session_state(self, state: AgentSessionState) -> AgentCloseSessionResponse:
+        self.closed.append(state.request.agent_session_id)
+        return AgentCloseSessionResponse(agent_session_id=state.request.agent_session_id,
+                                         resources_cookies={"closes": str(len(self.closed))})
+
+    async def responses(self, request: Request, body: dict = BODY) -> dict:
+        session_id = self._agent_session_id_from_request(request)
+        if session_id is not None:
+            self._require_agent_session(session_id)
+        return {"session": session_id, "path": self.url_path_for_request("/v1/responses", request)}
+
+    async def run(self, body: dict = BODY) -> dict:
+        return {"reward": 1.0}
+
+
+def test_a_nemo_gym_agent_serves_0_7_0s_session_lifecycle_over_http():
+    config = BaseResponsesAPIAgentConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="agent")
+    agent = _SessionAgent(config=config, server_client=ServerClient.model_construct(global_config_dict={}))
+    close = {"agent_session_id": "s1", "episode_id": {"rollout_id": "r1"}}
+    with serve(agent.setup_webserver()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        assert client.post("/v1/responses", json={}).json() == {"session": None, "path": "/v1/responses"}
+        assert client.post("/ng-rollout/r7/v1/responses", json={}).json()["path"] == "/ng-rollout/r7/v1/responses"
+        assert client.post("/run", json={"responses_create_params": {"input": "hi"}}).json() == {"reward": 1.0}
+        assert client.post("/v1/agent_sessions", json=SEED).json() == {"agent_session_id": "s1"}
+        assert "_SessionAgent___agent" in client.cookies, "NeMo-Gym's cookie name binds the session"
+        assert client.post("/v1/responses", json={}).json()["session"] == "s1"
+        assert client.post("/v1/agent_sessions", json=SEED).status_code == 200, "the same seed again"
+        mismatch = client.post("/v1/agent_sessions", json={**SEED, "agent_session_id": "s2"})
+        assert mismatch.status_code == 409 and "does not match the session cookie" in mismatch.text
+        closed = client.post("/v1/agent_sessions/close", json=close)
+        assert closed.json()["resources_cookies"] == {"closes": "1"}
+        assert client.post("/v1/agent_sessions/close", json=close).json() == closed.json(), "kept, not closed twice"
+        assert client.post("/v1/responses", json={}).status_code == 409, "a closed session is never activated"
+        wrong_episode = client.post("/v1/agent_sessions/close", json={**close, "episode_id": {"rollout_id": "r2"}})
+        assert wrong_episode.status_code == 409
+    assert _SessionAgent.closed == ["s1"]
+    bad = {**SEED, "agent_session_id": "s3", "task_id": {"taskset": "ts", "task_id": "bad"}}
+    with serve(agent.setup_webserver()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        failed = client.post("/v1/agent_sessions", json=bad)
+        assert failed.status_code == 500 and "setup failed half-way" in failed.text
+        assert client.post("/v1/agent_sessions", json=bad).status_code == 409, "its partial state awaits its close"
+        assert client.post("/v1/agent_sessions/close", json={**close, "agent_session_id": "s3"}).status_code == 200
+    assert _SessionAgent.closed == ["s1", "s3"], "a failed setup's partial state is closed, never activated"
 
 
 def _usage(rng: random.Random) -> NeMoGymResponseUsage:

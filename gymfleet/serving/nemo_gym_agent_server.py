@@ -327,7 +327,9 @@ class NeMoGymAgentHost(Server):
         return app
 
     def build_app(self) -> FastAPI:
-        return Server.create_app(self)
+        app = Server.create_app(self)
+        app.add_middleware(AnswerUntypedErrors, on_error=self._on_error)
+        return app
 
     def routes(self, app: FastAPI) -> None:
         folder = self.folder
@@ -369,6 +371,35 @@ class NeMoGymAgentHost(Server):
         self.metrics.failures.labels("upstream_error", LOCAL_HOP).inc()
         return JSONResponse(f"Hit an exception in {self.cookie_name} calling an inner server: {inner}",
                             status_code=500, headers={ERROR_TYPE_HEADER: "upstream_error"})
+
+
+class AnswerUntypedErrors:
+    """Answer an exception no handler typed with `on_error` (gymfleet's typed 500) here, as 0.7.0's exception
+    middleware answers it, not in Starlette's outermost error middleware, which answers it too but then re-raises it
+    to the server, which may drop the connection before the client has read the answer (pure ASGI)."""
+
+    def __init__(self, app: Any, on_error: Any) -> None:
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def noting_start(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noting_start)
+        except Exception as exc:  # the boundary: whatever the agent raised, answered once, typed
+            if started:
+                raise
+            answer = await self.on_error(Request(scope, receive), exc)
+            await answer(scope, receive, send)
 
 
 _HOSTS: dict[type, type[NeMoGymAgentHost]] = {}
