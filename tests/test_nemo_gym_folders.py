@@ -278,16 +278,19 @@ def _fleet_config(root: Path, path: Path) -> Path:
     return path
 
 
-POLICY_SCRIPT = {"rules": [{"match": "cystic fibrosis", "text": "It is PCR. \\boxed{B}"}],
+POLICY_SCRIPT = {"rules": [{"match": "cystic fibrosis", "text": "It is PCR. \\boxed{B}"},
+                           {"match": "playing Blackjack", "match_in": "transcript", "text": "<action>stand</action>"}],
                  "default": {"text": "\\boxed{A}"}}
-"""The policy for mcqa's first two example rows: the first answered right (B), the second wrong."""
+"""The policy for mcqa's first two example rows (the first answered right, B, the second wrong) and for blackjack
+(it stands)."""
 
 
 @pytest.fixture(scope="module")
 def fleet(tree):
     """One `ng_run` fleet: mcqa and example_session_state_mgmt from the tree, NeMo-Gym's own simple_agent from the tree
-    (its config inside its folder, as the wheel ships it) and gymfleet's simple_agent, both on mcqa, and a scripted
-    policy model."""
+    (its config inside its folder, as the wheel ships it) and gymfleet's simple_agent, both on mcqa, the wheel's
+    blackjack with the agent its config names, NeMo-Gym's gymnasium_agent (gymfleet has none of that name), and a
+    scripted policy model."""
     agent = tree / "responses_api_agents" / "simple_agent"
     shutil.copytree(nemo_gym_wheel() / "responses_api_agents" / "simple_agent", agent,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -300,7 +303,8 @@ def fleet(tree):
             "entrypoint": "app.py", "resources_server": mcqa, "model_server": policy}}},
         "policy_model": {"responses_api_models": {"scripted_model": {"entrypoint": "app.py", **POLICY_SCRIPT}}},
     }
-    configs = [str(_fleet_config(tree, tree / "fleet.yaml")), str(agent / "configs" / "simple_agent.yaml")]
+    configs = [str(_fleet_config(tree, tree / "fleet.yaml")), str(agent / "configs" / "simple_agent.yaml"),
+               str(nemo_gym_folder("blackjack") / "configs" / "blackjack.yaml")]  # and its gymnasium_agent
     with running_fleet(configs, extra) as started:
         yield started
 
@@ -335,6 +339,17 @@ def test_nemo_gyms_own_simple_agent_runs_beside_gymfleets_with_the_same_rewards(
         assert closed.status_code == 200 and closed.json()["agent_session_id"] == "s1"
         assert client.post(f"{url}/v1/agent_sessions/close", json=close).json() == closed.json(), "kept for retries"
         assert client.post(f"{url}/v1/agent_sessions", json=seed).status_code == 409, "closed: never seeded again"
+
+
+def test_nemo_gyms_gymnasium_agent_plays_a_gymnasium_folders_episode(fleet):
+    agent = fleet.config.instance("blackjack_gymnasium_agent")
+    assert agent.folder == nemo_gym_folder("blackjack").parents[1] / "responses_api_agents" / "gymnasium_agent"
+    row = rows(nemo_gym_folder("blackjack").parents[1], "blackjack", "example.jsonl")[0]
+    answer = httpx.post(f"{agent.url}/run", json=row, headers=fleet_headers(fleet), timeout=120)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    assert "_ng_failure_class" not in result and result["reward"] in (-1.0, 0.0, 1.0), result
+    assert "<action>stand</action>" in json.dumps(result["response"]["output"]), "the policy's move was played"
 
 
 def test_folders_start_under_ng_run_and_come_back_after_a_crash(tree, fleet):
