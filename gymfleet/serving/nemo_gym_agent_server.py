@@ -74,7 +74,14 @@ from gymfleet.serving.nemo_gym_rollout import (
     rollout_context,
     rollout_path_prefix,
 )
-from gymfleet.serving.nemo_gym_server import SimpleServer, build_folder, plain_or_empty, type_hints
+from gymfleet.serving.nemo_gym_server import (
+    SimpleServer,
+    build_folder,
+    defined_subclasses,
+    host_class,
+    plain_or_empty,
+    type_hints,
+)
 from gymfleet.serving.nemo_gym_types import AggregateMetrics, AggregateMetricsRequest, EpisodeId
 from gymfleet.serving.server import JSONResponse, Server, ServerConfig
 
@@ -402,22 +409,11 @@ class AnswerUntypedErrors:
             await answer(scope, receive, send)
 
 
-_HOSTS: dict[type, type[NeMoGymAgentHost]] = {}
-
-
 def agent_host_class_for(folder_class: type[SimpleResponsesAPIAgent]) -> type[NeMoGymAgentHost]:
     """The gymfleet server class that serves agent class `folder_class` (one per class, named as it)."""
-    host = _HOSTS.get(folder_class)
-    if host is None:
-        host = type(folder_class.__name__, (NeMoGymAgentHost,), {
-            "folder_class": folder_class, "__module__": folder_class.__module__, "__doc__": folder_class.__doc__,
-            "__qualname__": folder_class.__qualname__,
-        })
-        _HOSTS[folder_class] = host
-    return host
+    return host_class(folder_class, NeMoGymAgentHost)
 
 
 def nemo_gym_agent_classes(module: Any) -> list[type[SimpleResponsesAPIAgent]]:
     """The NeMo-Gym agent classes a folder's module defines (not the ones it imports)."""
-    return [obj for _, obj in inspect.getmembers(module, inspect.isclass)
-            if issubclass(obj, SimpleResponsesAPIAgent) and obj.__module__ == module.__name__]
+    return defined_subclasses(module, SimpleResponsesAPIAgent)

@@ -458,14 +458,15 @@ def _answer_row(result: Any, answer: Any, adapter: TypeAdapter | None) -> dict[s
     return row
 
 
-_HOSTS: dict[type, type[NeMoGymResourcesHost]] = {}
+_HOSTS: dict[type, type] = {}
 
 
-def host_class_for(folder_class: type[SimpleResourcesServer]) -> type[NeMoGymResourcesHost]:
-    """The gymfleet server class that serves `folder_class` (one per folder class, named and documented as it)."""
+def host_class(folder_class: type, base: type) -> type:
+    """The gymfleet server class (a `base` subclass) that serves NeMo-Gym class `folder_class`: one per folder
+    class, named and documented as it."""
     host = _HOSTS.get(folder_class)
     if host is None:
-        host = type(folder_class.__name__, (NeMoGymResourcesHost,), {
+        host = type(folder_class.__name__, (base,), {
             "folder_class": folder_class, "__module__": folder_class.__module__, "__doc__": folder_class.__doc__,
             "__qualname__": folder_class.__qualname__,
         })
@@ -473,10 +474,20 @@ def host_class_for(folder_class: type[SimpleResourcesServer]) -> type[NeMoGymRes
     return host
 
 
-def nemo_gym_server_classes(module: Any) -> list[type[SimpleResourcesServer]]:
-    """The NeMo-Gym resources server classes a folder's module defines (not the ones it imports)."""
+def host_class_for(folder_class: type[SimpleResourcesServer]) -> type[NeMoGymResourcesHost]:
+    """The gymfleet server class that serves resources folder class `folder_class`."""
+    return host_class(folder_class, NeMoGymResourcesHost)
+
+
+def defined_subclasses(module: Any, base: type) -> list[type]:
+    """The subclasses of `base` that `module` defines (not the ones it imports)."""
     return [obj for _, obj in inspect.getmembers(module, inspect.isclass)
-            if issubclass(obj, SimpleResourcesServer) and obj.__module__ == module.__name__]
+            if issubclass(obj, base) and obj.__module__ == module.__name__]
+
+
+def nemo_gym_server_classes(module: Any) -> list[type[SimpleResourcesServer]]:
+    """The NeMo-Gym resources server classes a folder's module defines."""
+    return defined_subclasses(module, SimpleResourcesServer)
 
 
 def served_global_config() -> dict[str, Any] | None:
