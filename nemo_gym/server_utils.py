@@ -11,6 +11,7 @@ from gymfleet.serving.nemo_gym_aiohttp import (
     get_global_aiohttp_client,
     global_aiohttp_client,
     global_aiohttp_client_exit,
+    is_global_aiohttp_client_request_debug_enabled,
     is_global_aiohttp_client_setup,
     set_global_aiohttp_client,
 )
@@ -30,10 +31,11 @@ from gymfleet.serving.nemo_gym_server import BaseServer, SimpleServer
 from gymfleet.serving.nemo_gym_types import BaseRunServerInstanceConfig
 
 __all__ = [
-    "HEAD_SERVER_KEY_NAME", "SESSION_ID_KEY", "BaseRunServerInstanceConfig", "BaseServer", "BaseServerConfig",
-    "ClientDisconnectCancellationMiddleware", "GlobalAIOHTTPAsyncClientConfig", "ServerClient", "ServerStatus",
+    "BaseRunServerInstanceConfig", "BaseServer", "BaseServerConfig", "ClientDisconnectCancellationMiddleware",
+    "GlobalAIOHTTPAsyncClientConfig", "HEAD_SERVER_KEY_NAME", "SESSION_ID_KEY", "ServerClient", "ServerStatus",
     "SimpleServer", "apply_rollout_prefix", "get_first_server_config_dict", "get_global_aiohttp_client",
-    "get_response_json", "get_server_url", "global_aiohttp_client_exit", "is_global_aiohttp_client_setup",
+    "get_response_json", "get_server_url", "global_aiohttp_client_exit",
+    "is_global_aiohttp_client_request_debug_enabled", "is_global_aiohttp_client_setup",
     "is_nemo_gym_fastapi_entrypoint", "raise_for_status", "request", "rollout_path_prefix",
     "set_global_aiohttp_client",
 ]

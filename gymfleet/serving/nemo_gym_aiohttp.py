@@ -2,8 +2,9 @@
 the global aiohttp client's names and the client-disconnect cancellation middleware.
 
 - `GlobalAIOHTTPAsyncClientConfig` (0.7.0's fields and bounds), `set_global_aiohttp_client(cfg)`,
-  `get_global_aiohttp_client()`, `is_global_aiohttp_client_setup()`, `global_aiohttp_client_exit()` and the module
-  attribute `nemo_gym.server_utils._GLOBAL_AIOHTTP_CLIENT` (read through `global_aiohttp_client()`). The session they
+  `get_global_aiohttp_client()`, `is_global_aiohttp_client_setup()`,
+  `is_global_aiohttp_client_request_debug_enabled()`, `global_aiohttp_client_exit()` and the module attribute
+  `nemo_gym.server_utils._GLOBAL_AIOHTTP_CLIENT` (read through `global_aiohttp_client()`). The session they
   hand out is a real `aiohttp.ClientSession` (no cookie jar, no total timeout, as 0.7.0's) for code that uses it
   directly; `ServerClient` and `request` never do: every call of the surface goes through gymfleet's one client
   (`gymfleet.http`: per-loop pools, deadlines, bounded retries). As under 0.7.0, setting one up while another is
@@ -27,6 +28,7 @@ from pydantic import BaseModel, Field
 log = logging.getLogger(__name__)
 
 _session: aiohttp.ClientSession | None = None
+_request_debug = False
 
 
 class GlobalAIOHTTPAsyncClientConfig(BaseModel):
@@ -51,18 +53,24 @@ def is_global_aiohttp_client_setup() -> bool:
     return global_aiohttp_client() is not None
 
 
+def is_global_aiohttp_client_request_debug_enabled() -> bool:
+    """The `global_aiohttp_client_request_debug` setting of the last `set_global_aiohttp_client`."""
+    return _request_debug
+
+
 def set_global_aiohttp_client(cfg: GlobalAIOHTTPAsyncClientConfig) -> aiohttp.ClientSession:
     """Make the process's global aiohttp session (inside a running event loop, as aiohttp requires).
 
     Raises:
         AssertionError: one is set up and still open (0.7.0's refusal; close it or call `global_aiohttp_client_exit`).
     """
-    global _session
+    global _session, _request_debug
     assert not is_global_aiohttp_client_setup(), (
         "There is already a global aiohttp client setup: close it (or call global_aiohttp_client_exit) first")
     limit = cfg.global_aiohttp_connector_limit
     per_host = cfg.global_aiohttp_connector_limit_per_host
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=per_host, keepalive_timeout=15.0)
+    _request_debug = cfg.global_aiohttp_client_request_debug
     _session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(),
                                      cookie_jar=aiohttp.DummyCookieJar())
     return _session
