@@ -95,7 +95,7 @@ FILE_COST_S = {
     "tests/test_shipped_configs.py": 220,
     "tests/test_docs.py": 120,
     "tests/test_nemo_gym_corpus.py": 110,
-    "tests/test_nemo_gym_folders.py": 110,
+    "tests/test_nemo_gym_folders.py": 140,  # with NeMo-Gym agents served and genrm_compare lifecycle tests
     "tests/test_ray_placement.py": 75,
     "resources_servers/code_gen/tests/test_code_gen_load.py": 70,
     "tests/test_collect.py": 70,
