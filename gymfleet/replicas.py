@@ -80,14 +80,21 @@ def choose(name: str, urls: list[str]) -> str:
 
 def instance_urls(config: dict[str, Any], name: str) -> list[str]:
     """Base URLs (`http://host:port`) of every replica of instance `name` in the global config dict `config`."""
+    fields = instance_fields(config, name)
+    replicas = fields.get("replicas") or [fields]
+    return [f"http://{client_host(r.get('host'))}:{r['port']}" for r in replicas]
+
+
+def instance_fields(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The fields of instance `name` (`<name>.<server type>.<implementation>`, with its `port`) in the global config
+    dict `config`; `ServerRefError` naming the known instances if there is none."""
     block = config.get(name)
     if isinstance(block, dict) and name != "head_server":
         for type_block in block.values():
             if isinstance(type_block, dict):
                 for impl_block in type_block.values():
                     if isinstance(impl_block, dict) and "port" in impl_block:
-                        replicas = impl_block.get("replicas") or [impl_block]
-                        return [f"http://{client_host(r.get('host'))}:{r['port']}" for r in replicas]
+                        return impl_block
     known = sorted(key for key, value in config.items() if isinstance(value, dict) and key != "head_server")
     raise ServerRefError(f"unknown server {name!r}; known: {known}.{did_you_mean(name, known)}")
 

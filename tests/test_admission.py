@@ -1,4 +1,4 @@
-"""Rollout admission (`gymfleet.serving.agent.Admission`, `max_concurrent_rollouts`) on real servers.
+"""Rollout admission (`gymfleet.serving.admission.Admission`, `max_concurrent_rollouts`) on real servers.
 
 A real simple_agent, a real scripted model and a real environment whose `/verify` the test can hold open per row
 (`GatedServer`), so which rollouts are in progress at any moment is decided by the test, not by timing. The
@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.serving.agent import Admission
+from gymfleet.serving.admission import Admission
 from gymfleet.serving.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
 from gymfleet.testing.fleets import agent_fleet
 from responses_api_models.scripted_model.app import ScriptedModel

@@ -1,9 +1,12 @@
 """`RolloutCollectionHelper`: the library entry point NeMo-RL drives rollouts through (`spec/protocol.md`, A.2).
 
-`run_examples(rows, head_server_config)` posts every row to its agent's `/run` at once (no concurrency cap unless a
-semaphore is given; the requests go out in row order, a window of them connecting at a time:
-`gymfleet.rollouts.dispatch`) and yields awaitables in completion order, each resolving to `(row, result)` with the
-very row object passed in; a non-2xx answer raises `TransportError` with an integer `.status`.
+`run_examples(rows, head_server_config)` starts every row's `POST /run` to its agent at once (no concurrency cap
+unless a semaphore is given) and yields awaitables in completion order, each resolving to `(row, result)` with the
+very row object passed in; a non-2xx answer raises `TransportError` with an integer `.status`. The requests go out in
+row order, a window of them connecting at a time, and no more to an agent than it admits at once and half as much
+again: the others wait their turn in this process rather than inside the agent, so sending a whole step does not
+slow its first rollouts down (`gymfleet.rollouts.dispatch`; an agent with no bound gets every row at once). One
+fleet's line is shared by every `run_examples` call on the same event loop: a later step queues behind an earlier one.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from gymfleet.errors import TransportError
 from gymfleet.fleet.config import client_limits
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.collect import RUN_RETRY
-from gymfleet.rollouts.dispatch import SendWindow
+from gymfleet.rollouts.dispatch import AgentLines, SendWindow
 from gymfleet.rollouts.fleet_watch import head_address
 
 
@@ -33,11 +36,13 @@ class RolloutCollectionHelper:
 
     def __init__(self, request_timeout_s: float = 3600.0) -> None:
         self.request_timeout_s = request_timeout_s
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Future]]
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, int], asyncio.Future[
+            tuple[ServerClient, AgentLines]]]]
         self._clients = weakref.WeakKeyDictionary()
 
-    def _client(self, head: tuple[str, int]) -> asyncio.Future:
-        """One bootstrap per head and event loop, shared by concurrent `run_examples` calls; a failed one is redone."""
+    def _client(self, head: tuple[str, int]) -> asyncio.Future[tuple[ServerClient, AgentLines]]:
+        """One bootstrap per head and event loop (the client, and the fleet's agent lines), shared by concurrent
+        `run_examples` calls; a failed one is redone."""
         per_loop = self._clients.setdefault(asyncio.get_running_loop(), {})
         future = per_loop.get(head)
         if future is None or (future.done() and (future.cancelled() or future.exception() is not None)):
@@ -63,11 +68,11 @@ class RolloutCollectionHelper:
             return iter([])
         client_task = self._client(head_address(head_server_config))
         window = SendWindow()
-        ready = asyncio.ensure_future(_planned(client_task, 0 if semaphore is not None else len(examples)))
+        ready = asyncio.ensure_future(_planned(client_task, None if semaphore is not None else examples))
 
         async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-            client = await asyncio.shield(ready)
-            async with semaphore or contextlib.nullcontext(), window.sending():
+            client, lines = await asyncio.shield(ready)
+            async with lines.turn(row["agent_ref"]["name"]), semaphore or contextlib.nullcontext(), window.sending():
                 response = await client.post(row["agent_ref"]["name"], "/run", json=row,
                                              timeout_s=self.request_timeout_s, retry=RUN_RETRY)
             return row, response.raise_for_status().json()
@@ -75,16 +80,20 @@ class RolloutCollectionHelper:
         return asyncio.as_completed([asyncio.ensure_future(one(row)) for row in examples])
 
 
-async def _planned(client_task: asyncio.Future, in_flight: int) -> ServerClient:
-    """The client, once this loop's pool is ready for `in_flight` rollouts at once (`http.plan_in_flight` raises the
-    open-files limit, or says once why some must wait for a connection)."""
-    client = await asyncio.shield(client_task)
-    if in_flight:
-        http.plan_in_flight(in_flight, "rollouts (POST /run)")
-    return client
+async def _planned(client_task: asyncio.Future[tuple[ServerClient, AgentLines]],
+                   rows: list[dict[str, Any]] | None) -> tuple[ServerClient, AgentLines]:
+    """The client and the agent lines, once this loop's pool is ready for as many of `rows` as go out at once (None:
+    the caller's semaphore decides; `http.plan_in_flight` raises the open-files limit, or says once why some must
+    wait for a connection)."""
+    client, lines = await asyncio.shield(client_task)
+    if rows:
+        agents = (row.get("agent_ref", {}).get("name") if isinstance(row.get("agent_ref"), dict) else None
+                  for row in rows)
+        http.plan_in_flight(lines.in_flight(str(agent) for agent in agents), "rollouts (POST /run)")
+    return client, lines
 
 
-async def _bootstrap(head: tuple[str, int]) -> ServerClient:
+async def _bootstrap(head: tuple[str, int]) -> tuple[ServerClient, AgentLines]:
     """The fleet's config from its head server, and this process's pool limits set from it.
 
     The config is fetched outside the pooled session (NeMo-Gym's clients use a plain GET too), so that the session
@@ -92,7 +101,7 @@ async def _bootstrap(head: tuple[str, int]) -> ServerClient:
     """
     config = await asyncio.to_thread(_fetch_head_config, *head)
     http.configure(client_limits(config))
-    return ServerClient(config)
+    return ServerClient(config), AgentLines(config)
 
 
 def _fetch_head_config(host: str, port: int, timeout_s: float = 30.0) -> dict[str, Any]:
