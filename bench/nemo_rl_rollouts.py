@@ -7,6 +7,7 @@ standing in for vLLM, each its own process. This process is the trainer's Gym ac
 Every rollout is two model calls and one tool call, so one rollout is 10 HTTP requests inside the fleet.
 
     python bench/nemo_rl_rollouts.py [--rollouts 4096] [--generations 16] [--max-concurrent-rollouts 0,256]
+                                     [--baseline DIR]
 
 `--max-concurrent-rollouts` takes one or more agent bounds (`gymfleet.serving.agent`; 0 = unbounded, NeMo-Gym's way;
 `default` = the agent's own default); each gets its own fresh fleet, one after the other, and one row of the
@@ -16,7 +17,12 @@ and p50 falls towards half of it), p50 / wall, time to the first result and to t
 `--generations` rows of one prompt: what an asynchronous trainer can start on), errors, and the peak RSS of the
 fleet's processes (sum over every child, sampled every 0.2 s) and of this client process. The bound column is
 what the agent's `/metrics` says (`gymfleet_rollouts_admission_limit`), so a bound that did not reach the agent
-shows.
+shows. A second table gives the share of all results that came in each tenth of the wall time: even shares give
+p50 / wall about 0.5, fewer early ones (the first seconds slowed by sending the whole step) push it up.
+
+`--baseline DIR` runs every bound twice, one after the other: against the gymfleet of another checkout (say, of
+main: `git archive main | tar -x -C DIR`) and against this one, each in a process (and a fleet) of its own, this
+script driving both, so the two rows of a bound are measured side by side on the same machine.
 """
 
 from __future__ import annotations
@@ -27,14 +33,18 @@ import copy
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT_ENV = "NEMO_RL_BENCH_CHECKOUT"
+"""Set by `--baseline` for the process that measures another checkout: its code is imported instead of this one's."""
+ROOT = Path(os.environ.get(CHECKOUT_ENV) or Path(__file__).resolve().parents[1])
 sys.path.insert(0, str(ROOT))
 
 from bench._common import Sampler, started_fleet  # noqa: E402
@@ -135,12 +145,6 @@ class Stats:
         self.first_group_s: float | None = None
         self.wall_s = 0.0
 
-    def quantile(self, q: int) -> float:
-        values = self.latencies
-        if not values:
-            return float("nan")
-        return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
-
 
 async def run(rows: list[dict], head: BaseServerConfig) -> Stats:
     stats = Stats(rows)
@@ -178,13 +182,45 @@ def admission_limit(rh: RunHelper) -> str:
 
 
 def one_setting(args: argparse.Namespace, bound: int | None) -> dict:
-    """A fresh fleet with the agent bounded at `bound` (None: its default), one batch of rollouts, its numbers."""
+    """A fresh fleet with the agent bounded at `bound` (None: its default), one batch of rollouts, its numbers (plain
+    data: a `--baseline` run sends them back as JSON)."""
     with started_fleet(fleet_config(free_port(), bound)) as (rh, spin_up_s):
         limit = admission_limit(rh)
         rows = nemo_rl_rows(args.rollouts, args.generations)
         with PeakRSS(instance_pids(rh.head_server_config)) as rss:
             stats = asyncio.run(run(rows, rh.head_server_config))
-    return {"limit": limit, "spin_up_s": spin_up_s, "stats": stats, "rss": rss}
+    return {"limit": limit, "spin_up_s": spin_up_s, "latencies": stats.latencies, "wall_s": stats.wall_s,
+            "first_group_s": stats.first_group_s, "errors": dict(stats.errors), "rss_fleet": rss.fleet,
+            "rss_client": rss.client, "per_server": dict(rss.per_server), "cpu_s": rss.cpu_s}
+
+
+def measured(args: argparse.Namespace, bound: int | None, checkout: Path | None) -> dict:
+    """`one_setting` in a process of its own, importing `checkout`'s gymfleet and serving its folders (None: this
+    checkout's)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout or ROOT)}
+    env.pop(CHECKOUT_ENV, None)
+    if checkout is not None:
+        env[CHECKOUT_ENV] = str(checkout)
+    command = [sys.executable, str(Path(__file__).resolve()), "--rollouts", str(args.rollouts),
+               "--generations", str(args.generations), "--max-concurrent-rollouts",
+               "default" if bound is None else str(bound)]
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "numbers.json"
+        subprocess.run([*command, "--json", str(out)], env=env, cwd=checkout or ROOT, check=True)
+        return json.loads(out.read_text())
+
+
+def quantile(values: list[float], q: int) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+
+
+def tenths(one: dict) -> str:
+    """The share of all results that came in each tenth of the wall time, in percent."""
+    counts = Counter(min(9, int(10 * t / one["wall_s"])) for t in one["latencies"])
+    total = max(1, len(one["latencies"]))
+    return " | ".join(f"{100 * counts[tenth] / total:.0f}" for tenth in range(10))
 
 
 def parse_bounds(text: str) -> list[int | None]:
@@ -206,31 +242,50 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=16, help="rows per prompt group")
     parser.add_argument("--max-concurrent-rollouts", default="0,default",
                         help="comma-separated agent bounds to compare, one fleet each (0: unbounded; 'default')")
+    parser.add_argument("--baseline", type=Path, help="another checkout (e.g. of main), measured beside this one")
+    parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)  # `measured`: one bound's numbers, as JSON
     args = parser.parse_args()
     bounds = parse_bounds(args.max_concurrent_rollouts)
 
     os.environ.setdefault("GYMFLEET_LOG_LEVEL", "WARNING")  # the fleet's processes inherit it: no per-request INFO
-    runs = [one_setting(args, bound) for bound in bounds]
+    if args.json:
+        args.json.write_text(json.dumps(one_setting(args, bounds[0])))
+        return
+    load = os.getloadavg()
+    if args.baseline:
+        runs = [{**measured(args, bound, checkout), "tree": label} for bound in bounds
+                for label, checkout in (("baseline", args.baseline.resolve()), ("this", None))]
+    else:
+        runs = [{**one_setting(args, bound), "tree": "this"} for bound in bounds]
     mib = 1024 * 1024
-    print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}; one fresh fleet per bound\n")
-    print("| max_concurrent_rollouts | rollouts/s | wall | p50 | p99 | p50 / wall | first result | first group "
+    print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}; one fresh fleet per bound"
+          + (f"; baseline: {args.baseline}" if args.baseline else ""))
+    print(f"load average (1, 5, 15 min) on {os.cpu_count()} cores: before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+          "after {:.2f} {:.2f} {:.2f}\n".format(*os.getloadavg()))
+    print("| tree | max_concurrent_rollouts | rollouts/s | wall | p50 | p99 | p50 / wall | first result | first group "
           "| errors | peak RSS fleet | peak RSS client | fleet up |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for one in runs:
-        stats, rss = one["stats"], one["rss"]
-        first = f"{stats.latencies[0]:.2f} s" if stats.latencies else "-"
-        group = f"{stats.first_group_s:.2f} s" if stats.first_group_s is not None else "-"
-        print(f"| {one['limit']} | {len(stats.latencies) / stats.wall_s:.0f} | {stats.wall_s:.1f} s "
-              f"| {stats.quantile(50):.1f} s | {stats.quantile(99):.1f} s | {stats.quantile(50) / stats.wall_s:.2f} "
-              f"| {first} | {group} | {sum(stats.errors.values())} | {rss.fleet / mib:.0f} MiB "
-              f"| {rss.client / mib:.0f} MiB | {one['spin_up_s']:.1f} s |")
+        latencies, wall = one["latencies"], one["wall_s"]
+        first = f"{latencies[0]:.2f} s" if latencies else "-"
+        group = f"{one['first_group_s']:.2f} s" if one["first_group_s"] is not None else "-"
+        print(f"| {one['tree']} | {one['limit']} | {len(latencies) / wall:.0f} | {wall:.1f} s "
+              f"| {quantile(latencies, 50):.1f} s | {quantile(latencies, 99):.1f} s "
+              f"| {quantile(latencies, 50) / wall:.2f} | {first} | {group} | {sum(one['errors'].values())} "
+              f"| {one['rss_fleet'] / mib:.0f} MiB | {one['rss_client'] / mib:.0f} MiB | {one['spin_up_s']:.1f} s |")
+    print("\nShare of all results (%) in each tenth of the wall time:\n")
+    print("| tree | max_concurrent_rollouts | " + " | ".join(f"{10 * t}-{10 * t + 10}%" for t in range(10)) + " |")
+    print("|---|---:|" + "---:|" * 10)
     for one in runs:
-        rss = one["rss"]
-        servers = sorted(rss.per_server.items())
-        print(f"\nbound {one['limit']}: per server, peak RSS / CPU time: "
-              + ", ".join(f"{name} {value / mib:.0f} MiB / {rss.cpu_s.get(name, 0):.0f} s" for name, value in servers))
-        if one["stats"].errors:
-            print("errors: " + ", ".join(f"{kind} x{count}" for kind, count in one["stats"].errors.most_common()))
+        print(f"| {one['tree']} | {one['limit']} | {tenths(one)} |")
+    for one in runs:
+        servers = sorted(one["per_server"].items())
+        print(f"\n{one['tree']}, bound {one['limit']}: per server, peak RSS / CPU time: "
+              + ", ".join(f"{name} {value / mib:.0f} MiB / {one['cpu_s'].get(name, 0):.0f} s"
+                          for name, value in servers))
+        if one["errors"]:
+            print("errors: " + ", ".join(f"{kind} x{count}" for kind, count
+                                         in Counter(one["errors"]).most_common()))
 
 
 if __name__ == "__main__":
