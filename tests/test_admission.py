@@ -21,44 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.serving.admission import Admission
-from gymfleet.serving.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
-from gymfleet.testing.fleets import agent_fleet
+from gymfleet.testing.fleets import GatedServer, agent_fleet
 from responses_api_models.scripted_model.app import ScriptedModel
 
 HANG_BOUND_S = 60.0
 """Bound on every wait below: it only catches a hang, it times nothing."""
-
-
-class GatedServer(ResourcesServer):
-    """Records each row's `idx` as its rollout starts (`/seed_session`) and ends (`/verify`); with `gated`, a row's
-    `/verify` answers only once the test has `release`d its idx."""
-
-    def __init__(self, *args, gated: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.gated = gated
-        self.started: list[int] = []
-        self.finished: list[int] = []
-        self.active = self.peak = 0
-        self._released: set[int] = set()
-
-    def release(self, *indices: int) -> None:
-        self._released.update(indices)
-
-    async def seed_session(self, body: SeedSessionRequest) -> dict:
-        self.started.append(body.model_extra["idx"])
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        return {}
-
-    async def verify(self, body: VerifyRequest) -> VerifyResponse:
-        idx = body.model_extra["idx"]
-        deadline = time.monotonic() + HANG_BOUND_S
-        while self.gated and idx not in self._released:
-            assert time.monotonic() < deadline, f"row {idx} was never released"
-            await asyncio.sleep(0.005)
-        self.active -= 1
-        self.finished.append(idx)
-        return VerifyResponse.echo(body, reward=1.0)
 
 
 RULES = [{"match": "(?i)slow", "text": "a slow answer", "delay_s": 0.2}]
@@ -66,7 +33,7 @@ RULES = [{"match": "(?i)slow", "text": "a slow answer", "delay_s": 0.2}]
 
 @contextlib.contextmanager
 def _fleet(max_concurrent_rollouts, *, gated: bool = True):
-    env = GatedServer({"name": "gated", "domain": "other"}, gated=gated)
+    env = GatedServer({"name": "gated", "domain": "other"}, gated=gated, hang_bound_s=HANG_BOUND_S)
     model = ScriptedModel({"name": "llm", "rules": RULES, "default": {"text": "an answer"}})
     with agent_fleet(SimpleAgent, env, model, env_name="gated", max_concurrent_rollouts=max_concurrent_rollouts) \
             as agent_url, ThreadPoolExecutor(16) as pool:

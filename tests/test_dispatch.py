@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from agents.simple_agent.app import SimpleAgent
 from gymfleet import http
-from gymfleet.rollouts.dispatch import SendWindow
-from gymfleet.testing import serve
+from gymfleet.fleet.config import GlobalConfig
+from gymfleet.fleet.head import create_head_app
+from gymfleet.rollouts.dispatch import SEND_WINDOW, SendWindow
+from gymfleet.testing import free_port, serve
+from gymfleet.testing.fleets import GatedServer, agent_fleet, server_block
+from nemo_gym.rollout_collection import RolloutCollectionHelper
+from nemo_gym.server_utils import BaseServerConfig
+from responses_api_models.scripted_model.app import ScriptedModel
 
 COUNT, WINDOW = 96, 4
 
@@ -78,3 +90,67 @@ def test_a_failed_call_frees_its_slot():
         await http.close()
 
     asyncio.run(asyncio.wait_for(main(), timeout=60))
+
+
+# ------------------------------------------------------------ run_examples: an agent's line waits in the client
+
+
+BOUND = 2
+AHEAD = BOUND + SEND_WINDOW
+"""What `AgentLines` keeps sent to an agent admitting BOUND at once: BOUND and a send window waiting there."""
+ROWS = AHEAD + 6
+
+
+def _received(agent_url: str) -> int:
+    """Requests the agent has received: admitted so far (finished or not) and waiting for their turn."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{agent_url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return int(values["gymfleet_rollout_wait_seconds_count"] + values["gymfleet_rollouts_waiting"])
+
+
+def _wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting until {what}"
+        time.sleep(0.01)
+
+
+def test_run_examples_sends_an_agent_its_bound_and_a_window_the_rest_in_order_as_earlier_ones_are_answered():
+    env = GatedServer({"name": "gated", "domain": "other"})
+    model = ScriptedModel({"name": "llm", "default": {"text": "an answer"}})
+    with agent_fleet(SimpleAgent, env, model, env_name="gated", max_concurrent_rollouts=BOUND) as agent_url:
+        agent = server_block("responses_api_agents", "simple_agent", agent_url)
+        agent["responses_api_agents"]["simple_agent"].update(entrypoint="app.py", max_concurrent_rollouts=BOUND)
+        config = GlobalConfig.from_data({"agent": agent, "head_server": {"host": "127.0.0.1", "port": free_port()}})
+        rows = [{"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}, "idx": idx,
+                 "agent_ref": {"type": "responses_api_agents", "name": "agent"}} for idx in range(ROWS)]
+        with serve(create_head_app(config)) as head_url:
+            answered: list[int] = []
+
+            async def collect() -> None:
+                try:
+                    for future in RolloutCollectionHelper().run_examples(
+                            rows, BaseServerConfig(host="127.0.0.1", port=urlsplit(head_url).port)):
+                        row, result = await future
+                        assert result["idx"] == row["idx"] and result["reward"] == 1.0
+                        assert row is rows[row["idx"]], "the very row passed in comes back"
+                        answered.append(row["idx"])
+                finally:
+                    await http.close()
+
+            with ThreadPoolExecutor(1) as pool:
+                collecting = pool.submit(asyncio.run, collect())
+                # Nothing is answered yet: the agent holds exactly its bound and a window; the rest wait in the client.
+                _wait_until(lambda: _received(agent_url) == AHEAD, f"the agent holds {AHEAD} requests")
+                assert env.started == [0, 1]
+                for done in range(ROWS):  # answer one at a time: one more request goes out for each answered
+                    env.release(done)
+                    _wait_until(lambda done=done: len(answered) == done + 1, f"row {done} is answered")
+                    _wait_until(lambda done=done: _received(agent_url) == min(ROWS, AHEAD + done + 1),
+                                f"the agent holds {AHEAD} unanswered requests after {done + 1} answers")
+                collecting.result(timeout=60)
+    assert answered == list(range(ROWS))
+    assert env.started == list(range(ROWS)), "the rows reached the agent, and started, in the order they were passed"
+    assert env.peak == BOUND

@@ -7,13 +7,15 @@ environment with a judge model behind it (`judged_by`: the judge's rules and the
 `judged_fixtures`: as a test module's `judge_url` and `url` fixtures; `url_fixtures`: module fixtures from any such
 server); `agent_fleet` serves a resources server and a model server with an agent in front of them; `post_verify`
 posts one `/verify` and checks its status; `datasets_config` writes a config giving a recipe's agent its datasets;
-`buffer_body` lets an ASGI wrapper in front of a stand-in read a request's body and still pass it on. The servers
+`buffer_body` lets an ASGI wrapper in front of a stand-in read a request's body and still pass it on;
+`GatedServer` is a resources server whose `/verify` answers each row only when the test releases it. The servers
 are passed in (built by the test), so this module imports no environment, model or agent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
@@ -24,6 +26,7 @@ import httpx
 import yaml
 
 from gymfleet.errors import ServerRefError
+from gymfleet.serving.resources import ResourcesServer, SeedSessionRequest, VerifyRequest, VerifyResponse
 from gymfleet.testing import serve
 from gymfleet.wire import make_response
 
@@ -176,3 +179,35 @@ async def buffer_body(receive: Any) -> tuple[bytes, Any]:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return body, replay
+
+
+class GatedServer(ResourcesServer):
+    """Records each row's `idx` as its rollout starts (`/seed_session`) and ends (`/verify`); with `gated`, a row's
+    `/verify` answers only once the test has `release`d its idx (a row never released fails after `hang_bound_s`)."""
+
+    def __init__(self, *args: Any, gated: bool = True, hang_bound_s: float = 60.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gated, self.hang_bound_s = gated, hang_bound_s
+        self.started: list[int] = []
+        self.finished: list[int] = []
+        self.active = self.peak = 0
+        self._released: set[int] = set()
+
+    def release(self, *indices: int) -> None:
+        self._released.update(indices)
+
+    async def seed_session(self, body: SeedSessionRequest) -> dict:
+        self.started.append(body.model_extra["idx"])
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        return {}
+
+    async def verify(self, body: VerifyRequest) -> VerifyResponse:
+        idx = body.model_extra["idx"]
+        deadline = time.monotonic() + self.hang_bound_s
+        while self.gated and idx not in self._released:
+            assert time.monotonic() < deadline, f"row {idx} was never released"
+            await asyncio.sleep(0.005)
+        self.active -= 1
+        self.finished.append(idx)
+        return VerifyResponse.echo(body, reward=1.0)
