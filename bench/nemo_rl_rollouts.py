@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import copy
 import json
 import os
@@ -99,7 +100,8 @@ class PeakRSS(Sampler):
     """Samples, in a background thread, the RSS of this process and of all its descendants (the fleet), and per
     server instance (`pids`: a server's pid -> its instance name, from the head server's `/server_instances`; a
     server's worker processes count as its own) the peak RSS (summed over its processes), the peak open file
-    descriptors of one of its processes, and its CPU time."""
+    descriptors of one of its processes, and its CPU time; and at each sample the CPU time of this process and the
+    fleet together (`cpu_series`: (time.perf_counter(), CPU seconds) pairs)."""
 
     def __init__(self, pids: dict[int, str] | None = None, interval_s: float = 0.2):
         super().__init__(interval_s)
@@ -108,6 +110,7 @@ class PeakRSS(Sampler):
         self.per_server: Counter = Counter()
         self.fds: Counter = Counter()
         self.cpu_s: dict[str, float] = {}
+        self.cpu_series: list[tuple[float, float]] = []
 
     def _instance(self, process: psutil.Process) -> str | None:
         for candidate in [process, *process.parents()]:
@@ -118,6 +121,8 @@ class PeakRSS(Sampler):
     def sample(self) -> None:
         self.client = max(self.client, self._me.memory_info().rss)
         total, rss_now, cpu_now = 0, Counter(), Counter()
+        mine = self._me.cpu_times()
+        cpu_all = mine.user + mine.system
         for child in self._me.children(recursive=True):
             try:
                 rss, fds, cpu = child.memory_info().rss, child.num_fds(), child.cpu_times()
@@ -125,6 +130,7 @@ class PeakRSS(Sampler):
             except psutil.Error:
                 continue
             total += rss
+            cpu_all += cpu.user + cpu.system
             if name is not None:
                 rss_now[name] += rss
                 cpu_now[name] += cpu.user + cpu.system
@@ -133,6 +139,7 @@ class PeakRSS(Sampler):
             self.per_server[name] = max(self.per_server[name], rss)
             self.cpu_s[name] = max(self.cpu_s.get(name, 0.0), cpu_now[name])
         self.fleet = max(self.fleet, total)
+        self.cpu_series.append((time.perf_counter(), cpu_all))
 
 
 class Stats:
@@ -144,11 +151,13 @@ class Stats:
         self.group_left = Counter(row["_ng_task_index"] for row in rows)
         self.first_group_s: float | None = None
         self.wall_s = 0.0
+        self.started_at = 0.0
+        """`time.perf_counter()` when the rows were dispatched."""
 
 
 async def run(rows: list[dict], head: BaseServerConfig) -> Stats:
     stats = Stats(rows)
-    start = time.perf_counter()
+    start = stats.started_at = time.perf_counter()
     try:
         for future in RolloutCollectionHelper().run_examples(examples=rows, head_server_config=head):
             try:
@@ -191,7 +200,8 @@ def one_setting(args: argparse.Namespace, bound: int | None) -> dict:
             stats = asyncio.run(run(rows, rh.head_server_config))
     return {"limit": limit, "spin_up_s": spin_up_s, "latencies": stats.latencies, "wall_s": stats.wall_s,
             "first_group_s": stats.first_group_s, "errors": dict(stats.errors), "rss_fleet": rss.fleet,
-            "rss_client": rss.client, "per_server": dict(rss.per_server), "cpu_s": rss.cpu_s}
+            "rss_client": rss.client, "per_server": dict(rss.per_server), "cpu_s": rss.cpu_s,
+            "cpu_series": [(at - stats.started_at, cpu) for at, cpu in rss.cpu_series]}
 
 
 def measured(args: argparse.Namespace, bound: int | None, checkout: Path | None) -> dict:
@@ -214,6 +224,29 @@ def quantile(values: list[float], q: int) -> float:
     if not values:
         return float("nan")
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
+
+
+def cpu_tenths(one: dict) -> str:
+    """The share of the run's CPU time (client and fleet, from dispatch to the last result) spent by the time each
+    tenth of the results was in, in percent. Where the fleet's CPU is the bottleneck, as on a machine of its own,
+    wall time follows CPU time and the 50% column is p50 / wall; unlike wall time, it holds on a machine that other
+    work keeps busy."""
+    series, latencies = one["cpu_series"], sorted(one["latencies"])
+    if len(series) < 2 or not latencies:
+        return " | ".join("-" for _ in range(10))
+
+    times = [at for at, _ in series]
+
+    def cpu_at(t: float) -> float:  # interpolated between the samples around `t`
+        index = bisect.bisect_left(times, t)
+        if index == 0 or index == len(series):
+            return series[min(index, len(series) - 1)][1]
+        (t0, c0), (t1, c1) = series[index - 1], series[index]
+        return c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+
+    start, spent = cpu_at(0.0), cpu_at(one["wall_s"]) - cpu_at(0.0)
+    marks = [latencies[max(0, len(latencies) * tenth // 10 - 1)] for tenth in range(1, 11)]
+    return " | ".join(f"{100 * (cpu_at(t) - start) / spent:.0f}" if spent > 0 else "-" for t in marks)
 
 
 def tenths(one: dict) -> str:
@@ -278,6 +311,12 @@ def main() -> None:
     print("|---|---:|" + "---:|" * 10)
     for one in runs:
         print(f"| {one['tree']} | {one['limit']} | {tenths(one)} |")
+    print("\nShare of the run's CPU time (client and fleet, %) spent by the time 10%, 20%, ... of the results were "
+          "in (50%: p50 / wall where the fleet's CPU is the bottleneck, on a machine other work leaves alone):\n")
+    print("| tree | max_concurrent_rollouts | " + " | ".join(f"{10 * t}%" for t in range(1, 11)) + " |")
+    print("|---|---:|" + "---:|" * 10)
+    for one in runs:
+        print(f"| {one['tree']} | {one['limit']} | {cpu_tenths(one)} |")
     for one in runs:
         servers = sorted(one["per_server"].items())
         print(f"\n{one['tree']}, bound {one['limit']}: per server, peak RSS / CPU time: "
