@@ -18,7 +18,8 @@ replaces all four), the input lines (`load_rows`), the agent names, and every ro
 `/verify` request model (the check `ng_prepare_data` does; `file:line` per bad row).
 
 Every row is in flight at once (or `num_samples_in_parallel` of them), but the requests go out in row order, a
-window of connections at a time (`gymfleet.rollouts.dispatch`), so the agent gets the first rows first and at once.
+window of connections at a time, and no more to an agent than it admits at once and half as much again (the rest
+wait their turn here: `gymfleet.rollouts.dispatch`), so the agent gets the first rows first and at once.
 
 Every line is on disk once it is written (unbuffered, whole lines), so a crash or Ctrl-C loses no finished rollout.
 A write that fails (no space left, file size limit) is undone, so the file keeps only whole lines, and the collection
@@ -67,7 +68,7 @@ from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
 from gymfleet.progress import Progress
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, check_task_fields, load_rows
 from gymfleet.rollouts.collect_outputs import JsonlFile, read_results, replace_file, rollout_key, supersede_failures
-from gymfleet.rollouts.dispatch import SendWindow
+from gymfleet.rollouts.dispatch import AgentLines, SendWindow
 from gymfleet.rollouts.fleet_watch import FleetWatch, head_address, summarized_warnings
 
 log = logging.getLogger(__name__)
@@ -126,14 +127,16 @@ async def run_rollout(
     stop: asyncio.Event | None = None,
     retry: RetryPolicy = RUN_RETRY,
     window: SendWindow | None = None,
+    lines: AgentLines | None = None,
 ) -> dict[str, Any] | None:
     """POST one row to its agent; return the result or a failure row (never raises for HTTP/transport failures).
 
-    Returns None, having sent nothing, when `stop` is set by the time the semaphore (and `window`, which paces the
-    sending: `gymfleet.rollouts.dispatch`) lets the row go.
+    Returns None, having sent nothing, when `stop` is set by the time its agent's line (`lines`), the semaphore and
+    `window`, which pace the sending (`gymfleet.rollouts.dispatch`), let the row go.
     """
     try:
-        async with semaphore or contextlib.nullcontext(), window.sending() if window else contextlib.nullcontext():
+        async with lines.turn(row["agent_ref"]["name"]) if lines else contextlib.nullcontext(), \
+                semaphore or contextlib.nullcontext(), window.sending() if window else contextlib.nullcontext():
             if stop is not None and stop.is_set():
                 return None
             response = await client.post(row["agent_ref"]["name"], "/run", json=row, timeout_s=timeout_s,
@@ -301,7 +304,9 @@ async def _dispatch(
     mode = "ab" if config.resume_from_cache else "wb"
     retry = _run_retry(config)
     semaphore = asyncio.Semaphore(config.num_samples_in_parallel) if config.num_samples_in_parallel else None
-    http.plan_in_flight(min(len(todo), config.num_samples_in_parallel or len(todo)), "rollouts (POST /run)")
+    lines = AgentLines(client.config)
+    in_flight = lines.in_flight(row["agent_ref"]["name"] for row in todo)
+    http.plan_in_flight(min(in_flight, config.num_samples_in_parallel or in_flight), "rollouts (POST /run)")
     stop = asyncio.Event()
     results: list[dict[str, Any]] = []
     reward_sum, reward_count = 0.0, 0
@@ -311,7 +316,7 @@ async def _dispatch(
                      every_s=PROGRESS_EVERY_S) as bar:
         window = SendWindow()  # the rows go out in order, a window at a time, so the first ones are answered first
         pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop, retry,
-                                                     window)) for row in todo]
+                                                     window, lines)) for row in todo]
         ticker = asyncio.ensure_future(_tick(bar))  # plain lines keep coming while no rollout finishes
         try:
             for next_done in asyncio.as_completed(pending):
