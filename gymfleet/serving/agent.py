@@ -14,6 +14,9 @@ inside the agent, holding their connection; none is dropped or refused. Results 
 the same throughput (`bench/nemo_rl_rollouts.py --max-concurrent-rollouts 0,256`).
 
 - The bound is per agent worker process: with `num_workers: N` the agent admits up to N times as many.
+- gymfleet's own clients (`run_examples`, `ng_collect_rollouts`) send an agent no more than it admits at once and
+  half as much again (`gymfleet.serving.admission.agent_capacity`, `gymfleet.rollouts.dispatch.AgentLines`): the
+  rest of a step waits on their side, so the agent does not spend its first seconds taking in thousands of requests.
 - A waiting request has no deadline of its own: its caller's deadline covers the wait (and a caller that gives up
   closes its connection, which ends the wait).
 - A caller that disconnects while waiting gives up its place: no work is done for it (answered 499, which nobody
