@@ -26,7 +26,8 @@ from agents.simple_agent.app import SimpleAgent
 from gymfleet import http
 from gymfleet.fleet.config import GlobalConfig
 from gymfleet.fleet.head import create_head_app
-from gymfleet.rollouts.dispatch import SEND_WINDOW, SendWindow
+from gymfleet.rollouts.dispatch import SEND_WINDOW, AgentLines, SendWindow
+from gymfleet.serving.admission import DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from gymfleet.testing import free_port, serve
 from gymfleet.testing.fleets import GatedServer, agent_fleet, server_block
 from nemo_gym.rollout_collection import RolloutCollectionHelper
@@ -154,3 +155,21 @@ def test_run_examples_sends_an_agent_its_bound_and_a_window_the_rest_in_order_as
     assert answered == list(range(ROWS))
     assert env.started == list(range(ROWS)), "the rows reached the agent, and started, in the order they were passed"
     assert env.peak == BOUND
+
+
+@pytest.mark.parametrize(("fields", "ahead"), [
+    ({}, DEFAULT_MAX_CONCURRENT_ROLLOUTS * 3 // 2),  # the agent's default bound
+    ({"max_concurrent_rollouts": 0}, None),  # no bound: everything at once, NeMo-Gym's way
+    ({"max_concurrent_rollouts": None}, None),
+    ({"max_concurrent_rollouts": 10}, 10 + SEND_WINDOW),  # at least a send window waits in the agent
+    ({"max_concurrent_rollouts": 512, "num_workers": 2}, 1024 + 512),  # the bound is per worker process
+    ({"max_concurrent_rollouts": 100, "replicas": [{"host": "a", "port": 1}, {"host": "b", "port": 2}]}, 300),
+    ({"max_concurrent_rollouts": 100, "num_replicas": 4}, 600),
+])
+def test_what_is_sent_to_an_agent_at_once_follows_its_config(fields, ahead):
+    config = {"agent": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 1, **fields}}}}
+    lines = AgentLines(config)
+    assert lines.ahead("agent") == ahead
+    assert lines.ahead("not_an_agent") is None, "an unknown agent's call fails on its own, naming the known ones"
+    rows = 4 * (ahead or 1)
+    assert lines.in_flight(["agent"] * rows + ["not_an_agent"] * 3) == (ahead or rows) + 3

@@ -81,7 +81,7 @@ class AgentLines:
         where its request fails naming the instances there are)."""
         try:
             capacity = agent_capacity(instance_fields(self._config, agent))
-        except ServerRefError:
+        except (ServerRefError, TypeError, ValueError):  # the agent refused such a value at start-up; its call says
             return None
         return None if capacity is None else capacity + max(SEND_WINDOW, capacity // 2)
 
