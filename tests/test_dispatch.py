@@ -173,3 +173,13 @@ def test_what_is_sent_to_an_agent_at_once_follows_its_config(fields, ahead):
     assert lines.ahead("not_an_agent") is None, "an unknown agent's call fails on its own, naming the known ones"
     rows = 4 * (ahead or 1)
     assert lines.in_flight(["agent"] * rows + ["not_an_agent"] * 3) == (ahead or rows) + 3
+
+
+@pytest.mark.parametrize("fields", [{}, {"max_concurrent_rollouts": 10}])
+def test_an_agent_served_from_a_nemo_gym_folder_is_sent_everything_at_once(fields, tmp_path):
+    """NeMo-Gym's own agents (`server_folders`) admit every rollout at once: gymfleet's default bound is not theirs."""
+    config = {"agent": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 1, **fields}}},
+              "server_folders": {"agent": str(tmp_path / "responses_api_agents" / "simple_agent")}}
+    lines = AgentLines(config)
+    assert lines.ahead("agent") is None
+    assert lines.in_flight(["agent"] * 1000) == 1000

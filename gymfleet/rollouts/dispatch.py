@@ -32,6 +32,7 @@ from typing import Any
 
 from gymfleet import http
 from gymfleet.errors import ServerRefError
+from gymfleet.fleet.folders import SERVER_FOLDERS_KEY
 from gymfleet.replicas import instance_fields
 from gymfleet.serving.admission import agent_capacity
 
@@ -78,7 +79,10 @@ class AgentLines:
     def ahead(self, agent: str) -> int | None:
         """Most requests kept sent to `agent` at once: what it admits at once, and half as much again (a send window
         at least) waiting there for their turn. None: no bound (its bound is 0 or null, or it is not in the config,
-        where its request fails naming the instances there are)."""
+        where its request fails naming the instances there are, or it is served from a NeMo-Gym folder: NeMo-Gym's
+        own agents admit everything at once, and gymfleet's default bound is not theirs)."""
+        if agent in (self._config.get(SERVER_FOLDERS_KEY) or {}):
+            return None
         try:
             capacity = agent_capacity(instance_fields(self._config, agent))
         except (ServerRefError, TypeError, ValueError):  # the agent refused such a value at start-up; its call says
