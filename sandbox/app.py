@@ -39,8 +39,11 @@ self-test (one real run in a real sandbox). Every request that runs, opens or to
 counted against the queue (`max_concurrent_runs` + `queue_length` may wait; beyond, a 429), so none is served
 half-prepared. If the self-test fails (bubblewrap unable to make namespaces here), every such request is refused
 with a 500 `isolation_failed` whose detail is the check's error and how to fix it; `python -m sandbox --check` runs
-the same preparation and exits with it. Run it with `python -m sandbox` or as a fleet instance
-(`sandbox/configs/sandbox.yaml`).
+the same preparation and exits with it. In a fleet, the supervisor's readiness probe waits for the self-test's
+verdict (`ready_after_warm_up`: `GET /` says `warming`, `ok` or `failed` with the error to the fleet's token,
+`gymfleet.serving.warm_up`), so `ng_run` is ready only once the sandbox can isolate and stops with the check's error
+and its fix when it cannot, while the other servers start beside it. Run it with `python -m sandbox` or as a fleet
+instance (`sandbox/configs/sandbox.yaml`).
 """
 
 from __future__ import annotations
@@ -139,6 +142,7 @@ class SandboxServer(Server):
 
     config: SandboxConfig
     ray_resources_default = {"num_cpus": 4}  # its runs are child processes: a replica wants cores of its own
+    ready_after_warm_up = True  # the isolation self-test: a fleet whose sandbox cannot isolate does not start
 
     def __init__(self, config, global_config=None):
         super().__init__(config, global_config)

@@ -9,10 +9,12 @@ a non-loopback address (the head server, any server, Ray placement) refuses to s
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,18 +84,53 @@ def _opted_out(config: GlobalConfig, placed_remotely: bool) -> bool:
     return True
 
 
-def answers_as(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
-    """Whether `GET url/`, sent with the fleet's `token`, answers 200 as instance `name` of that fleet (a server
-    names itself only to a request carrying its fleet's token: `gymfleet.serving.server`)."""
+class StartupCheckFailed(ConfigError):
+    """A server of the fleet answers, but the start-up check its fleet waits for failed (`ServerAnswer.failure`):
+    the fleet stops with its error, which says how to fix it."""
+
+
+@dataclass(frozen=True)
+class ServerAnswer:
+    """What a server said to its fleet's readiness probe (`probe_server`)."""
+
+    ready: bool
+    """It serves: its start-up check, if its fleet waits for one, has passed."""
+    failure: str | None = None
+    """Its start-up check failed, with this error (and how to fix it)."""
+
+
+def probe_server(url: str, token: str, name: str, timeout_s: float = 2.0) -> ServerAnswer | None:
+    """`GET url/` with the fleet's `token`: None unless it answers 200 as instance `name` of that fleet (a server
+    names itself only to a request carrying its fleet's token: `gymfleet.serving.server`); else whether it is ready
+    (`X-Gymfleet-Ready`: a warm-up the fleet waits for may still run, or have failed: `gymfleet.serving.warm_up`)."""
     from gymfleet.serving.server import FLEET_HEADER, INSTANCE_HEADER
+    from gymfleet.serving.warm_up import FAILED, READY, READY_HEADER
 
     try:
         probe = urllib.request.Request(url + "/", headers={auth.TOKEN_HEADER: token})
         with urllib.request.urlopen(probe, timeout=timeout_s) as response:
             identity = (response.headers.get(FLEET_HEADER), response.headers.get(INSTANCE_HEADER))
-            return response.status == 200 and identity == (token, name)
+            if response.status != 200 or identity != (token, name):
+                return None
+            state = response.headers.get(READY_HEADER, READY)
+            if state != FAILED:
+                return ServerAnswer(ready=state == READY)
+            detail = json.loads(response.read() or b"{}").get("detail")
+            return ServerAnswer(ready=False, failure=str(detail or "its start-up check failed (no detail given)"))
     except (urllib.error.URLError, OSError, ValueError):
-        return False
+        return None
+
+
+def answers_as(url: str, token: str, name: str, timeout_s: float = 2.0) -> bool:
+    """Whether `GET url/`, sent with the fleet's `token`, answers 200 as instance `name` of that fleet, ready to serve
+    (`probe_server`)."""
+    answer = probe_server(url, token, name, timeout_s)
+    return answer is not None and answer.ready
+
+
+def check_failed(name: str, path: str, failure: str) -> StartupCheckFailed:
+    """The error a fleet stops with when instance `name` (at YAML `path`) failed its start-up check."""
+    return StartupCheckFailed(f"server {name!r} failed its start-up check: {failure}", path=path)
 
 
 def private_folder(path: Path) -> None:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
-from gymfleet.fleet.credential import answers_as
+from gymfleet.fleet.credential import check_failed, probe_server
 from gymfleet.fleet.launch import bind_socket, own_secrets, split_secrets
 from gymfleet.fleet.ray_cluster import NoRoomError, bundle_of, free_resources, is_loopback
 from gymfleet.fleet.ray_replica import ReplicaProcess, set_address
@@ -229,7 +229,10 @@ class RayStartup:
         pending = list(self._all())
         while pending:
             for replica in list(pending):
-                if answers_as(replica.url, self.token, replica.instance.name):
+                answer = probe_server(replica.url, self.token, replica.instance.name)
+                if answer is not None and answer.failure is not None:
+                    raise check_failed(replica.label, replica.instance.path, answer.failure)
+                if answer is not None and answer.ready:
                     replica.state = "running"
                     pending.remove(replica)
                     continue

@@ -3,7 +3,9 @@
 The `Fleet` of `gymfleet.fleet.supervisor` is made of this, `gymfleet.fleet.server_start` and its own process table;
 this module also holds that table's entry (`_Child`) and `ServerCrashedError`, which the wait for readiness raises.
 `start()` returns once every instance answers `GET /` as this fleet's own server (the fleet's random token
-and the instance name in its headers, see `gymfleet.serving.server`; another process on the same port never counts) and
+and the instance name in its headers, see `gymfleet.serving.server`; another process on the same port never counts),
+ready (a server whose warm-up is a start-up check, the sandbox's isolation self-test, is ready once it passed; when
+it failed, `start()` raises `StartupCheckFailed` with its error at once: `gymfleet.serving.warm_up`) and
 every upstream `base_url` answers, if configured.
 
 The fleet says what it does while it starts: one line per server as it is spawned (name, implementation, URL, pid,
@@ -32,7 +34,7 @@ from typing import Any
 
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
-from gymfleet.fleet.credential import answers_as
+from gymfleet.fleet.credential import check_failed, probe_server
 from gymfleet.fleet.launch import EXIT_PORT_IN_USE, PortInUseError
 from gymfleet.fleet.zygote import EXIT_UNKNOWN, ForkedProcess
 from gymfleet.progress import Progress
@@ -142,7 +144,10 @@ class Readiness:
         for child in self.children.values():
             if not child.ready:
                 self._check_alive(child)
-                if answers_as(child.instance.url, self.token, child.instance.name):
+                answer = probe_server(child.instance.url, self.token, child.instance.name)
+                if answer is not None and answer.failure is not None:
+                    raise check_failed(child.instance.name, child.instance.path, answer.failure)
+                if answer is not None and answer.ready:
                     child.ready, child.state = True, "running"
                 else:
                     pending.append(child)

@@ -49,7 +49,7 @@ from typing import IO, TYPE_CHECKING, Any
 from gymfleet.errors import ConfigError
 from gymfleet.fleet import ports
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
-from gymfleet.fleet.credential import FleetCredential, answers_as
+from gymfleet.fleet.credential import FleetCredential, probe_server
 from gymfleet.fleet.folders import describe
 from gymfleet.fleet.launch import (
     EXIT_PORT_IN_USE,
@@ -286,7 +286,10 @@ class Fleet(ServerStart, Readiness, Watched):
             if code is not None:
                 self._crashed(child, _exit_text(code), code == EXIT_PORT_IN_USE, now)
             elif child.state == "restarting":
-                if answers_as(child.instance.url, self.token, child.instance.name):
+                answer = probe_server(child.instance.url, self.token, child.instance.name)
+                if answer is not None and answer.failure is not None:
+                    self._crashed(child, f"failed its start-up check: {answer.failure}", False, now, alive=True)
+                elif answer is not None and answer.ready:
                     child.state = "running"
                     self._say(f"server {child.instance.name!r} is back on port {child.instance.port} "
                               f"(restart {len(child.crashes)}/{self.max_restarts})")
@@ -294,14 +297,16 @@ class Fleet(ServerStart, Readiness, Watched):
                     _signal_group(child.process, signal.SIGKILL)
                     self._crashed(child, f"no answer within {RESTART_READY_TIMEOUT_S:g}s of its restart", False, now)
 
-    def _crashed(self, child: _Child, how: str, port_taken: bool, now: float) -> None:
-        """Handle a server found dead (`how`: its exit code or signal): schedule its restart, or mark it failed."""
+    def _crashed(self, child: _Child, how: str, port_taken: bool, now: float, *, alive: bool = False) -> None:
+        """Handle a server found dead (`how`: its exit code or signal), or `alive` but unable to serve (`how`: why;
+        it is stopped): schedule its restart, or mark it failed."""
         name = child.instance.name
         _signal_group(child.process, signal.SIGKILL)  # its workers (num_workers > 1) would still hold the port
         child.process.wait()
         time.sleep(0.1)  # let the log pump drain the last lines
         _forget_old_crashes(child, now)
-        what = f"server {name!r} exited unexpectedly with {how}{_last_error(child.tail)}"
+        what = (f"server {name!r} {how}" if alive else
+                f"server {name!r} exited unexpectedly with {how}{_last_error(child.tail)}")
         if port_taken:
             what = f"server {name!r} could not listen: port {child.instance.port} is taken ({how})"
         if len(child.crashes) >= self.max_restarts:

@@ -26,21 +26,16 @@ runs in a fleet (the token the supervisor hands it, `gymfleet.auth.hold`); a bar
 none.
 `GET /` answers `{"status": "ok"}` to anyone; to a request carrying the fleet's token it also names the fleet and
 the instance in `X-Gymfleet-Fleet` / `X-Gymfleet-Instance` headers, so the supervisor's readiness probe counts only
-its own server, never another process that holds the same port.
+its own server, never another process that holds the same port, and says in `X-Gymfleet-Ready` whether a warm-up the
+fleet waits for is still running or failed (`gymfleet.serving.warm_up`, where `Server.warm_up` is run).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import gc
-import inspect
 import logging
 import math
-import os
-import threading
-import time
 import typing
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
@@ -68,6 +63,7 @@ from gymfleet.serving.guard import RequestBodyTimeout, RequestBodyTooLarge, Requ
 from gymfleet.serving.memory import release_freed_memory, release_memory_when_idle
 from gymfleet.serving.openapi import PROTOCOL_DOCS, RouteDoc, add_route, openapi_schema  # noqa: F401  (re-exported)
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
+from gymfleet.serving.warm_up import FAILED, READY_HEADER, WarmUp
 
 NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 """Inner 4xx answers that are the fleet's problem, not the caller's: credentials the fleet holds (a wrong
@@ -151,11 +147,7 @@ def dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_unset=False, exclude_none=False)
 
 
-WARM_UP_NICE = 10
-"""Niceness of the thread that runs `Server.warm_up` (about a tenth of a core's share against busy processes)."""
-
-
-class Server:
+class Server(WarmUp):
     """Base class: subclasses declare `config: <TheirConfig>` and add routes in `routes()`."""
 
     config: ServerConfig
@@ -163,11 +155,6 @@ class Server:
     ray_resources_default: ClassVar[dict[str, Any]] = {"num_cpus": 1}
     """What each replica asks of its Ray node when the config gives no `ray_resources` (CPU-heavy servers, such as
     the sandbox and the code environments, ask for more)."""
-    _warming: asyncio.Future[None] | None = None
-    """`warm_up` running in its thread or task (from start-up on; None when the server has none)."""
-    _warm_up_task: asyncio.Task[None] | None = None
-    """An `async` `warm_up`'s task while it runs (cancelled when the server stops first)."""
-
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         hint = typing.get_type_hints(cls).get("config")
@@ -245,84 +232,6 @@ class Server:
         pages (`gymfleet.fleet.zygote`). Must start no thread and open no connection or event loop. Default: nothing.
         """
 
-    def warm_up(self) -> None:
-        """Load what requests need but serving need not wait for (tokenizer models, a large scoring library): run in a
-        thread once the app has started, so the fleet is ready without it. Every route that needs it awaits
-        `warmed()` first (`ResourcesServer` does before `/verify` and each tool), so no request is ever answered
-        with it half loaded. What every process of the server shares read-only belongs in `preload` instead.
-        A subclass whose warm-up is mostly waiting on its own event loop (starting and checking child processes: the
-        sandbox service) defines it `async def`: it then runs as a task on the server's loop, not in a thread, and
-        is cancelled if the server stops first. Default: nothing (no thread).
-        """
-
-    async def warmed(self) -> None:
-        """Return once `warm_up` has finished (at once after that, or when there is none).
-
-        Raises:
-            Exception: what `warm_up` raised (on every call: the server cannot serve those requests).
-        """
-        warming = self._warming
-        if warming is None:
-            return
-        if warming.done():  # every request after the warm-up: no shield future per request
-            warming.result()  # a failed warm-up raises here, on every call
-            return
-        await asyncio.shield(warming)  # a waiting request that is cancelled must not cancel the warm-up
-
-    def _start_warm_up(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._warming = future = loop.create_future()
-
-        def settle(error: BaseException | None) -> None:
-            if not future.done():
-                future.set_exception(error) if error else future.set_result(None)
-
-        def outcome(started: float, error: Exception | None) -> Exception | None:
-            if error is not None:
-                log.error("%s: warming up failed; requests that need it fail", self.config.name, exc_info=error)
-            else:
-                log.info("%s: warmed up in %.2fs", self.config.name, time.monotonic() - started)
-            return error
-
-        if inspect.iscoroutinefunction(self.warm_up):
-            async def run_on_loop() -> None:
-                started, error = time.monotonic(), None
-                try:
-                    await self.warm_up()
-                except asyncio.CancelledError:  # the server stops: nothing waiting for it may hang
-                    settle(RuntimeError(f"{self.config.name} stopped while warming up"))
-                    raise
-                except Exception as exc:  # noqa: BLE001 - handed to every request that awaits `warmed()`
-                    error = exc
-                settle(outcome(started, error))
-
-            self._warm_up_task = loop.create_task(run_on_loop(), name=f"warm-up-{self.config.name}")
-            return
-
-        def run() -> None:
-            # Its own thread, niced (Linux: this thread only), so that while a fleet starts the servers still
-            # starting get the CPU first; a daemon, so a server stopped while warming exits at once.
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)
-            started, error = time.monotonic(), None
-            try:
-                self.warm_up()
-            except Exception as exc:  # noqa: BLE001 - handed to every request that awaits `warmed()`
-                error = exc
-            error = outcome(started, error)
-            with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped meanwhile
-                loop.call_soon_threadsafe(settle, error)
-
-        threading.Thread(target=run, name=f"warm-up-{self.config.name}", daemon=True).start()
-
-    async def _stop_warm_up(self) -> None:
-        """Cancel an `async` warm-up still running (the server stops): what it started is its own to clean up."""
-        task, self._warm_up_task = self._warm_up_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
     async def startup(self) -> None:
         """Called once when the app starts serving."""
 
@@ -336,7 +245,7 @@ class Server:
         @asynccontextmanager
         async def lifespan(app: FastAPI):
             await self.startup()
-            if type(self).warm_up is not Server.warm_up:
+            if type(self).warm_up is not WarmUp.warm_up:
                 self._start_warm_up()
             gc.freeze()  # what start-up built lives as long as the server: out of every later collection's scan
             try:
@@ -359,7 +268,12 @@ class Server:
 
         @app.get("/", include_in_schema=False)
         async def liveness(request: Request) -> Response:
-            return JSONResponse({"status": "ok"}, headers=self.fleet_identity(request))
+            identity = self.fleet_identity(request)
+            if not identity:
+                return JSONResponse({"status": "ok"})
+            state, error = self.readiness()  # the fleet's probe: a failed start-up check stops the fleet with it
+            body = {"status": "ok", "detail": error} if state == FAILED else {"status": "ok"}
+            return JSONResponse(body, headers={**identity, READY_HEADER: state})
 
         app.add_route("/metrics", self.metrics.endpoint, include_in_schema=False)
         framework = list(app.router.routes)

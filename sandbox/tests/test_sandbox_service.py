@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -12,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import yaml
 
@@ -91,8 +95,57 @@ def test_a_failed_isolation_check_refuses_every_request_with_its_error():
                     assert "exited before it was ready: bwrap: No permissions" in error["detail"], error
                     assert "isolation: none" in error["detail"], error  # how to fix it
             metrics = client.get("/metrics").text
+            state, detail = server.readiness()  # what a fleet's probe is told (`GET /` with the fleet's token)
+        assert state == "failed" and "bwrap: No permissions" in detail and "isolation: none" in detail, detail
         assert 'gymfleet_failures_total{failure_class="isolation_failed"' in metrics
     assert_no_leftovers()  # what the failed check started is gone
+
+
+def test_ng_run_stops_with_the_error_and_its_fix_when_the_sandbox_cannot_isolate():
+    """A fleet's readiness waits for the sandbox's self-test verdict: `ng_run` with a sandbox whose bwrap cannot make
+    namespaces stops with the check's error and how to fix it (exit 2, never "servers ready"), the other servers
+    having started beside it, and leaves no server running."""
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryFile("w+") as errors:
+        command = [sys.executable, "-m", "gymfleet.cli.run",
+                   "+config_paths=[configs/quickstart.yaml,sandbox/configs/sandbox.yaml]",
+                   f"+head_server.port={free_port()}", f"+sandbox.sandbox_servers.sandbox.bwrap={_fake_bwrap(folder)}"]
+        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=errors, text=True,
+                                   start_new_session=True)
+        try:
+            said = []
+            for line in process.stdout:  # until ng_run exits, or says it is ready (the failure this test is for)
+                said.append(line)
+                if "servers ready!" in line:
+                    break
+            code = process.wait(60) if "servers ready!" not in line else None
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
+                process.wait(60)
+            process.stdout.close()
+        errors.seek(0)
+        done = subprocess.CompletedProcess(command, code, "".join(said), errors.read())
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    first = next(index for index, line in enumerate(lines) if line.startswith("error: "))
+    assert lines[first].startswith("error: server 'sandbox' failed its start-up check: sandbox isolation (bwrap) "
+                                   "does not work here: "), lines[first]
+    assert "bwrap: No permissions to create new namespace" in lines[first], lines[first]
+    assert "set `isolation: none`" in lines[first + 1] and "apt-get install bubblewrap" in lines[first + 1]
+    assert "servers ready" not in done.stdout + done.stderr
+    started = {name: int(pid) for name, pid in re.findall(r"^started (\S+) .* pid (\d+),", done.stdout, re.M)}
+    assert set(started) == {"policy_model", "mcqa", "mcqa_simple_agent", "scripted_llm", "sandbox"}, started
+    deadline = time.monotonic() + 30
+    while (alive := [name for name, pid in started.items() if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, f"left running after ng_run stopped: {alive}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def test_requests_during_the_warm_up_wait_for_it_within_the_queue():
