@@ -14,7 +14,9 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from gymfleet import auth
 from gymfleet.errors import JudgeError, SandboxError, TransportError
+from gymfleet.fleet.credential import ServerAnswer, probe_server
 from gymfleet.serving.resources import ResourcesServer, VerifyRequest, VerifyResponse
 from gymfleet.serving.sessions import SESSION_LOST, session_id
 from gymfleet.testing import make_response, serve
@@ -325,6 +327,40 @@ def test_verify_and_tools_wait_for_warm_up_and_its_failure_is_a_500_on_each(fail
             assert (verify.json()["reward"], tool.json()) == (1.0, {"loaded": True})
 
 
+@pytest.mark.parametrize("kind", [WarmingServer, AsyncWarmingServer], ids=["thread", "async"])
+@pytest.mark.parametrize("fail", [False, True], ids=["warm-up-succeeds", "warm-up-fails"])
+def test_a_warm_up_the_fleet_waits_for_is_told_to_its_probe(fail, kind):
+    """With `ready_after_warm_up` (the sandbox's self-test), `GET /` tells the fleet's probe `warming` until the
+    warm-up's verdict, then ready, or failed with its error; a probe that lets it wait gets the verdict the moment
+    it is in. Without it (the default) a server is ready while it warms up. Another fleet's token learns nothing."""
+    release = threading.Event()
+    token = auth.new_token()
+    auth.hold(token)
+    try:
+        gated = type("Gated", (kind,), {"ready_after_warm_up": True})({"name": "gated"}, release=release, fail=fail)
+        plain = kind({"name": "plain"}, release=release, fail=fail)
+        with serve(gated.create_app()) as url, serve(plain.create_app()) as plain_url, ThreadPoolExecutor(1) as pool:
+            assert probe_server(url, token, "gated") == ServerAnswer(ready=False)
+            assert probe_server(url, token, "gated", wait_s=0.05) == ServerAnswer(ready=False)  # still no verdict
+            assert probe_server(plain_url, token, "plain") == ServerAnswer(ready=True)
+            assert probe_server(url, auth.new_token(), "gated") is None
+            waiting = pool.submit(probe_server, url, token, "gated", 2.0, 60.0)
+            headers = {auth.TOKEN_HEADER: token}
+            while _in_flight(url, headers) < 2:  # the waiting probe (and this /metrics request) are in the server
+                assert not waiting.done(), waiting.result()
+                time.sleep(0.01)
+            release.set()
+            verdict = waiting.result()
+            assert verdict == probe_server(url, token, "gated")  # what it says from now on
+        if fail:
+            assert not verdict.ready and "model files missing" in verdict.failure
+        else:
+            assert verdict == ServerAnswer(ready=True)
+    finally:
+        release.set()
+        auth.hold(None)
+
+
 def test_an_async_warm_up_still_running_when_the_server_stops_is_cancelled():
     release = threading.Event()
     server = AsyncWarmingServer({"name": "warming"}, release=release, fail=False)
@@ -339,7 +375,7 @@ def test_an_async_warm_up_still_running_when_the_server_stops_is_cancelled():
         release.set()
 
 
-def _in_flight(url: str) -> float:
-    metrics = httpx.get(f"{url}/metrics").text
+def _in_flight(url: str, headers: dict[str, str] | None = None) -> float:
+    metrics = httpx.get(f"{url}/metrics", headers=headers).text
     return next(float(line.split()[-1]) for line in metrics.splitlines()
                 if line.startswith("gymfleet_requests_in_flight "))

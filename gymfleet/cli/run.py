@@ -60,10 +60,12 @@ def _run_fleet(argv: list[str], zygote: Zygote | None) -> int:
         print(__doc__)
         return 0
     from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+    from gymfleet.fleet.lean_imports import gc_paused
     from gymfleet.fleet.ray_placement import make_fleet, start_fleet
     from gymfleet.fleet.readiness import ServerCrashedError
 
-    config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv))
+    with gc_paused():  # while the zygote imports on the other core: no collector passes over what this imports
+        config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv))
     reject_unknown_keys(config, "ng_run", ("dry_run", "restart_crashed_servers", "exit_on_server_failure",
                                            "placement", "server_start"))
     if config.data.get("dry_run"):
@@ -80,7 +82,8 @@ def _run_fleet(argv: list[str], zygote: Zygote | None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        fleet = start_fleet(config, zygote=zygote)  # Ray placement implied, with no room on the cluster: local
+        with gc_paused():  # what the start builds (the head server, its imports) lives as long as the fleet
+            fleet = start_fleet(config, zygote=zygote)  # Ray placement implied, with no room on the cluster: local
         fleet.run_forever()
     except KeyboardInterrupt:
         print("Stopping the fleet...", flush=True)

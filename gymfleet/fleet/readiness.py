@@ -43,6 +43,9 @@ __all__ = ["ServerCrashedError", "WAITING_FOR_UPSTREAM"]
 
 TAIL_LINES = 40
 POLL_INTERVAL_S = 0.1
+READY_WAIT_S = 0.5
+"""How long a start-up probe lets a server that is warming up before it counts as ready (the sandbox's self-test) wait
+for its verdict before answering (`gymfleet.serving.warm_up`): it is seen the moment it is in, not a poll later."""
 START_REPORT_EVERY_S = 5.0
 """While the fleet starts and its output is not a terminal: seconds between progress lines."""
 WAITING_FOR_UPSTREAM = "waiting for upstream"
@@ -144,7 +147,7 @@ class Readiness:
         for child in self.children.values():
             if not child.ready:
                 self._check_alive(child)
-                answer = probe_server(child.instance.url, self.token, child.instance.name)
+                answer = probe_server(child.instance.url, self.token, child.instance.name, wait_s=READY_WAIT_S)
                 if answer is not None and answer.failure is not None:
                     raise check_failed(child.instance.name, child.instance.path, answer.failure)
                 if answer is not None and answer.ready:

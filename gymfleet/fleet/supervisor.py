@@ -60,6 +60,7 @@ from gymfleet.fleet.launch import (
     validate_instance,
     write_resolved,
 )
+from gymfleet.fleet.lean_imports import import_fastapi
 from gymfleet.fleet.readiness import (
     POLL_INTERVAL_S,
     WAITING_FOR_UPSTREAM,
@@ -209,6 +210,7 @@ class Fleet(ServerStart, Readiness, Watched):
         host, port = self.config.head_host, self.config.head_port
         self._head_socket = bind_socket(host, port, "head_server.port", assigned_if_unset=False)
         self.credential.publish()
+        import_fastapi()  # its OpenAPI models built on first use: `ng_run` shares the CPU with the zygote now
         import uvicorn
 
         from gymfleet.fleet.head import create_head_app

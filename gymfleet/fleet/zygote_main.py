@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gymfleet.fleet.cache import cache_dir
+from gymfleet.fleet.lean_imports import gc_paused, import_fastapi
 from gymfleet.fleet.zygote import READY_TIMEOUT_S, ZygoteError, _open_pidfd, _receive, _send
 from gymfleet.fleet.zygote_child import run_child, set_cmdline
 
@@ -55,22 +56,11 @@ the resources, agent and model bases bring the `openai` types). Imported once, b
 zygote and its helper both import after that is held twice."""
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside the block (as it was after it). Imports allocate millions of objects
-    and hardly any garbage, and the collector's passes over them were a sixth to a quarter of the shared stack's
-    import time (measured: 1.23-1.28 s of CPU with it, 0.92-1.14 s without); the zygote collects once when done."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def import_shared(names: tuple[str, ...] = SHARED_MODULES) -> None:
-    """Import what every server imports, whatever the config (`SHARED_MODULES`), or the modules `names`."""
+    """Import what every server imports, whatever the config (`SHARED_MODULES`), or the modules `names` (FastAPI's
+    own models built on first use: `gymfleet.fleet.lean_imports.import_fastapi`)."""
+    if "fastapi" in names:
+        import_fastapi()
     for name in names:
         try:
             importlib.import_module(name)

@@ -63,7 +63,7 @@ from gymfleet.serving.guard import RequestBodyTimeout, RequestBodyTooLarge, Requ
 from gymfleet.serving.memory import release_freed_memory, release_memory_when_idle
 from gymfleet.serving.openapi import PROTOCOL_DOCS, RouteDoc, add_route, openapi_schema  # noqa: F401  (re-exported)
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
-from gymfleet.serving.warm_up import FAILED, READY_HEADER, WarmUp
+from gymfleet.serving.warm_up import FAILED, READY_HEADER, READY_WAIT_HEADER, WarmUp
 
 NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 """Inner 4xx answers that are the fleet's problem, not the caller's: credentials the fleet holds (a wrong
@@ -271,7 +271,8 @@ class Server(WarmUp):
             identity = self.fleet_identity(request)
             if not identity:
                 return JSONResponse({"status": "ok"})
-            state, error = self.readiness()  # the fleet's probe: a failed start-up check stops the fleet with it
+            # The fleet's probe: a failed start-up check stops the fleet with its error.
+            state, error = await self.readiness_within(request.headers.get(READY_WAIT_HEADER))
             body = {"status": "ok", "detail": error} if state == FAILED else {"status": "ok"}
             return JSONResponse(body, headers={**identity, READY_HEADER: state})
 

@@ -9,7 +9,8 @@ What the fleet's readiness probe is told (`readiness()`, in the `X-Gymfleet-Read
 carrying the fleet's token): `ok`, unless the server's class sets `ready_after_warm_up` (its warm-up is a start-up
 check the fleet must not start without: the sandbox's isolation self-test); then `warming` while it runs and
 `failed` when it failed, with its error in the body's `detail`, so `ng_run` stops with that error as it would for
-a server that could not start at all (`gymfleet.fleet.readiness`), while the other servers start beside it.
+a server that could not start at all (`gymfleet.fleet.readiness`), while the other servers start beside it. The
+probe may ask `GET /` to wait for the verdict a moment (`X-Gymfleet-Ready-Wait`), so it learns it without polling.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ WARM_UP_NICE = 10
 READY_HEADER = "X-Gymfleet-Ready"
 """`GET /`'s header, to a request carrying the fleet's token: `ok`, `warming` or `failed` (`WarmUp.readiness`)."""
 READY, WARMING, FAILED = "ok", "warming", "failed"
+READY_WAIT_HEADER = "X-Gymfleet-Ready-Wait"
+"""Seconds (at most `MAX_READY_WAIT_S`) that the fleet's probe lets `GET /` wait for a warm-up it waits for: the
+answer comes the moment the verdict does, rather than at the probe's next round."""
+MAX_READY_WAIT_S = 5.0
 
 
 class WarmUp:
@@ -67,6 +72,19 @@ class WarmUp:
             return FAILED, f"{self.config.name} stopped while warming up"
         error = warming.exception()
         return (FAILED, str(error) or type(error).__name__) if error is not None else (READY, None)
+
+    async def readiness_within(self, wait: str | None) -> tuple[str, str | None]:
+        """`readiness()`, once a warm-up the fleet waits for is done, or after `wait` seconds (`READY_WAIT_HEADER`'s
+        value: a number; anything else waits not at all)."""
+        warming = self._warming
+        try:
+            wait_s = min(float(wait or 0), MAX_READY_WAIT_S)
+        except ValueError:
+            wait_s = 0.0
+        if self.ready_after_warm_up and warming is not None and not warming.done() and wait_s > 0:
+            with contextlib.suppress(Exception):  # a timeout, or the warm-up's error: `readiness` tells either
+                await asyncio.wait_for(asyncio.shield(warming), wait_s)
+        return self.readiness()
 
     async def warmed(self) -> None:
         """Return once `warm_up` has finished (at once after that, or when there is none).
