@@ -56,6 +56,8 @@ FRESH = re.compile(r"served by the folder .*\(in a fresh interpreter")
 # "foo: served by the folder /x/resources_servers/foo (in a fresh interpreter: <why>)": the start-up line that says why
 WARMED = re.compile(r": warmed up in [\d.]+s")
 # a server that loads what its requests need once it is up (`Server.warm_up`: instruction_following, reasoning_gym)
+SANDBOX_WARMED = re.compile(r"^\(sandbox\) .*: warmed up in [\d.]+s")
+# the sandbox's warm-up, whose self-test the fleet's readiness waits for (negative: done before the rest was ready)
 
 
 def overlay(mode: str, folder: Path) -> Path:
@@ -169,6 +171,7 @@ def breakdown(timed: list[tuple[float, str]], ready_s: float) -> dict[str, float
     slowest = max(((float(m.group(2)), m.group(1)) for _, line in timed if (m := ZYGOTE_IMPORTED.search(line))),
                   default=(0.0, "-"))
     warmed = [t for t, line in timed if WARMED.search(line)]
+    verdict = next((t for t, line in timed if SANDBOX_WARMED.search(line)), None)
     return {
         "ng_run start, zygote interpreter start": done_s - shared_s - servers_s,
         "zygote: shared stack import": shared_s,
@@ -178,6 +181,8 @@ def breakdown(timed: list[tuple[float, str]], ready_s: float) -> dict[str, float
         "last fork to every server answering": ready_s - started[-1],
         **({f"ready to the last of {len(warmed)} warm-ups done (within --settle-s)": max(warmed) - ready_s}
            if warmed else {}),
+        **({"ready to the sandbox's warm-up done (fork server, warm sandboxes, self-test; the fleet waits for it)":
+            verdict - ready_s} if verdict is not None else {}),
     }
 
 

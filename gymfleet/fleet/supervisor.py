@@ -234,8 +234,13 @@ class Fleet(ServerStart, Readiness, Watched):
     def _spawn(self, instance: ServerInstance, sock: socket.socket) -> None:
         """Start `instance` for the first time on its bound socket `sock` (closed here once handed over) and say so:
         name, what it is, URL, pid, where its output goes (and, for a folder of another tree, which folder serves
-        it)."""
+        it).
+
+        The socket listens from here on: a readiness probe's connection waits in its queue until the server accepts
+        and answers it, so the fleet sees each server the moment it serves, with no probe refused and retried a
+        poll later (a server that dies first closes it: the probe fails at once)."""
         with sock:
+            sock.listen()
             process = self._popen(instance, sock)
         if instance.folder is not None:
             self._say(describe(instance, self.how_started(process)))
