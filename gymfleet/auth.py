@@ -37,6 +37,11 @@ USER_TOKEN_ENV = "GYMFLEET_TOKEN"
 AUTH_OFF_ENV = "GYMFLEET_AUTH_OFF"
 """Set (to `1`) by a fleet started with `disable_fleet_auth: true`: its servers check no token."""
 TOKEN_HEADER = "X-Gymfleet-Token"
+FLEET_HEADER = "X-Gymfleet-Fleet"
+INSTANCE_HEADER = "X-Gymfleet-Instance"
+"""`GET /`'s headers naming the fleet (its token) and the instance, to a request carrying the fleet's token only
+(`gymfleet.serving.server`): how the supervisor's readiness probe knows its own server (`gymfleet.fleet.credential`,
+which needs only these names, not the serving stack)."""
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", ""})
 """Host names that mean this machine (a bind-all address is reached through loopback)."""

@@ -176,6 +176,7 @@ def load_yaml(path: Path) -> dict:
 
 
 _STR_TAG = "tag:yaml.org,2002:str"
+FAST_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -190,7 +191,10 @@ def check_yaml_keys(text: str, path: Path | str) -> None:
         ConfigError: `<file>:<line>:<column>: key 'on' is read by YAML 1.1 as the boolean True ...`.
     """
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        try:  # libyaml's parser where PyYAML has it: the same nodes, tags and marks, a tenth of the CPU
+            root = yaml.compose(text, Loader=FAST_SAFE_LOADER)
+        except yaml.YAMLError:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)  # raises PyYAML's own message for the error
     except yaml.YAMLError as e:
         raise ConfigError(f"cannot parse config file {path}: {e}") from None
     stack = [root] if root is not None else []

@@ -104,14 +104,13 @@ def probe_server(url: str, token: str, name: str, timeout_s: float = 2.0, wait_s
     names itself only to a request carrying its fleet's token: `gymfleet.serving.server`); else whether it is ready
     (`X-Gymfleet-Ready`: a warm-up the fleet waits for may still run, or have failed: `gymfleet.serving.warm_up`).
     With `wait_s`, a server still warming up answers once its verdict is in, or after `wait_s`."""
-    from gymfleet.serving.server import FLEET_HEADER, INSTANCE_HEADER
-    from gymfleet.serving.warm_up import FAILED, READY, READY_HEADER, READY_WAIT_HEADER
+    from gymfleet.serving.warm_up import FAILED, READY, READY_HEADER, READY_WAIT_HEADER  # not the serving stack
 
     try:
         headers = {auth.TOKEN_HEADER: token, **({READY_WAIT_HEADER: f"{wait_s:g}"} if wait_s > 0 else {})}
         probe = urllib.request.Request(url + "/", headers=headers)
         with urllib.request.urlopen(probe, timeout=timeout_s + wait_s) as response:
-            identity = (response.headers.get(FLEET_HEADER), response.headers.get(INSTANCE_HEADER))
+            identity = (response.headers.get(auth.FLEET_HEADER), response.headers.get(auth.INSTANCE_HEADER))
             if response.status != 200 or identity != (token, name):
                 return None
             state = response.headers.get(READY_HEADER, READY)

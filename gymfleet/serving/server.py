@@ -71,8 +71,7 @@ NOT_THE_CALLERS_FAULT = frozenset({401, 403, 410, 429})
 `session_lost`: `gymfleet.serving.sessions`) and overload. They become a 502."""
 log = logging.getLogger(__name__)
 
-FLEET_HEADER = "X-Gymfleet-Fleet"
-INSTANCE_HEADER = "X-Gymfleet-Instance"
+FLEET_HEADER, INSTANCE_HEADER = auth.FLEET_HEADER, auth.INSTANCE_HEADER
 
 
 class RayResources(BaseModel):
