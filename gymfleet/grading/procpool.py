@@ -44,6 +44,9 @@ from gymfleet.grading.procworkers import Worker, Zygote, cpu_seconds
 
 log = logging.getLogger(__name__)
 
+_TIMED_OUT = object()
+"""What an item's wait is settled with when its deadline passes first."""
+
 __all__ = ["ItemTimeout", "PoolError", "ProcessPool", "RemoteError", "WorkerCrashed", "available_cpus"]
 
 
@@ -193,9 +196,13 @@ class ProcessPool:
     # ------------------------------------------------------------------------------------------ one item
 
     async def _run_on(self, worker: Worker, args: tuple[Any, ...], timeout_s: float) -> tuple[str, Any] | None:
-        """Run one item on `worker`; returns the worker's reply, or None when the worker died."""
+        """Run one item on `worker`; returns the worker's reply `(kind, value)`, or None when the worker died.
+
+        The wait is one future, settled by the worker's reply (a reader on its socket) or by the deadline's timer;
+        the budget starts from the CPU time the worker reported with its last reply, so no `/proc` read is needed
+        unless the item runs long enough for a deadline or demotion check."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[str, Any] | None] = loop.create_future()
+        done: asyncio.Future[Any] = loop.create_future()
         fd = worker.conn.fileno()
 
         def on_readable() -> None:
@@ -209,8 +216,27 @@ class ProcessPool:
 
         worker.busy = True
         self.stats["items"] += 1
-        began, cpu_before = loop.time(), cpu_seconds(worker.pid)
+        began, cpu_before = loop.time(), worker.cpu
+        wall_limit = began + self._wall_factor * timeout_s
+
+        def check_deadline() -> None:
+            # Called once the item may have used its CPU budget (never before: CPU time cannot outrun the clock),
+            # then at the earliest moment it could have used what is left; a starved item gets more wall time, up
+            # to the backstop.
+            nonlocal deadline_timer
+            if done.done():
+                return
+            cpu_now = cpu_seconds(worker.pid)
+            now = loop.time()
+            used = now - began if cpu_now is None or cpu_before is None else cpu_now - cpu_before
+            wait_s = min(timeout_s - used, wall_limit - now)
+            if wait_s <= 0:
+                done.set_result(_TIMED_OUT)
+            else:
+                deadline_timer = loop.call_at(now + wait_s, check_deadline)
+
         loop.add_reader(fd, on_readable)
+        deadline_timer = loop.call_at(began + min(timeout_s, wall_limit - began), check_deadline)
         if self._slow_after_s and cpu_before is not None:
             worker.demote_timer = loop.call_later(self._slow_after_s, self._maybe_demote, worker, cpu_before)
         healthy = False
@@ -219,29 +245,19 @@ class ProcessPool:
                 worker.conn.send(args)
             except OSError:
                 done.set_result(None)
-            wall_limit = began + self._wall_factor * timeout_s
-            first = True
-            while not done.done():
-                # Wait until the item may have used its CPU budget (never before: CPU time cannot outrun the clock),
-                # then look at what it really used. A starved item gets more wall time, up to the backstop. The
-                # first wait needs no look: the item has used at most the wall time since it was sent.
-                cpu_now = None if first else cpu_seconds(worker.pid)
-                if cpu_now is None or cpu_before is None:
-                    used = loop.time() - began
-                else:
-                    used = cpu_now - cpu_before
-                first = False
-                wait_s = min(timeout_s - used, wall_limit - loop.time())
-                if wait_s <= 0:
-                    self.stats["timeouts"] += 1
-                    raise ItemTimeout(f"no result within {timeout_s:g}s of CPU time; the worker was killed")
-                await asyncio.wait([done], timeout=wait_s)
-            reply = done.result()
-            healthy = reply is not None
-            return reply
+            reply = await done
+            if reply is _TIMED_OUT:
+                self.stats["timeouts"] += 1
+                raise ItemTimeout(f"no result within {timeout_s:g}s of CPU time; the worker was killed")
+            if reply is None:
+                return None
+            kind, value, worker.cpu = reply
+            healthy = True
+            return kind, value
         finally:
             # Also reached when the caller is cancelled: the worker is then busy with an item nobody waits for, so
             # it is killed rather than left to finish.
+            deadline_timer.cancel()
             if worker.demote_timer is not None:
                 worker.demote_timer.cancel()
                 worker.demote_timer = None

@@ -5,9 +5,14 @@ its `initializer` once, then forks one worker per request), `_worker_main` the w
 `args` received on its socket, under an address-space limit). Workers die with the zygote (parent-death signal).
 
 Parent side: `Zygote` starts the fork server and asks it for workers (`Zygote.fork`, blocking: call it from a
-thread); `Worker` is one worker's pid, pidfd and socket (`kill` goes through the pidfd, so a recycled pid is never
+thread); `Worker` is one worker's pid, pidfd and channel (`kill` goes through the pidfd, so a recycled pid is never
 hit); `cpu_seconds` reads a process's CPU time from `/proc`. Scheduling, deadlines and demotion are the pool's
 (`gymfleet.grading.procpool`). Linux only.
+
+Each item is one message each way on a `Channel` (a length-prefixed pickle on a Unix socket: one `write` to send,
+usually one `read` to receive; `multiprocessing.connection` spends a pickler object per send and two reads per
+receive). Every reply carries the worker's own CPU time (`time.process_time()`) as it sends it, so the pool knows
+what an item's budget starts from without reading `/proc` per item.
 """
 
 from __future__ import annotations
@@ -19,21 +24,75 @@ import importlib
 import os
 import pickle
 import resource
+import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["Worker", "Zygote", "cpu_seconds"]
+__all__ = ["Channel", "Worker", "Zygote", "cpu_seconds"]
 
 _PR_SET_PDEATHSIG = 1
 _PID = struct.Struct("!i")
+_LENGTH = struct.Struct("!Q")
+_FIRST_READ = 1 << 16
+
+
+class Channel:
+    """Pickled messages over a connected stream socket, each prefixed with its length (blocking)."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int):
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def send(self, message: Any) -> None:
+        """Send `message` (raises `OSError` once the other end is gone)."""
+        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
+        view = memoryview(_LENGTH.pack(len(data)) + data)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def recv(self) -> Any:
+        """The next message (raises `EOFError` once the other end is gone)."""
+        chunk = os.read(self._fd, _FIRST_READ)
+        while len(chunk) < _LENGTH.size:
+            more = os.read(self._fd, _LENGTH.size - len(chunk)) if chunk else b""
+            if not more:
+                raise EOFError("the other end of the channel closed")
+            chunk += more
+        (length,) = _LENGTH.unpack_from(chunk)
+        end = _LENGTH.size + length
+        if len(chunk) < end:
+            parts, have = [chunk], len(chunk)
+            while have < end:
+                more = os.read(self._fd, end - have)
+                if not more:
+                    raise EOFError("the other end of the channel closed mid-message")
+                parts.append(more)
+                have += len(more)
+            chunk = b"".join(parts)
+        return pickle.loads(memoryview(chunk)[_LENGTH.size:end])
+
+    def poll(self, timeout_s: float) -> bool:
+        """Whether a message (or the end) is ready within `timeout_s`."""
+        readable, _, _ = select.select([self._fd], [], [], timeout_s)
+        return bool(readable)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
 
 
 # ---------------------------------------------------------------------------------------------- child side
@@ -66,7 +125,7 @@ def _zygote_main(control_fd: int) -> None:
                 control.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 _die_with_parent(zygote)
-                _worker_main(Connection(fds[0]), target, memory_mb)
+                _worker_main(Channel(fds[0]), target, memory_mb)
             except BaseException:  # noqa: BLE001 - a worker must never return into the zygote's loop
                 traceback.print_exc()
                 code = 1
@@ -83,22 +142,23 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _worker_main(conn: Connection, target: Callable[..., Any], memory_mb: int | None) -> None:
-    """Worker body: answer `target(*args)` for every `args` received, until the socket closes."""
+def _worker_main(conn: Channel, target: Callable[..., Any], memory_mb: int | None) -> None:
+    """Worker body: answer `target(*args)` for every `args` received, until the socket closes. Each reply is
+    `(kind, value, cpu)`: `cpu` is this process's CPU seconds as it replies (the start of the next item's budget)."""
     if memory_mb:
         _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, hard))
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", os.getpid(), time.process_time()))
     while True:
         try:
             args = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            reply = ("ok", target(*args))
+            kind, value = "ok", target(*args)
         except Exception as exc:  # noqa: BLE001 - reported to the caller, never fatal to the worker
-            reply = ("raise", f"{type(exc).__name__}: {str(exc)[:500]}")
-        conn.send(reply)
+            kind, value = "raise", f"{type(exc).__name__}: {str(exc)[:500]}"
+        conn.send((kind, value, time.process_time()))
 
 
 # ---------------------------------------------------------------------------------------------- parent side
@@ -118,14 +178,16 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 class Worker:
-    __slots__ = ("pid", "pidfd", "conn", "demoted", "busy", "demote_timer")
+    __slots__ = ("pid", "pidfd", "conn", "demoted", "busy", "demote_timer", "cpu")
 
-    def __init__(self, pid: int, conn: Connection):
+    def __init__(self, pid: int, conn: Channel):
         self.pid = pid
         self.conn = conn
         self.demoted = False
         self.busy = False
         self.demote_timer: asyncio.TimerHandle | None = None
+        self.cpu: float | None = None
+        """The worker's CPU seconds as of its last message (None before its first)."""
         try:
             # Signals go through a pidfd, so a recycled pid can never be hit by mistake.
             self.pidfd: int | None = os.pidfd_open(pid)
@@ -192,11 +254,11 @@ class Zygote:
         if len(reply) != _PID.size:
             ours.close()
             raise EOFError("the fork server is gone")
-        worker = Worker(_PID.unpack(reply)[0], Connection(ours.detach()))
+        worker = Worker(_PID.unpack(reply)[0], Channel(ours.detach()))
         try:
             if not worker.conn.poll(self.timeout_s):
                 raise TimeoutError(f"a worker did not report ready within {self.timeout_s:g}s")
-            kind, _pid = worker.conn.recv()
+            kind, _pid, worker.cpu = worker.conn.recv()
             if kind != "ready":
                 raise ValueError(f"unexpected first message {kind!r} from a worker")
         except BaseException:
