@@ -252,6 +252,13 @@ def _parse_gold(gold_boxed: str) -> list[Any]:
 # ---------------------------------------------------------------------------------------------- caller side
 
 
+class _Unset:
+    """The type of `_UNSET`: `MathChecker.check`'s `box` was not given."""
+
+
+_UNSET = _Unset()
+
+
 class MathChecker:
     """A process pool for math-verify plus a result cache. Servers own one and close it on shutdown.
 
@@ -291,7 +298,8 @@ class MathChecker:
         self._inflight: dict[bytes, asyncio.Future[MathResult]] = {}
 
     async def check(
-        self, gold: str, pred: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = MAX_CHARS
+        self, gold: str, pred: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_chars: int = MAX_CHARS,
+        box: str | None | _Unset = _UNSET,
     ) -> MathResult:
         r"""Whether `pred` states the answer `gold` (the module docstring has the rules).
 
@@ -300,6 +308,7 @@ class MathChecker:
             pred: The model's output; its last `\boxed{}` is the answer (the rest is never parsed).
             timeout_s: CPU-time budget for the verification once a worker has it (the wall-clock backstop is 4x).
             max_chars: Longer inputs are refused (`too_long`) without parsing.
+            box: `last_boxed(pred)`, when the caller has it already (it is not looked for again).
 
         Returns:
             The result; never raises for anything the inputs contain.
@@ -309,7 +318,7 @@ class MathChecker:
         """
         if len(pred) > max_chars or len(gold) > max_chars:
             return MathResult(False, "too_long")
-        answer = last_boxed(pred)
+        answer = last_boxed(pred) if box is _UNSET else box
         if answer is None:
             return MathResult(False, "no_boxed_answer")
         pred = "\\boxed{" + answer + "}"

@@ -58,7 +58,7 @@ from gymfleet.errors import (
 )
 from gymfleet.masking import is_secret_key, redact
 from gymfleet.metrics import LOCAL_HOP, MetricsMiddleware, ServerMetrics, target_of
-from gymfleet.serving.fastpath import fastapi_options, own_routes_first
+from gymfleet.serving.fastpath import LeanFastAPI, OwnRoutesDirect, fastapi_options, own_routes_first
 from gymfleet.serving.guard import RequestBodyTimeout, RequestBodyTooLarge, RequestGuardMiddleware
 from gymfleet.serving.memory import release_freed_memory, release_memory_when_idle
 from gymfleet.serving.openapi import PROTOCOL_DOCS, RouteDoc, add_route, openapi_schema  # noqa: F401  (re-exported)
@@ -254,7 +254,7 @@ class Server(WarmUp):
                 await self._stop_warm_up()
                 await self.shutdown()
 
-        app = FastAPI(
+        app = LeanFastAPI(
             title=f"{type(self).__name__} ({self.config.name})",
             description=(type(self).__doc__ or "").strip(),
             lifespan=lifespan,
@@ -288,6 +288,7 @@ class Server(WarmUp):
         app.add_exception_handler(RequestBodyTooLarge, self._on_body_too_large)
         app.add_exception_handler(ClientDisconnect, self._on_client_disconnect)
         app.add_exception_handler(Exception, self._on_error)
+        app.add_middleware(OwnRoutesDirect, router=app.router)  # innermost: see gymfleet.serving.fastpath
         app.add_middleware(SessionCookieMiddleware, name=self.cookie_name, refuse=self.lost_session_refusal)
         app.add_middleware(RequestGuardMiddleware, loopback_only=auth.is_loopback(self.config.host),
                            max_body_bytes=int(self.config.max_request_body_mb * 2**20),

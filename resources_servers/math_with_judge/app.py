@@ -167,6 +167,12 @@ def boxed_answers(text: str) -> list[str]:
     return found
 
 
+def _may_hold_several_boxes(text: str) -> bool:
+    r"""False when `text` cannot hold two boxes (every box starts with `\boxed` or `\fbox`): most outputs, which
+    then skip `boxed_answers`' scan."""
+    return text.count("\\boxed") + text.count("\\fbox") > 1
+
+
 def _number_as_text(value: Any) -> Any:
     return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
@@ -237,13 +243,14 @@ class MathWithJudgeServer(ResourcesServer):
     async def verify(self, body: MathWithJudgeRequest) -> MathWithJudgeResponse:
         max_chars = self.config.library_verifier_max_chars
         text = tail(body.response.output_text, max_chars)
+        box = last_boxed(text)
         result: MathResult = await self.checker.check(
-            body.expected_answer, text, timeout_s=self.config.library_verifier_timeout_seconds, max_chars=max_chars
+            body.expected_answer, text, timeout_s=self.config.library_verifier_timeout_seconds, max_chars=max_chars,
+            box=box,
         )
         fields = {"extracted_answer": result.extracted, "library_reward": result.reward,
                   "library_reason": result.reason}
-        box = last_boxed(text)
-        if box is not None and await self._several(boxed_answers(text)):
+        if box is not None and _may_hold_several_boxes(text) and await self._several(boxed_answers(text)):
             # "\boxed{1} or \boxed{2}": different answers offered as alternatives are a hedge.
             fields = {**fields, "library_reward": 0.0, "library_reason": "several_answers"}
             return MathWithJudgeResponse.echo(body, reward=0.0, judge_evaluations=None, **fields)
