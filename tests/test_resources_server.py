@@ -379,3 +379,72 @@ def _in_flight(url: str, headers: dict[str, str] | None = None) -> float:
     metrics = httpx.get(f"{url}/metrics", headers=headers).text
     return next(float(line.split()[-1]) for line in metrics.splitlines()
                 if line.startswith("gymfleet_requests_in_flight "))
+
+
+def test_verify_answers_are_merged_exactly_as_model_dump_writes_them_whatever_the_values():
+    """`_merge_result` reads plain values straight from the answer's fields; for every kind of value (generated) the
+    merged row, keys in order, is the one `model_dump(mode="json")` of the added fields gives."""
+    import enum
+    import math
+    import random
+    import warnings
+
+    from pydantic import Field, field_serializer
+
+    from gymfleet.serving.resources import _added_fields, _merge_result, _plain_added, _plain_added_names
+
+    class Colour(enum.Enum):
+        RED = "red"
+
+    class Answer(VerifyResponse):
+        expected_answer: str
+        extracted: object = None
+        score: float = 0.0
+        flag: bool | None = None
+
+    class Hidden(VerifyResponse):
+        shown: int = 0
+        hidden: int = Field(default=0, exclude=True)
+
+    class Shouting(VerifyResponse):
+        word: str = ""
+
+        @field_serializer("word")
+        def _loud(self, value: str) -> str:
+            return value.upper()
+
+    row = {"responses_create_params": {"input": "q"}, "response": make_response("a"), "id": 1, "score": "raw"}
+    body = VerifyRequest.model_validate(row)
+    rng = random.Random(27)
+    read_straight = 0
+    values = [None, True, False, 0, -3, 2**70, 0.5, math.inf, -math.inf, math.nan, "", "é\u2028", [1, {"a": 2}],
+              {"k": (1, 2)}, (3,), Colour.RED, b"x", 1.0]
+    for _ in range(400):
+        def pick(fitting: list) -> object:  # mostly a value of the field's type, else anything
+            return rng.choice(fitting if rng.random() < 0.8 else values)
+
+        answer = Answer.echo(body, reward=rng.choice([0.0, 1.0, 0.25, 1]), expected_answer=rng.choice(["1", "x"]),
+                             extracted=pick([None, "", "é", 3, True, 0.5]), score=pick([0.5, 1.0, -2.0]),
+                             flag=pick([None, True, False]))
+        include = _added_fields(Answer, VerifyRequest)
+        try:
+            expected = {**row, **answer.model_dump(mode="json", include=include, warnings=False)}
+        except Exception as exc:  # noqa: BLE001 - what model_dump refuses, the merge refuses the same way
+            with pytest.raises(type(exc)):
+                _merge_result(row, answer, VerifyRequest)
+            continue
+        if not (isinstance(expected["reward"], int | float) and math.isfinite(expected["reward"])):
+            continue
+        with warnings.catch_warnings():  # pydantic warns of values that do not fit their field; same output
+            warnings.simplefilter("ignore")
+            merged = _merge_result(row, answer, VerifyRequest)
+        read_straight += _plain_added(answer, VerifyRequest) is not None
+        assert json.dumps(merged, default=str) == json.dumps(expected, default=str)
+        assert list(merged) == list(expected)
+    assert read_straight > 20  # the generated answers exercised both ways
+    assert [name for name, _ in _plain_added_names(Answer, VerifyRequest)] == [
+        "reward", "expected_answer", "extracted", "score", "flag"]
+    shouting = _merge_result(row, Shouting.echo(body, reward=1.0, word="hi"), VerifyRequest)
+    assert shouting["word"] == "HI"
+    hidden = _merge_result(row, Hidden.echo(body, reward=1.0, shown=1, hidden=2), VerifyRequest)
+    assert (hidden["shown"], "hidden" in hidden) == (1, False)

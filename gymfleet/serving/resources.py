@@ -51,6 +51,7 @@ import functools
 import inspect
 import logging
 import math
+import types
 import typing
 from typing import Annotated, Any, ClassVar, Literal, Self
 
@@ -328,13 +329,65 @@ def _merge_result(raw: dict[str, Any], result: BaseModel | dict[str, Any], reque
     if isinstance(result, dict):
         added = result
     else:
-        include = _added_fields(type(result), request_cls)
         extra = [key for key in result.__pydantic_extra__ or () if key not in raw]
-        added = result.model_dump(mode="json", include=include.union(extra) if extra else include)
+        added = None if extra else _plain_added(result, request_cls)
+        if added is None:
+            include = _added_fields(type(result), request_cls)
+            added = result.model_dump(mode="json", include=include.union(extra) if extra else include)
     reward = added.get("reward")
     if not isinstance(reward, int | float) or isinstance(reward, bool) or not math.isfinite(reward):
         raise ValueError(f"verify returned a non-finite or non-numeric reward: {reward!r}")
     return {**raw, **added}
+
+
+_PLAIN_TYPES = (str, int, float, bool, type(None))
+
+
+def _plain_added(result: BaseModel, request_cls: type) -> dict[str, Any] | None:
+    """What `model_dump(mode="json", include=<the added fields>)` gives, read straight from the fields when each
+    holds a plain JSON value of a type its annotation names (text, an integer, a finite float, a bool, None) and the
+    class customises no serialization; None otherwise (the caller dumps). The same keys and values in the same
+    order, at a fraction of the cost."""
+    fields = _plain_added_names(type(result), request_cls)
+    if fields is None:
+        return None
+    values = result.__dict__
+    added = {}
+    for name, allowed in fields:
+        value = values.get(name, allowed)  # a field model_construct left unset: let model_dump decide
+        kind = type(value)
+        if kind not in allowed or (kind is float and not math.isfinite(value)):
+            return None
+        added[name] = value
+    return added
+
+
+def _plain_types(annotation: Any) -> frozenset[type]:
+    """The plain value types a field of this annotation dumps unchanged (an `int` in a `float` field does not: it
+    is written as a float)."""
+    if annotation is Any or annotation is object:
+        return frozenset(_PLAIN_TYPES)
+    if annotation is None:
+        return frozenset({type(None)})
+    if annotation in _PLAIN_TYPES:
+        return frozenset({annotation})
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return frozenset().union(*(_plain_types(member) for member in typing.get_args(annotation)))
+    return frozenset()
+
+
+@functools.cache
+def _plain_added_names(result_cls: type[BaseModel], request_cls: type) -> tuple[tuple[str, frozenset], ...] | None:
+    """The added fields, in the order `model_dump` writes them, each with the value types written unchanged; None
+    when the class changes how it serializes (serializers, computed fields, excluded fields)."""
+    decorators = result_cls.__pydantic_decorators__
+    if decorators.field_serializers or decorators.model_serializers or result_cls.model_computed_fields:
+        return None
+    include = _added_fields(result_cls, request_cls)
+    fields = result_cls.model_fields
+    if not include <= fields.keys() or any(fields[name].exclude for name in include):
+        return None
+    return tuple((name, _plain_types(field.annotation)) for name, field in fields.items() if name in include)
 
 
 @functools.cache
