@@ -67,8 +67,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 600.0
 CONNECT_TIMEOUT_S = 20.0
 """Connecting is retried (safe: nothing was sent); the bound covers a SYN backlog overflowing in a 4k-rollout burst.
-It bounds the TCP connect only: a request waiting for a free connection of a full pool waits within its deadline
-(`timeout_s`), as a rollout waiting for its turn does."""
+It bounds the TCP connect only. A request waiting for a free connection of a full pool has not started: its deadline
+(`timeout_s`) starts once it has one (`gymfleet.connections.pool_slot`)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,8 @@ async def request(
         data: Raw body (mutually exclusive with `json`).
         cookies: Cookies to send (explicitly; there is no jar).
         headers: Extra headers.
-        timeout_s: Deadline for one attempt, connect included.
+        timeout_s: Deadline for one attempt, connect included, counted from when the request holds a connection
+            slot of this process's pool (waiting for one when the pool is full is not counted).
         retry: Which failures are retried and how long to back off; whether the call is idempotent.
         target: The `target` label of this call's `gymfleet_upstream_*` metrics (`ServerClient` passes the instance
             name); default: the instance serving `url` if known, else its base URL.
@@ -189,11 +190,12 @@ async def request(
             (`failure_class` is `connection_error` or `timeout`), and retrying was spent or unsafe.
     """
     _session()  # this loop's pool, its connection slots and its connect turns
-    began = time.monotonic()
     try:
-        async with connections.first_turn(timeout_s):  # before anything is built
-            return await _send(method, url, json=json, data=data, cookies=cookies, headers=headers,
-                               timeout_s=timeout_s, retry=retry, target=target, began=began)
+        async with connections.pool_slot():  # a full pool: wait here, not started, off the clock
+            began = time.monotonic()  # the deadline counts from here
+            async with connections.first_turn(timeout_s):  # before anything is built
+                return await _send(method, url, json=json, data=data, cookies=cookies, headers=headers,
+                                   timeout_s=timeout_s, retry=retry, target=target, began=began)
     except connections.NoTurn:
         raise TransportError(f"no connection to {url} could be started within {timeout_s:g}s (this process has "
                              f"{connections.CONNECTS_AT_ONCE} connect turns; all were taken the whole time)", url=url,
@@ -222,7 +224,7 @@ async def _send(method: str, url: str, *, json: Any, data: bytes | None, cookies
         start = time.perf_counter()
         never_connected = False
         try:
-            async with connections.pool_slot(timeout_s, began if attempt == 0 else time.monotonic()) as left_s, \
+            async with connections.attempt_turn(timeout_s, began if attempt == 0 else time.monotonic()) as left_s, \
                     session.request(method, url, data=_payload(body), headers=send_headers,
                                     timeout=_deadline(left_s)) as resp:
                 payload = await resp.read()

@@ -21,9 +21,19 @@ IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 """Methods HTTP defines as idempotent (RFC 9110 9.2.2): sending one twice does what sending it once does."""
 
 
-SERVER_KEEP_ALIVE_S = 30
+CLIENT_LOOP_LAG_S = 120.0
+"""The longest event-loop lag measured in a client of gymfleet's servers: 65,536 rollouts posted at once from one
+process on 2 loaded cores (`bench/rollouts_at_scale.py`, load 13-22) kept its loop from reading answers for up to
+about two minutes at a time."""
+
+SERVER_KEEP_ALIVE_S = 300
 """How long gymfleet's own servers keep an idle connection open: longer than any client's pool keeps one (aiohttp's
-default 15 s, which NeMo-RL's client uses; `gymfleet.connections.CLIENT_KEEP_ALIVE_S`), so clients close first."""
+default 15 s, which NeMo-RL's client uses; `gymfleet.connections.CLIENT_KEEP_ALIVE_S`), so clients close first, even
+a client whose loop lags (`CLIENT_LOOP_LAG_S`). The server's idle clock starts when it has written an answer, the
+client's only once its loop has read it; with 30 s, a client lagging that long picked a connection from its pool,
+found it open, and wrote its `/run` one loop pass later, by which time the server had closed it: "Server
+disconnected" on a POST that may not be retried (36 of 65,536 rollouts). An idle connection costs the server a
+socket and a few KiB; clients close theirs within seconds."""
 
 @dataclass(frozen=True)
 class RetryPolicy:

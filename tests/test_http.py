@@ -181,6 +181,9 @@ def test_client_pools_let_go_of_idle_connections_before_any_server_closes_them()
     aiohttp_default_s = 15.0  # aiohttp's documented default keepalive_timeout
     for server_idle_s in (_uvicorn_config(app, access_log=False).timeout_keep_alive, http_types.SERVER_KEEP_ALIVE_S):
         assert server_idle_s > max(client_idle_s, aiohttp_default_s)
+        # a client's loop that lags reads an answer (and starts its own idle clock) that much after the server wrote
+        # it (and started the server's): the server must still hold the connection when the client reuses it
+        assert server_idle_s >= 2 * (http_types.CLIENT_LOOP_LAG_S + max(client_idle_s, aiohttp_default_s))
 
 
 async def test_an_idle_pooled_connection_is_reused_within_the_keep_alive_and_dropped_past_it(url, monkeypatch):

@@ -11,27 +11,40 @@ environments grade without awaiting anything. `finish_by(when, coroutine)` runs 
 and arms the `Deadline` only if it suspends, so a wait that finishes in that step costs no timer at all (about 3 µs
 saved per deadline). A coroutine that never suspends cannot be interrupted by a timer either way, so nothing a
 deadline could have stopped goes unstopped.
+
+A deadline counts work, not queues: while the task waits for admission somewhere (a judge's concurrency cap, a slot
+of a full connection pool: the waits wrapped in `gymfleet.connections.off_the_clock`), its deadlines stop, and
+resume afterwards with what they had left. A `Deadline` entered through `finish_by` is stoppable that way from the
+coroutine's first step on; several tasks of its context may stop it at once (it resumes when the last is done).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine, Generator
+import contextlib
+from collections.abc import Awaitable, Coroutine, Generator, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
+
+from gymfleet import connections
 
 T = TypeVar("T")
 
 
 class Deadline:
-    """`async with Deadline(when):` raises `TimeoutError` if the block is still running at loop time `when`."""
+    """`async with Deadline(when):` raises `TimeoutError` if the block is still running at loop time `when`, not
+    counting the time it spends stopped (`paused`)."""
 
-    __slots__ = ("_when", "_task", "_handle", "_cancelling", "expired")
+    __slots__ = ("_when", "_task", "_handle", "_cancelling", "expired", "_stopped", "_stopped_at", "_entered")
 
     def __init__(self, when: float):
         self._when = when
         self.expired = False
         """Whether the deadline passed while the block was running."""
+        self._stopped = 0
+        self._stopped_at = 0.0
+        self._entered = False
+        self._handle: asyncio.TimerHandle | None = None
 
     async def __aenter__(self) -> Deadline:
         task = asyncio.current_task()
@@ -39,16 +52,43 @@ class Deadline:
             raise RuntimeError("Deadline must be used inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        self._handle = asyncio.get_running_loop().call_at(self._when, self._expire)
+        self._entered = True
+        if not self._stopped:
+            self._handle = asyncio.get_running_loop().call_at(self._when, self._expire)
         return self
 
     def _expire(self) -> None:
         self.expired = True
         self._task.cancel()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The deadline stops while the block runs and resumes afterwards with the time it had left."""
+        if self.expired:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        if not self._stopped:
+            self._stopped_at = loop.time()
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+        self._stopped += 1
+        try:
+            yield
+        finally:
+            self._stopped -= 1
+            if not self._stopped:
+                self._when += loop.time() - self._stopped_at
+                if self._entered:
+                    self._handle = loop.call_at(self._when, self._expire)
+
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         traceback: TracebackType | None) -> None:
-        self._handle.cancel()
+        self._entered = False
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
         if self.expired and self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
             raise TimeoutError from exc
 
@@ -59,21 +99,27 @@ def deadline_in(seconds: float) -> Deadline:
 
 
 async def finish_by(when: float, coroutine: Awaitable[T]) -> T:
-    """`await coroutine`, raising `TimeoutError` if it is still running at loop time `when`; the timer is armed only
-    once the coroutine suspends (see the module docstring). Any other awaitable (a future, an ASGI server's
-    `receive` that is not a coroutine function) is awaited under a `Deadline` from the start."""
+    """`await coroutine`, raising `TimeoutError` if it is still running at loop time `when` (time it spends off the
+    clock, `gymfleet.connections.off_the_clock`, not counted); the timer is armed only once the coroutine suspends
+    (see the module docstring). Any other awaitable (a future, an ASGI server's `receive` that is not a coroutine
+    function) is awaited under a `Deadline` from the start."""
+    deadline = Deadline(when)
     if not isinstance(coroutine, Coroutine):
-        async with Deadline(when):
+        async with deadline:
             return await coroutine
+    token = connections.pause_deadlines_with(deadline.paused)
     try:
-        yielded = coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    except BaseException:
-        coroutine.close()
-        raise
-    async with Deadline(when):
-        return await _Resumed(coroutine, yielded)
+        try:
+            yielded = coroutine.send(None)
+        except StopIteration as done:
+            return done.value
+        except BaseException:
+            coroutine.close()
+            raise
+        async with deadline:
+            return await _Resumed(coroutine, yielded)
+    finally:
+        connections.resume_deadlines_with(token)
 
 
 class _Resumed:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from gymfleet.grading.judge import JUDGE_TIMEOUT_S
 from gymfleet.grading.judge_gate import JudgeGate, judge_client, judge_params
 from gymfleet.serving.resources import ResourcesServer, ResourcesServerConfig
 from gymfleet.serving.server import ServerRef
@@ -28,8 +29,9 @@ class JudgeCallConfig(ResourcesServerConfig):
     """The judge's model server instance."""
     judge_responses_create_params: ResponseCreateParams = ResponseCreateParams(input=[])
     """Base request for judge calls; `input` is replaced by the prompt."""
-    judge_timeout_s: float = Field(default=120.0, gt=0)
-    """Deadline for one judge call attempt."""
+    judge_timeout_s: float = Field(default=JUDGE_TIMEOUT_S, gt=0)
+    """Deadline for one judge call attempt (a model call's: `gymfleet.grading.judge.JUDGE_TIMEOUT_S`); the
+    server's `verify_timeout_s` counts neither the call nor the wait for a free slot (`judge_max_concurrency`)."""
     judge_max_attempts: int = Field(default=3, ge=1)
     """Attempts per judge call, the first included."""
     judge_max_concurrency: int = Field(default=64, ge=1)

@@ -33,7 +33,8 @@ def release_freed_memory() -> None:
 
 IDLE_TRIM_DELAYS_S = (0.0, 31.0)
 """When a server falls idle after a burst: trim at once (request memory), and again once the burst's idle
-keep-alive connections have closed (`gymfleet.http_types.SERVER_KEEP_ALIVE_S`, 30 s), which frees their buffers."""
+keep-alive connections have closed (their clients close them: gymfleet's pool after 4 s idle, aiohttp's default
+after 15 s; `gymfleet.http_types.SERVER_KEEP_ALIVE_S`), which frees their buffers."""
 
 
 def release_memory_when_idle() -> None:

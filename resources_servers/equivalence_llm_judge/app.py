@@ -75,7 +75,7 @@ answer cannot buy its way out of a 0 this way: the screen of step 3 catches the 
   at startup against the fleet's instances.
 - `judge_responses_create_params` ({input: []}): base `/v1/responses` request for judge calls (`max_output_tokens`,
   `temperature`, `seed`, ...); `input` is replaced by the prompt.
-- `judge_timeout_s` (120), `judge_max_attempts` (3), `judge_max_concurrency` (64; NeMo-Gym's
+- `judge_timeout_s` (900), `judge_max_attempts` (3), `judge_max_concurrency` (64; NeMo-Gym's
   `judge_endpoint_max_concurrency` is accepted as its other name, null meaning no cap): deadline per attempt,
   attempts per call (connection failures, 429 with `Retry-After`, 5xx are retried), judge calls in flight.
 - `judge_prompt_template_fpath` ("prompt_templates/equivalence_llm_judge.txt", relative to this folder) or an

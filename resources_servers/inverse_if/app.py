@@ -49,7 +49,7 @@ unparseable verdict is not a failure: rule 3 makes it FAIL, as NeMo-Gym does.
 - Our own default prompt texts (NeMo-Gym's rows carry theirs and are used as sent).
 
 ## Config
-- `judge_model_server`, `judge_responses_create_params`, `judge_timeout_s` (120), `judge_max_attempts` (3),
+- `judge_model_server`, `judge_responses_create_params`, `judge_timeout_s` (900), `judge_max_attempts` (3),
   `judge_max_concurrency` (64), `aggregation_mode` (mean), `parallel_evaluation` (true), `max_response_chars`
   (60,000): as in multichallenge. The shipped judge is `policy_model`.
 - `default_judge_prompt_template` (null: `judge_prompt.txt`): fallback template; must hold `{model_response}` and

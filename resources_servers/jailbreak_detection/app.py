@@ -64,7 +64,7 @@ answered without naming a label is not a failure: the unclear reward above appli
 
 ## Config
 - `judge_model_server` (shipped: `policy_model`, checked at startup in a fleet), `judge_responses_create_params`
-  ({input: []}; `input` is replaced by the prompt), `judge_timeout_s` (120), `judge_max_attempts` (3),
+  ({input: []}; `input` is replaced by the prompt), `judge_timeout_s` (900), `judge_max_attempts` (3),
   `judge_max_concurrency` (64): the judge fields of `gymfleet.serving.judged.JudgedConfig`.
 - `use_nemotron_format` (true), `nemotron_enable_reasoning` (false), `use_combined_reward` (true),
   `reward_if_safe` (1.0), `reward_if_unsafe` (0.0), `reward_if_unclear` (0.0), `reward_if_quality_high` (1.0),

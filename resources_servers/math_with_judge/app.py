@@ -59,7 +59,7 @@ environment (below), after its table tests pass on it.
   Checked at startup when `should_use_judge` is true.
 - `judge_responses_create_params` ({input: []}): base `/v1/responses` request for judge calls (`max_output_tokens`,
   `temperature`, ...); `input` is replaced by the prompt.
-- `judge_timeout_s` (120), `judge_max_attempts` (3), `judge_max_concurrency` (64): per-attempt deadline, attempts
+- `judge_timeout_s` (900), `judge_max_attempts` (3), `judge_max_concurrency` (64): per-attempt deadline, attempts
   per call (connection errors, timeouts, 429 and 5xx are retried), and judge calls in flight at once.
 - `library_verifier_timeout_seconds` (10): budget per verification, in CPU seconds (so a busy machine does not
   fail ordinary answers), with a wall-clock backstop of four times that; past it the worker is killed.

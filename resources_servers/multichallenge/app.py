@@ -54,7 +54,7 @@ and no item is scored 0 for it. An unlabelled verdict is not a failure: rule 3 g
   shipped config uses `policy_model`. Checked when the server starts in a fleet.
 - `judge_responses_create_params` ({input: []}): base `/v1/responses` request for judge calls (shipped:
   `max_output_tokens: 8192, temperature: 0.7, top_p: 0.8`); `input` is replaced by the item's messages.
-- `judge_timeout_s` (120), `judge_max_attempts` (3), `judge_max_concurrency` (64): per-attempt deadline, attempts
+- `judge_timeout_s` (900), `judge_max_attempts` (3), `judge_max_concurrency` (64): per-attempt deadline, attempts
   per call (connection errors, 429 and 5xx are retried, honouring `Retry-After`), judge calls in flight at once.
 - `aggregation_mode` (mean): mean, min, max, all (every item passed), any, weighted (by `weight`).
 - `parallel_evaluation` (true): judge a row's items at once, or one after another.

@@ -37,7 +37,7 @@ text. A judge that answered without naming a label is not a failure: that is the
 
 ## Config
 - `judge_model_server` (shipped: `policy_model`, checked at startup in a fleet), `judge_responses_create_params`
-  ({input: []}; `input` is replaced by the prompt), `judge_timeout_s` (120), `judge_max_attempts` (3),
+  ({input: []}; `input` is replaced by the prompt), `judge_timeout_s` (900), `judge_max_attempts` (3),
   `judge_max_concurrency` (64): the judge fields of `gymfleet.serving.judged.JudgedConfig`.
 - `reward_if_complied` (1.0), `reward_if_refused` (0.0), `reward_if_unclear` (0.5).
 - `max_response_chars` (32,000): longer answers score 0 without a judge call.
