@@ -278,9 +278,8 @@ def _access_log(config: GlobalConfig) -> bool:
 
 def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, secrets: Secrets,
                   credential: tuple[str, bool] | None = None) -> None:
-    import uvicorn
-
     from gymfleet import auth, http
+    from gymfleet.serving.accept_gate import GatedServer
 
     if credential is not None:
         auth.hold(*credential)
@@ -291,7 +290,7 @@ def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, sec
     instance = config.instance(instance_name)
     http.configure(client_limits(config.data, instance.num_workers))
     server = build_server(instance, config)
-    uvicorn.Server(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
+    GatedServer(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
 
 
 def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | None = None,
@@ -303,9 +302,8 @@ def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | Non
         PortInUseError: the instance's port is taken.
         ConfigError: a bad field (named by its YAML path) or a port that cannot be bound for another reason.
     """
-    import uvicorn
-
     from gymfleet import http
+    from gymfleet.serving.accept_gate import GatedServer
 
     secrets = secrets or []
     config = load_config(config_path, secrets)
@@ -319,7 +317,7 @@ def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | Non
     sock.set_inheritable(True)
     workers = instance.num_workers
     if workers <= 1:
-        uvicorn.Server(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
+        GatedServer(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
         return
     _run_workers(config_path, instance_name, sock, workers, secrets)
 

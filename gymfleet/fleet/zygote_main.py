@@ -48,8 +48,8 @@ SHARED_MODULES = (
     "uvicorn", "uvicorn.config", "uvicorn.server", "uvicorn.lifespan.on", "uvicorn.loops.auto",
     "uvicorn.loops.uvloop", "uvicorn.protocols.http.auto", "uvicorn.protocols.http.httptools_impl",
     "uvicorn.protocols.http.h11_impl", "uvicorn.protocols.websockets.auto", "gymfleet.serving.server", "gymfleet.http",
-    "gymfleet.fleet.launch", "gymfleet.serving.resources", "gymfleet.serving.agent", "gymfleet.serving.model",
-    "gymfleet.grading.judge", "gymfleet.grading.sandbox_client",
+    "gymfleet.fleet.launch", "gymfleet.serving.accept_gate", "gymfleet.serving.resources", "gymfleet.serving.agent",
+    "gymfleet.serving.model", "gymfleet.grading.judge", "gymfleet.grading.sandbox_client",
 )  # fmt: skip
 """Imported first, whatever the config: what every server imports (uvicorn's `auto` modules load at serve time;
 the resources, agent and model bases bring the `openai` types). Imported once, before the helper forks: what the
