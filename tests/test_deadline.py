@@ -92,7 +92,7 @@ def test_finish_by_arms_no_timer_for_a_coroutine_that_does_not_wait(monkeypatch)
     import gymfleet.serving.deadline as module
 
     armed = []
-    monkeypatch.setattr(module, "Deadline", lambda when: armed.append(when))
+    monkeypatch.setattr(module.Deadline, "__aenter__", lambda self: armed.append(self))
 
     async def main():
         return await module.finish_by(asyncio.get_running_loop().time() - 1, _no_wait(7))
