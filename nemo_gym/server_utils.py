@@ -5,6 +5,7 @@ module `__getattr__` that reads `_GLOBAL_AIOHTTP_CLIENT`): what NeMo-RL imports
 names (`_GLOBAL_AIOHTTP_CLIENT`, `set_global_aiohttp_client`, ...: `gymfleet.serving.nemo_gym_aiohttp`)."""
 
 from gymfleet.fleet.config_instances import HEAD_SERVER_KEY_NAME, BaseServerConfig
+from gymfleet.fleet.run_helper import get_global_config_dict
 from gymfleet.serving.nemo_gym_aiohttp import (
     DisconnectCancelMiddleware,
     GlobalAIOHTTPAsyncClientConfig,
@@ -16,6 +17,7 @@ from gymfleet.serving.nemo_gym_aiohttp import (
     set_global_aiohttp_client,
 )
 from gymfleet.serving.nemo_gym_client import (
+    MAX_NUM_TRIES,
     SESSION_ID_KEY,
     ServerClient,
     ServerStatus,
@@ -32,10 +34,10 @@ from gymfleet.serving.nemo_gym_types import BaseRunServerInstanceConfig
 
 __all__ = [
     "BaseRunServerInstanceConfig", "BaseServer", "BaseServerConfig", "ClientDisconnectCancellationMiddleware",
-    "GlobalAIOHTTPAsyncClientConfig", "HEAD_SERVER_KEY_NAME", "SESSION_ID_KEY", "ServerClient", "ServerStatus",
-    "SimpleServer", "apply_rollout_prefix", "get_first_server_config_dict", "get_global_aiohttp_client",
-    "get_response_json", "get_server_url", "global_aiohttp_client_exit",
-    "is_global_aiohttp_client_request_debug_enabled", "is_global_aiohttp_client_setup",
+    "GlobalAIOHTTPAsyncClientConfig", "HEAD_SERVER_KEY_NAME", "MAX_NUM_TRIES", "SESSION_ID_KEY", "ServerClient",
+    "ServerStatus", "SimpleServer", "apply_rollout_prefix", "get_first_server_config_dict",
+    "get_global_aiohttp_client", "get_global_config_dict", "get_response_json", "get_server_url",
+    "global_aiohttp_client_exit", "is_global_aiohttp_client_request_debug_enabled", "is_global_aiohttp_client_setup",
     "is_nemo_gym_fastapi_entrypoint", "raise_for_status", "request", "rollout_path_prefix",
     "set_global_aiohttp_client",
 ]

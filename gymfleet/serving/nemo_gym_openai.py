@@ -24,6 +24,7 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from pydantic import BaseModel, Field, PrivateAttr
 
 from gymfleet.serving.nemo_gym_client import (
+    MAX_NUM_TRIES,
     HTTPStatusError,
     NeMoGymClientResponse,
     get_response_json,
@@ -71,7 +72,7 @@ class NeMoGymAsyncOpenAI(BaseModel):
     api_key: str
     internal: bool = False
     max_connection_retries: int | None = None
-    max_http_attempts: int = Field(default=3, ge=1)
+    max_http_attempts: int = Field(default=MAX_NUM_TRIES, ge=1)
     default_headers: dict[str, str] = Field(default_factory=dict)
     _tripped: tuple[int, bytes, str] | None = PrivateAttr(default=None)
 
