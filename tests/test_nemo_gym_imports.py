@@ -8,7 +8,11 @@ real, the training item variants, the shared collection config's completion rule
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -189,3 +193,28 @@ def test_a_patched_server_utils_config_is_what_get_server_url_reads(monkeypatch)
     monkeypatch.setattr(server_utils, "get_global_config_dict", lambda: config)
     assert server_utils.get_server_url("judge") == "http://127.0.0.9:12001"
     assert server_utils.ServerClient.load_from_global_config().global_config_dict == config
+
+
+def test_a_folders_ray_workers_enter_its_tree(tmp_path):
+    """spider2_lite's `@ray.remote` function lives in `resources_servers.spider2_lite.eval_utils`: a Ray worker must
+    import it from the folder's tree. A process that entered the tree names gymfleet's runtime-env hook to `ray.init`;
+    the hook's worker setup, run in a fresh interpreter (as a worker is), imports the tree's module, not gymfleet's
+    environment of that name."""
+    folder = tmp_path / "resources_servers" / "mcqa"
+    folder.mkdir(parents=True)
+    (folder / "app.py").write_text("")
+    (folder / "remote_part.py").write_text("WHERE = 'tree'\n")
+    driver = ("import os, json; from gymfleet.fleet.folders import enter_tree; enter_tree(__import__('pathlib').Path("
+              f"{str(folder)!r})); from gymfleet.fleet import folder_ray; print(json.dumps([os.environ["
+              "folder_ray.RAY_HOOK_ENV], folder_ray.runtime_env_hook({'env_vars': {'A': '1'}})]))")
+    hook, runtime_env = json.loads(subprocess.run(
+        [sys.executable, "-c", driver], capture_output=True, text=True, check=True).stdout)
+    assert hook == "gymfleet.fleet.folder_ray.runtime_env_hook"
+    assert runtime_env == {"worker_process_setup_hook": "gymfleet.fleet.folders.enter_tree_in_ray_worker",
+                           "env_vars": {"GYMFLEET_RAY_FOLDER": str(folder), "A": "1"}}
+    worker = ("import importlib; module, _, name = 'gymfleet.fleet.folders.enter_tree_in_ray_worker'.rpartition('.'); "
+              "getattr(importlib.import_module(module), name)(); import resources_servers.mcqa.remote_part as part; "
+              "print(part.WHERE, part.__file__)")
+    done = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, check=True,
+                          env={**os.environ, **runtime_env["env_vars"]})
+    assert done.stdout.split() == ["tree", str(folder / "remote_part.py")]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gymfleet.errors import ConfigError
+from gymfleet.fleet import folder_ray
 from gymfleet.serving.nemo_gym_paths import FOLDER_TREE_ENV
 
 log = logging.getLogger(__name__)
@@ -198,9 +199,20 @@ def enter_tree(folder: Path) -> None:
     sys.path.insert(0, str(folder))
     os.chdir(folder)  # NeMo-Gym starts the server in its folder: relative data paths resolve there
     os.environ[FOLDER_TREE_ENV] = str(tree)  # ... else in its tree (NeMo-Gym's PARENT_DIR): nemo_gym_paths
+    folder_ray.install(folder)  # the folder's Ray tasks run in workers that enter the same tree
     paths = sys.modules.get("gymfleet.serving.nemo_gym_paths")
     if paths is not None and paths.PARENT_DIR != tree:  # imported already (a server forked from the zygote)
         _follow(paths.PARENT_DIR, tree)
+
+
+def enter_tree_in_ray_worker() -> None:
+    """Ray's worker setup hook (`gymfleet.fleet.folder_ray`): enter the tree of the folder whose process started the
+    job, so the folder's remote functions import in the worker as in that process."""
+    folder = os.environ.get(folder_ray.RAY_FOLDER_ENV)
+    if folder:
+        import gymfleet.serving.nemo_gym_server  # noqa: F401 - built before the tree's packages (folder_pytest says why)
+
+        enter_tree(Path(folder))
 
 
 PATH_COPIES = ("gymfleet.serving.nemo_gym_paths", "gymfleet.serving.nemo_gym_types", "nemo_gym")
