@@ -6,8 +6,7 @@ keys and failure rules, the dispatch latency tracker and the invalid-judge row m
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
 from gymfleet.serving import nemo_gym_records
-from gymfleet.serving.nemo_gym_collection import SharedRolloutCollectionConfig
-from gymfleet.serving.nemo_gym_collection import attach_ng_perf as _attach_ng_perf
+from gymfleet.serving.nemo_gym_collection import SharedRolloutCollectionConfig, _attach_ng_perf
 from gymfleet.serving.nemo_gym_records import *  # noqa: F403  (nemo_gym_records.__all__)
 
 __all__ = [*nemo_gym_records.ROLLOUT_COLLECTION_NAMES, "RolloutCollectionConfig", "RolloutCollectionHelper",

@@ -7,7 +7,7 @@ names (`_GLOBAL_AIOHTTP_CLIENT`, `set_global_aiohttp_client`, ...: `gymfleet.ser
 from gymfleet.fleet.config_instances import HEAD_SERVER_KEY_NAME, BaseServerConfig
 from gymfleet.fleet.run_helper import get_global_config_dict
 from gymfleet.serving.nemo_gym_aiohttp import (
-    DisconnectCancelMiddleware,
+    ClientDisconnectCancellationMiddleware,
     GlobalAIOHTTPAsyncClientConfig,
     get_global_aiohttp_client,
     global_aiohttp_client,
@@ -41,9 +41,6 @@ __all__ = [
     "is_nemo_gym_fastapi_entrypoint", "raise_for_status", "request", "rollout_path_prefix",
     "set_global_aiohttp_client",
 ]
-
-ClientDisconnectCancellationMiddleware = DisconnectCancelMiddleware
-
 
 def __getattr__(name: str):
     """`_GLOBAL_AIOHTTP_CLIENT`: the open global aiohttp session, as 0.7.0's module attribute."""

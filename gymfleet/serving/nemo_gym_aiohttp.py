@@ -137,3 +137,7 @@ class DisconnectCancelMiddleware:
             log.info("%s %s: the client disconnected; its handler was cancelled", scope["method"], scope["path"])
         finally:
             listener.cancel()
+
+
+ClientDisconnectCancellationMiddleware = DisconnectCancelMiddleware
+"""0.7.0's name for it (`nemo_gym.server_utils.ClientDisconnectCancellationMiddleware`)."""

@@ -84,3 +84,7 @@ def attach_ng_perf(result: dict[str, Any], *, observability_enabled: bool,
             "observability_enabled=true: a rollout's ng_perf is built from NeMo-Gym's per-call model capture, which "
             "gymfleet's model servers do not keep; run with observability_enabled=false (gymfleet's /metrics and "
             "the collector's latencies are its view of performance)")
+
+
+_attach_ng_perf = attach_ng_perf
+"""0.7.0's name for it (`nemo_gym.rollout_collection._attach_ng_perf`)."""
