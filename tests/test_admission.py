@@ -1,7 +1,7 @@
 """Rollout admission (`gymfleet.serving.admission.Admission`, `max_concurrent_rollouts`) on real servers.
 
 A real simple_agent, a real scripted model and a real environment whose `/verify` the test can hold open per row
-(`GatedServer`), so which rollouts are in progress at any moment is decided by the test, not by timing. The
+(`ReleasedVerifies`), so which rollouts are in progress at any moment is decided by the test, not by timing. The
 environment records the order rollouts reach it (`/seed_session`) and finish (`/verify`): a rollout that never
 reached it did no work.
 """
@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.serving.admission import Admission
-from gymfleet.testing.fleets import GatedServer, agent_fleet
+from gymfleet.testing.fleets import ReleasedVerifies, agent_fleet
 from responses_api_models.scripted_model.app import ScriptedModel
 
 HANG_BOUND_S = 60.0
@@ -33,7 +33,7 @@ RULES = [{"match": "(?i)slow", "text": "a slow answer", "delay_s": 0.2}]
 
 @contextlib.contextmanager
 def _fleet(max_concurrent_rollouts, *, gated: bool = True):
-    env = GatedServer({"name": "gated", "domain": "other"}, gated=gated, hang_bound_s=HANG_BOUND_S)
+    env = ReleasedVerifies({"name": "gated", "domain": "other"}, gated=gated, hang_bound_s=HANG_BOUND_S)
     model = ScriptedModel({"name": "llm", "rules": RULES, "default": {"text": "an answer"}})
     with agent_fleet(SimpleAgent, env, model, env_name="gated", max_concurrent_rollouts=max_concurrent_rollouts) \
             as agent_url, ThreadPoolExecutor(16) as pool:

@@ -29,7 +29,7 @@ from gymfleet.fleet.head import create_head_app
 from gymfleet.rollouts.dispatch import SEND_WINDOW, AgentLines, SendWindow
 from gymfleet.serving.admission import DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from gymfleet.testing import free_port, serve
-from gymfleet.testing.fleets import GatedServer, agent_fleet, server_block
+from gymfleet.testing.fleets import ReleasedVerifies, agent_fleet, server_block
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_utils import BaseServerConfig
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -119,7 +119,7 @@ def _wait_until(predicate, what: str) -> None:
 
 
 def test_run_examples_sends_an_agent_its_bound_and_a_window_the_rest_in_order_as_earlier_ones_are_answered():
-    env = GatedServer({"name": "gated", "domain": "other"})
+    env = ReleasedVerifies({"name": "gated", "domain": "other"})
     model = ScriptedModel({"name": "llm", "default": {"text": "an answer"}})
     with agent_fleet(SimpleAgent, env, model, env_name="gated", max_concurrent_rollouts=BOUND) as agent_url:
         agent = server_block("responses_api_agents", "simple_agent", agent_url)

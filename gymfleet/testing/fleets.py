@@ -8,7 +8,7 @@ environment with a judge model behind it (`judged_by`: the judge's rules and the
 server); `agent_fleet` serves a resources server and a model server with an agent in front of them; `post_verify`
 posts one `/verify` and checks its status; `datasets_config` writes a config giving a recipe's agent its datasets;
 `buffer_body` lets an ASGI wrapper in front of a stand-in read a request's body and still pass it on;
-`GatedServer` is a resources server whose `/verify` answers each row only when the test releases it. The servers
+`ReleasedVerifies` is a resources server whose `/verify` answers each row only when the test releases it. The servers
 are passed in (built by the test), so this module imports no environment, model or agent.
 """
 
@@ -181,7 +181,7 @@ async def buffer_body(receive: Any) -> tuple[bytes, Any]:
     return body, replay
 
 
-class GatedServer(ResourcesServer):
+class ReleasedVerifies(ResourcesServer):
     """Records each row's `idx` as its rollout starts (`/seed_session`) and ends (`/verify`); with `gated`, a row's
     `/verify` answers only once the test has `release`d its idx (a row never released fails after `hang_bound_s`)."""
 
