@@ -145,6 +145,8 @@ def test_run_examples_sends_an_agent_its_bound_and_a_window_the_rest_in_order_as
                 collecting = pool.submit(asyncio.run, collect())
                 # Nothing is answered yet: the agent holds exactly its bound and a window; the rest wait in the client.
                 _wait_until(lambda: _received(agent_url) == AHEAD, f"the agent holds {AHEAD} requests")
+                # The agent admits its bound; each admitted rollout reaches the environment a moment later.
+                _wait_until(lambda: len(env.started) >= BOUND, f"{BOUND} rollouts reach the environment")
                 assert env.started == [0, 1]
                 for done in range(ROWS):  # answer one at a time: one more request goes out for each answered
                     env.release(done)
