@@ -107,12 +107,21 @@ def main(argv: list[str] | None = None) -> int:
                 result = FolderResult(futures[future], why=[f"bench: {type(exc).__name__}: {exc}"])
             results.append(result)
             print(_line(result.row()), flush=True)
+            if args.json:  # after every folder: a run cut short keeps what it measured
+                _write_json(args.json, results)
     results.sort(key=lambda r: r.folder)
     print()
     print(summary(results, time.monotonic() - started), flush=True)
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
+        _write_json(args.json, results)
     return 0
+
+
+def _write_json(path: Path, results: list[FolderResult]) -> None:
+    """Every folder's result so far, sorted by folder, replacing `path` whole (never a half-written file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps([asdict(r) for r in sorted(results, key=lambda r: r.folder)], indent=1))
+    partial.replace(path)
 
 
 if __name__ == "__main__":
