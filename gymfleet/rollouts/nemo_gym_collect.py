@@ -169,13 +169,32 @@ def _patched(name: str, default: Any) -> Any:
     return getattr(module, name, default) if module is not None else default
 
 
+_FLEET: list[tuple[Any, dict[str, Any]]] = []
+"""The fleet `use_fleet` names (innermost last)."""
+
+
+@contextlib.contextmanager
+def use_fleet(head_server_config: Any, config: dict[str, Any]) -> Iterator[None]:
+    """Within it, `setup_server_client()` (and the global config `run_from_config` reads) is this fleet's: how
+    `ng_collect_rollouts` hands a driver the fleet it reached (`gymfleet.rollouts.nemo_gym_driver`)."""
+    _FLEET.append((head_server_config, config))
+    try:
+        yield
+    finally:
+        _FLEET.pop()
+
+
 def setup_server_client(head_server_config: Any = None) -> ServerClient:
-    """The fleet's NeMo-Gym `ServerClient`: the config of the fleet this process serves in, else the one its head
-    server (`head_server_config`, else the global config's `head_server`, else 127.0.0.1:11000) publishes.
+    """The fleet's NeMo-Gym `ServerClient`: the one `use_fleet` names, else the fleet this process serves in, else
+    the one whose head server (`head_server_config`, else the global config's `head_server`, else 127.0.0.1:11000)
+    publishes its config.
 
     Raises:
         TransportError: the head server cannot be reached.
     """
+    if _FLEET:
+        head, config = _FLEET[-1]
+        return ServerClient(head_server_config=head_server_config or head, global_config_dict=config)
     served = served_config()
     if served is not None:
         return ServerClient(head_server_config=head_server_config or served.get("head_server"),
@@ -183,18 +202,21 @@ def setup_server_client(head_server_config: Any = None) -> ServerClient:
     from gymfleet.rollouts.fleet_watch import head_address
 
     if head_server_config is None:
-        from gymfleet.fleet.run_helper import get_global_config_dict
+        from gymfleet.fleet.run_helper import maybe_get_global_config_dict
 
-        head_server_config = sidecars.plain(get_global_config_dict()).get("head_server")
+        head_server_config = sidecars.plain(maybe_get_global_config_dict() or {}).get("head_server")
     host, port = head_address(head_server_config)
     return ServerClient(head_server_config={"host": host, "port": port},
                         global_config_dict=_fetch_head_config(host, port))
 
 
-def _global_config() -> dict[str, Any]:
+def _global_config(client: ServerClient) -> dict[str, Any]:
+    """The global config: `nemo_gym.rollout_collection.get_global_config_dict` where a test patched it, else the
+    fleet's (`client`'s; 0.7.0 parses its command line, which a library caller's is not)."""
     from gymfleet.fleet.run_helper import get_global_config_dict
 
-    return sidecars.plain(_patched("get_global_config_dict", get_global_config_dict)())
+    source = _patched("get_global_config_dict", get_global_config_dict)
+    return sidecars.plain(client.global_config_dict if source is get_global_config_dict else source())
 
 
 def _drop_truncated_tail(path: Path) -> None:
@@ -290,7 +312,7 @@ class RolloutCollectionHelper(NeMoRLHelper):
                 path.unlink(missing_ok=True)
             rows, results, kept_rows, kept_results = [], [], [], []
         semaphore = asyncio.Semaphore(config.num_samples_in_parallel) if config.num_samples_in_parallel else None
-        observability = bool(_global_config().get(OBSERVABILITY_ENABLED_KEY_NAME, False))
+        observability = bool(_global_config(self.setup_server_client()).get(OBSERVABILITY_ENABLED_KEY_NAME, False))
         tracker = DispatchLatencyTracker()
         failure_counts: Counter = Counter()
         persisted = len(done_keys)
@@ -353,7 +375,8 @@ class RolloutCollectionHelper(NeMoRLHelper):
             order = sorted(range(len(scored)), key=lambda i: sidecars.rollout_order_key(scored[i]))
             metrics_path = await self._call_aggregate_metrics([scored[i] for i in order], [meta[i] for i in order],
                                                               output)
-        expected = sum(1 for line in config.materialized_jsonl_fpath.open("rb") if line.strip())
+        with config.materialized_jsonl_fpath.open("rb") as materialized:
+            expected = sum(1 for line in materialized if line.strip())
         coverage = sidecars.coverage_report(expected, persisted + len(counted), failure_counts, failures,
                                             imputed=len(missing))
         log.info("collection done: materialized inputs %s, rollouts %s, aggregate metrics %s%s",
