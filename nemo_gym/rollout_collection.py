@@ -12,18 +12,15 @@ from gymfleet.rollouts.nemo_gym_collect import (
     RolloutCollectionConfig,
     RolloutCollectionHelper,
     _CompletedRollout,
-)
-from gymfleet.rollouts.nemo_gym_collect import setup_server_client as setup_server_client_utils
-from gymfleet.rollouts.nemo_gym_sidecars import (
-    AGENT_REQUEST_FAILED as AGENT_REQUEST_FAILED_FAILURE_CLASS,
+    setup_server_client_utils,
 )
 from gymfleet.rollouts.nemo_gym_sidecars import (
-    AGENT_RUN_ERROR as AGENT_RUN_ERROR_FAILURE_CLASS,
+    AGENT_REQUEST_FAILED_FAILURE_CLASS,
+    AGENT_RUN_ERROR_FAILURE_CLASS,
+    ENVIRONMENT_SERVER_FAILURE_CLASS,
+    NG_DISPATCH_DRAINED_KEY,
+    NG_RESULT_TYPE_KEY,
 )
-from gymfleet.rollouts.nemo_gym_sidecars import (
-    ENVIRONMENT_SERVER_FAILED as ENVIRONMENT_SERVER_FAILURE_CLASS,
-)
-from gymfleet.rollouts.nemo_gym_sidecars import NG_DISPATCH_DRAINED_KEY, NG_RESULT_TYPE_KEY
 from gymfleet.serving import nemo_gym_records
 from gymfleet.serving.nemo_gym_collection import SharedRolloutCollectionConfig, _attach_ng_perf
 from gymfleet.serving.nemo_gym_records import *  # noqa: F403  (nemo_gym_records.__all__)

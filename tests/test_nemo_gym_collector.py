@@ -19,16 +19,16 @@ from gymfleet.rollouts.nemo_gym_driver import load_driver
 from gymfleet.rollouts.nemo_gym_rows import preprocess_raw_rows
 from gymfleet.testing import fleet_headers, running_fleet
 
-ROOT = repository_root()
-EXAMPLE = ROOT / "resources_servers/mcqa/data/example.jsonl"
-AGENT = "mcqa_simple_agent"
-# The scripted model answers tasks 0, 2 and 4 correctly and 1 and 3 wrongly (configs/quickstart.yaml).
-EXPECTED_REWARD = {0: 1.0, 1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}
+QUICKSTART, AGENT = repository_root() / "configs/quickstart.yaml", "mcqa_simple_agent"
+EXAMPLE = QUICKSTART.parents[1] / "resources_servers/mcqa/data/example.jsonl"
+EXPECTED_REWARD = dict(enumerate((1.0, 0.0, 1.0, 0.0, 1.0)))
+"""The quickstart's scripted model answers tasks 0, 2 and 4 of the example right, 1 and 3 wrong."""
 
 
 @pytest.fixture(scope="module")
 def fleet():
-    with running_fleet([str(ROOT / "configs/quickstart.yaml")]) as running:
+    """One quickstart fleet for the module's tests."""
+    with running_fleet([str(QUICKSTART)]) as running:
         yield running
 
 

@@ -210,6 +210,10 @@ def setup_server_client(head_server_config: Any = None) -> ServerClient:
                         global_config_dict=_fetch_head_config(host, port))
 
 
+setup_server_client_utils = setup_server_client
+"""0.7.0's name for it in `nemo_gym.rollout_collection` (a folder's test patches that one)."""
+
+
 def _global_config(client: ServerClient) -> dict[str, Any]:
     """The global config: `nemo_gym.rollout_collection.get_global_config_dict` where a test patched it, else the
     fleet's (`client`'s; 0.7.0 parses its command line, which a library caller's is not)."""

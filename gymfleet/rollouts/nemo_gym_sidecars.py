@@ -34,11 +34,9 @@ from gymfleet.serving.nemo_gym_types import AGENT_REF_KEY_NAME, ROLLOUT_INDEX_KE
 
 log = logging.getLogger(__name__)
 
-AGENT_REQUEST_FAILED = "agent_request_failed"
-AGENT_RUN_ERROR = "agent_run_error"
-ENVIRONMENT_SERVER_FAILED = "environment_server_failed"
-NO_RESULT_FAILURE_CLASSES = frozenset({AGENT_REQUEST_FAILED, AGENT_RUN_ERROR, ENVIRONMENT_SERVER_FAILED})
-"""Failure classes of rollouts that produced no result (nothing to average)."""
+AGENT_REQUEST_FAILED_FAILURE_CLASS = "agent_request_failed"
+AGENT_RUN_ERROR_FAILURE_CLASS = "agent_run_error"
+ENVIRONMENT_SERVER_FAILURE_CLASS = "environment_server_failed"
 NG_ENVIRONMENT_SERVER_KEY = "_ng_environment_server"
 NG_RESULT_TYPE_KEY = "_ng_result_type"
 NG_DISPATCH_DRAINED_KEY = "_ng_dispatch_drained"
@@ -56,7 +54,7 @@ def agent_request_failure_row(exc: BaseException, status: int | None) -> dict[st
         text += "…" if len(body) > MAX_FAILURE_BODY_CHARS else ""
     ran = status is not None and status not in GATEWAY_STATUSES
     return {
-        NG_FAILURE_CLASS_KEY: AGENT_RUN_ERROR if ran else AGENT_REQUEST_FAILED,
+        NG_FAILURE_CLASS_KEY: AGENT_RUN_ERROR_FAILURE_CLASS if ran else AGENT_REQUEST_FAILED_FAILURE_CLASS,
         "_ng_failure_type": type(exc).__name__,
         "_ng_failure_message": str(exc) or repr(exc),
         "_ng_failure_http_status": status,
