@@ -21,9 +21,10 @@ environment faults retryable all the same (`skipped` never is); `retry_invalid_j
 `out.jsonl` flagged `invalid_judge_response` into the sidecar as retryable `judge_invalid` attempts
 (`gymfleet.serving.nemo_gym_records`).
 
-Rows: `agent_name` / `agent_map` (`_default` too) route them, `fan_out` runs a row on several agents, `num_repeats`
-(a number, or per agent with `_default`), `num_repeats_add_seed`, `interleave_repeats`, `responses_create_params`
-(merged over each row's), `limit`; identical input lines share a task index unless a row carries its own. Rows are
+Rows (`gymfleet.rollouts.nemo_gym_rows`, beside the config): `agent_name` / `agent_map` (`_default` too) route
+them, `fan_out` runs a row on several agents, `num_repeats` (a number, or per agent with `_default`),
+`num_repeats_add_seed`, `interleave_repeats`, `responses_create_params` (merged over each row's), `limit`; identical
+input lines share a task index unless a row carries its own. Rows are
 dispatched in input order, at most `num_samples_in_parallel` (and `max_resident_rollout_tasks`) at once, new ones not
 started once `dispatch_budget_s` is spent or less than the drain margin is left (written nowhere: a resume sends
 them). A row goes to the one Environment Server that fronts its agent (`environment_routing_mode=legacy`: to
@@ -52,17 +53,16 @@ from typing import Any
 
 import aiohttp
 import orjson
-from pydantic import Field, field_validator, model_validator
 
 from gymfleet.errors import ConfigError, DataError, TransportError, did_you_mean
 from gymfleet.progress import Progress
 from gymfleet.rollouts import nemo_gym_sidecars as sidecars
-from gymfleet.rollouts.nemo_gym_rows import preprocess_raw_rows, read_raw_rows
+from gymfleet.rollouts.nemo_gym_rows import RolloutCollectionConfig, preprocess_raw_rows, read_raw_rows
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper as NeMoRLHelper
 from gymfleet.rollouts.rollout_helper import _fetch_head_config
 from gymfleet.serving.nemo_gym_agent_server import OBSERVABILITY_ENABLED_KEY_NAME
 from gymfleet.serving.nemo_gym_client import ServerClient, get_response_json, raise_for_status, served_config
-from gymfleet.serving.nemo_gym_collection import SharedRolloutCollectionConfig, attach_ng_perf
+from gymfleet.serving.nemo_gym_collection import attach_ng_perf
 from gymfleet.serving.nemo_gym_records import (
     NG_FAILURE_CLASS_KEY,
     NG_NO_PERSIST_KEY,
@@ -71,7 +71,6 @@ from gymfleet.serving.nemo_gym_records import (
     failures_path_for,
     get_max_rollout_attempts,
     is_terminal_failure,
-    materialized_path_for,
     migrate_invalid_judge_main_rows,
     observed_elapsed,
 )
@@ -90,62 +89,6 @@ RUN_FAILURE_ERRORS = (aiohttp.ClientError, TransportError, orjson.JSONDecodeErro
 """`/run` failures that become sidecar rows under `route_failures_to_sidecar` (anything else propagates)."""
 _COPIED_KEYS = (AGENT_REF_KEY_NAME, TASK_SOURCE_KEY_NAME, SKILLS_REF_KEY_NAME, ATTEMPT_INDEX_KEY_NAME,
                 "_ng_rollout_id")
-
-
-class RolloutCollectionConfig(SharedRolloutCollectionConfig):
-    """0.7.0's `RolloutCollectionConfig`: its fields, defaults and checks (see the module docstring)."""
-
-    agent_name: str | None = None
-    agent_map: dict[str, str] | None = None
-    fan_out: dict[str, list[str]] | None = None
-    input_jsonl_fpath: str
-    limit: int | None = None
-    num_repeats: int | dict[str, int] = 1
-    num_repeats_add_seed: bool = False
-    interleave_repeats: bool = False
-    resume_from_cache: bool = False
-    prompt_config: str | None = None
-    skills: Any = None
-    dispatch_budget_s: float | None = Field(default=None, ge=0)
-    drain_margin_s: float | None = Field(default=None, ge=0)
-    dispatch_longest_first: bool = False
-    retry_terminal_timeouts: bool = False
-    """On resume, retry sidecar rows of class `timeout_exceeded` (and the repairable environment faults) even when
-    stamped `_ng_failure_terminal`, up to `NEMO_GYM_MAX_ROLLOUT_ATTEMPTS`."""
-    retry_invalid_judge_responses: bool = False
-    """On resume, move `out.jsonl` rows flagged `invalid_judge_response` into the sidecar as retryable
-    `judge_invalid` attempts, so they are judged again."""
-
-    @field_validator("num_repeats", mode="before")
-    @classmethod
-    def _null_is_one(cls, value: Any) -> Any:
-        return 1 if value is None else value
-
-    @model_validator(mode="after")
-    def _check(self) -> RolloutCollectionConfig:
-        if self.agent_name is not None:
-            default = (self.agent_map or {}).get("_default")
-            if default is not None and default != self.agent_name:
-                raise ValueError(f"agent_name={self.agent_name!r} conflicts with agent_map._default={default!r}; "
-                                 "set only one of them")
-            self.agent_map = {**(self.agent_map or {}), "_default": self.agent_name}
-        repeats = self.num_repeats if isinstance(self.num_repeats, dict) else {"": self.num_repeats}
-        if bad := {name: n for name, n in repeats.items() if n < 1}:
-            raise ValueError(f"num_repeats must be >= 1, got {bad.get('', bad)}")
-        if self.dispatch_budget_s is not None and self.num_samples_in_parallel is None:
-            raise ValueError("dispatch_budget_s requires a finite positive num_samples_in_parallel; unbounded "
-                             "dispatch can POST the entire queue before the budget is re-checked")
-        for key, agents in (self.fan_out or {}).items():
-            if not agents:
-                raise ValueError(f"fan_out[{key!r}] is an empty list, which would drop every matching row; remove "
-                                 "the key or list at least one agent")
-            if len(set(agents)) != len(agents):
-                raise ValueError(f"fan_out[{key!r}] lists the same agent more than once; use num_repeats to repeat")
-        return self
-
-    @property
-    def materialized_jsonl_fpath(self) -> Path:
-        return materialized_path_for(Path(self.output_jsonl_fpath))
 
 
 @dataclass(frozen=True)
@@ -299,6 +242,7 @@ class RolloutCollectionHelper(NeMoRLHelper):
         output = Path(config.output_jsonl_fpath)
         failures = failures_path_for(output)
         output.parent.mkdir(parents=True, exist_ok=True)
+        self.request_timeout_s = config.request_timeout_s
         done_keys: set = set()
         if config.resume_from_cache and config.materialized_jsonl_fpath.exists() and output.exists():
             _drop_truncated_tail(output)
@@ -397,8 +341,9 @@ class RolloutCollectionHelper(NeMoRLHelper):
         max_resident_tasks: int | None = None, dispatch_budget_s: float | None = None,
         drain_margin_s: float | None = None, latency_tracker: DispatchLatencyTracker | None = None,
     ) -> Iterator[asyncio.Future]:
-        """Start one `/run` per row (in row order, once iterated) and yield awaitables in completion order, each
-        resolving to a `_CompletedRollout`. A row the dispatch budget never started resolves to a `cancelled` result
+        """Start one `/run` per row (in row order, once iterated; deadline `request_timeout_s`, an hour unless the
+        helper was made with another) and yield awaitables in completion order, each resolving to a
+        `_CompletedRollout`. A row the dispatch budget never started resolves to a `cancelled` result
         marked not to be persisted; with `route_failures_to_sidecar` a failed `/run` resolves to a failure row.
 
         Raises:
@@ -438,7 +383,8 @@ class RolloutCollectionHelper(NeMoRLHelper):
                         return _CompletedRollout(row, _drained(left, margin), None, *stamp)
                 started, answer = time.monotonic(), None
                 try:
-                    answer = await client.post(server_name=server, url_path="/run", json=row)
+                    answer = await client.post(server_name=server, url_path="/run", json=row,
+                                               timeout=self.request_timeout_s)
                     await raise_for_status(answer)
                     result = await get_response_json(answer)
                 except RUN_FAILURE_ERRORS as exc:

@@ -1,5 +1,10 @@
-"""NeMo-Gym 0.7.0's row preparation for a rollout collection (`RolloutCollectionHelper._preprocess_rows_from_config`):
-input lines to the rollouts to dispatch (`gymfleet.rollouts.nemo_gym_collect`).
+"""NeMo-Gym 0.7.0's `RolloutCollectionConfig` and its row preparation for a rollout collection
+(`RolloutCollectionHelper._preprocess_rows_from_config`): input lines to the rollouts to dispatch
+(`gymfleet.rollouts.nemo_gym_collect`).
+
+`RolloutCollectionConfig`: 0.7.0's fields, defaults and checks (`agent_name` folded into `agent_map._default`,
+`num_repeats` >= 1, `dispatch_budget_s` only with `num_samples_in_parallel`, no empty or repeated `fan_out` list), and
+gymfleet's `request_timeout_s`; the `retry_*` fields are read by a resume (`nemo_gym_collect`).
 
 `read_raw_rows(path, limit)`: the first `limit` lines (0 or None: all), each `(index, line, row)`; a line that is
 not a JSON object is a `DataError` naming the file and line. `preprocess_raw_rows(raw, config)`, in 0.7.0's order:
@@ -27,13 +32,76 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import Field, field_validator, model_validator
 
 from gymfleet.errors import ConfigError, DataError
+from gymfleet.serving.nemo_gym_collection import SharedRolloutCollectionConfig
+from gymfleet.serving.nemo_gym_records import materialized_path_for
 from gymfleet.serving.nemo_gym_types import AGENT_REF_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
 log = logging.getLogger(__name__)
 
 PARAMS = "responses_create_params"
+
+
+class RolloutCollectionConfig(SharedRolloutCollectionConfig):
+    """0.7.0's `RolloutCollectionConfig` (see the module docstring and `gymfleet.rollouts.nemo_gym_collect`)."""
+
+    agent_name: str | None = None
+    agent_map: dict[str, str] | None = None
+    fan_out: dict[str, list[str]] | None = None
+    input_jsonl_fpath: str
+    limit: int | None = None
+    num_repeats: int | dict[str, int] = 1
+    num_repeats_add_seed: bool = False
+    interleave_repeats: bool = False
+    resume_from_cache: bool = False
+    prompt_config: str | None = None
+    skills: Any = None
+    dispatch_budget_s: float | None = Field(default=None, ge=0)
+    drain_margin_s: float | None = Field(default=None, ge=0)
+    dispatch_longest_first: bool = False
+    retry_terminal_timeouts: bool = False
+    """On resume, retry sidecar rows of class `timeout_exceeded` (and the repairable environment faults) even when
+    stamped `_ng_failure_terminal`, up to `NEMO_GYM_MAX_ROLLOUT_ATTEMPTS`."""
+    retry_invalid_judge_responses: bool = False
+    """On resume, move `out.jsonl` rows flagged `invalid_judge_response` into the sidecar as retryable
+    `judge_invalid` attempts, so they are judged again."""
+    request_timeout_s: float = Field(default=3600.0, gt=0)
+    """gymfleet's: the deadline of one `/run` (0.7.0 sets none; the key is `ng_collect_rollouts`' own). A `/run` past
+    it is a `timeout` failure: a sidecar row with `route_failures_to_sidecar`, else the end of the run."""
+
+    @field_validator("num_repeats", mode="before")
+    @classmethod
+    def _null_is_one(cls, value: Any) -> Any:
+        return 1 if value is None else value
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutCollectionConfig:
+        if self.agent_name is not None:
+            default = (self.agent_map or {}).get("_default")
+            if default is not None and default != self.agent_name:
+                raise ValueError(f"agent_name={self.agent_name!r} conflicts with agent_map._default={default!r}; "
+                                 "set only one of them")
+            self.agent_map = {**(self.agent_map or {}), "_default": self.agent_name}
+        repeats = self.num_repeats if isinstance(self.num_repeats, dict) else {"": self.num_repeats}
+        if bad := {name: n for name, n in repeats.items() if n < 1}:
+            raise ValueError(f"num_repeats must be >= 1, got {bad.get('', bad)}")
+        if self.dispatch_budget_s is not None and self.num_samples_in_parallel is None:
+            raise ValueError("dispatch_budget_s requires a finite positive num_samples_in_parallel; unbounded "
+                             "dispatch can POST the entire queue before the budget is re-checked")
+        for key, agents in (self.fan_out or {}).items():
+            if not agents:
+                raise ValueError(f"fan_out[{key!r}] is an empty list, which would drop every matching row; remove "
+                                 "the key or list at least one agent")
+            if len(set(agents)) != len(agents):
+                raise ValueError(f"fan_out[{key!r}] lists the same agent more than once; use num_repeats to repeat")
+        return self
+
+    @property
+    def materialized_jsonl_fpath(self) -> Path:
+        return materialized_path_for(Path(self.output_jsonl_fpath))
+
 
 
 def read_raw_rows(path: Path, limit: int | None) -> list[tuple[int, bytes, dict[str, Any]]]:
