@@ -82,6 +82,11 @@ async def test_run_from_config_writes_the_files_and_rows_0_7_0_writes_and_a_resu
     [metrics] = json.loads((out / "rollouts_aggregate_metrics.json").read_text())
     assert metrics["agent_ref"] == {"name": AGENT} and metrics["key_metrics"]["mean/reward"] == pytest.approx(0.6)
     assert "mean/mask_sample" not in metrics["agent_metrics"]
+    merged = await collection.RolloutAggregationHelper().run_from_config(collection.RolloutAggregationConfig(
+        input_glob=str(out / "rollouts*.jsonl"), output_jsonl_fpath=str(tmp_path / "merged/all.jsonl"),
+        disable_health_check=True))  # the glob matches the sidecars too: they are not shards
+    assert json.loads(merged.read_text()) == [metrics]
+    assert sorted(map(json.dumps, lines(tmp_path / "merged/all.jsonl"))) == sorted(map(json.dumps, rows))
 
     sent = runs_of(on_fleet)
     again = await collection.RolloutCollectionHelper().run_from_config(config(tmp_path, num_repeats=2,

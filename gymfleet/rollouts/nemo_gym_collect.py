@@ -33,8 +33,11 @@ them). A row goes to the one Environment Server that fronts its agent (`environm
 Not here, each refused with a message, never skipped silently: `prompt_config`, `skills`, rows routed by
 `task_source` alone, materialized taskset rows (`environment_server_routes`), token-ID capture. gymfleet's model
 servers keep no per-call capture, so `ng_perf`, `ng_model_call_capture` and the trajectory record are not built, and
-NeMo-Gym's rollout health checks are not run (logged). Where NeMo-Gym main differs from 0.7.0 (main's collector
-has no `retry_*` fields, sidecar or Environment Servers: a failed `/run` ends its run), 0.7.0 is followed.
+NeMo-Gym's rollout health checks are not run (logged). Where NeMo-Gym main differs from 0.7.0, 0.7.0 is followed:
+the main read for this (commit 00536e7, the version stored in the reference index) has the failures sidecar and the
+attempt limit but no `retry_*` fields, `route_failures_to_sidecar` (a failed `/run` ends the run), counted zeros,
+`agent_map`/`fan_out`, dispatch budget or Environment Servers (`/run` and `/aggregate_metrics` go to the agent), and
+its `agent_name` only fills rows without an `agent_ref`.
 """
 
 from __future__ import annotations
