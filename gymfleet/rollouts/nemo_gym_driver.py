@@ -6,9 +6,9 @@ As in 0.7.0 the driver is awaited as `driver(rollout_collection_config, global_c
 `RolloutCollectionConfig` (`gymfleet.rollouts.nemo_gym_collect`) and the resolved config as a plain dict, here the
 running fleet's config (from its head server) under the command's own keys. Inside it, NeMo-Gym's
 `RolloutCollectionHelper` and `ServerClient` reach that fleet (`use_fleet`). The driver owns the run: its files,
-its retries (`resume_from_cache` is its to honour) and its result; gymfleet's exit codes are 0 when it returns and 1
-when it raises (the error printed). Every key of the command is the driver's to read, so keys gymfleet's collector
-does not know are passed on, not refused (they are listed once, in case one is a typo).
+its retries (`resume_from_cache` is its to honour) and its result; gymfleet's exit codes are 0 when it returns, 1
+when it raises (the error printed) and 130 on Ctrl-C. Every key of the command is the driver's to read, so keys
+gymfleet's collector does not know are passed on, not refused (they are listed once, in case one is a typo).
 
 A module of a NeMo-Gym tree (`resources_servers.*`, `responses_api_agents.*`, ...) is imported from the tree of a
 folder the fleet serves (`server_folders`), else from the tree in the working directory, as NeMo-Gym's installed
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 DRIVER_KEY = "rollout_collection_driver"
 DRIVER_FAILED_EXIT_CODE = 1
+INTERRUPTED_EXIT_CODE = 130
 _FIX = ("set it to 'module.path:function' naming an async function of (rollout_collection_config, "
         "global_config_dict), importable from the working directory or a NeMo-Gym tree the fleet serves; or remove "
         "it for gymfleet's own collection")
@@ -130,6 +131,10 @@ def run_driver(command_data: dict[str, Any], host: str, port: int, unknown: list
         asyncio.run(drive())
     except ConfigError:
         raise
+    except KeyboardInterrupt:
+        print(f"Interrupted: {config[DRIVER_KEY]} stopped; what it wrote is kept (it resumes with "
+              "+resume_from_cache=true if it honours that key).", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except Exception as exc:  # noqa: BLE001 - the driver's own failure: reported and exit code 1, not a traceback
         log.error("%s failed", config[DRIVER_KEY], exc_info=True)
         print(f"error: {config[DRIVER_KEY]} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
