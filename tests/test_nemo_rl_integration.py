@@ -469,6 +469,7 @@ NEMO_GYM_MODULES = [
 ]
 GYMFLEET_SOURCES = (
     "fleet.config", "fleet.config_instances", "rollouts.collect_inputs", "rollouts.rollout_helper", "fleet.run_helper",
+    "rollouts.nemo_gym_collect", "rollouts.nemo_gym_aggregate", "rollouts.nemo_gym_sidecars",
     "serving.server", "errors", "testing.verifier_fixture",
     # every serving.nemo_gym_* module: NeMo-Gym's surface, written in gymfleet
     *sorted(f"serving.{m.name}" for m in pkgutil.iter_modules([str(Path(repository_root()) / "gymfleet" / "serving")])

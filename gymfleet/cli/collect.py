@@ -19,6 +19,10 @@ failure rows are marked `"_ng_superseded": true`. If the fleet dies (a run of co
 server gone), nothing more is sent and the collection stops with one message.
 Every line is written whole: when an output cannot be written (disk full, file size limit), the line being written is
 removed and the collection stops with one message naming the file and the reason.
+`+rollout_collection_driver=module.path:function` (NeMo-Gym 0.7.0's hook) hands the whole collection to that
+function instead, awaited with NeMo-Gym's `RolloutCollectionConfig` and the fleet's config under this command's keys
+(every key is the driver's to read): `gymfleet.rollouts.nemo_gym_driver`. A driver that cannot be loaded is one
+error naming the key (exit code 2); one that raises exits 1.
 Exit code: 0 when every rollout succeeded, 1 when some failed, 2 for a config or data error, 3 when the fleet went
 down (restart it and rerun with `+resume_from_cache=true`), 4 when an output file could not be written (free space and
 rerun with `+resume_from_cache=true`), 130 on Ctrl-C (finished rollouts are kept: rerun with
@@ -31,12 +35,14 @@ import asyncio
 import sys
 
 from gymfleet import http
-from gymfleet.cli import command, command_fields
+from gymfleet.cli import command, reject_unknown_keys
 from gymfleet.errors import ConfigError, TransportError
 from gymfleet.rollouts.collect import CollectionSummary, collect
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, load_rows
 from gymfleet.rollouts.collect_outputs import OutputError
 from gymfleet.rollouts.fleet_watch import head_address
+from gymfleet.rollouts.nemo_gym_collect import RolloutCollectionConfig as NeMoGymCollectionConfig
+from gymfleet.rollouts.nemo_gym_driver import DRIVER_KEY, run_driver
 
 OUTPUT_ERROR_EXIT_CODE = 4
 
@@ -86,7 +92,16 @@ def report(summary: CollectionSummary, max_rewards: int = 50) -> str:
 
 
 def _run(argv: list[str]) -> int:
-    global_config, config = command_fields(argv, "ng_collect_rollouts", RolloutCollectionConfig)
+    from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
+    from gymfleet.fleet.config_checks import validate_fields
+
+    global_config = parse_global_config(GlobalConfigDictParserConfig(cli_args=argv), assign_ports=False)
+    if global_config.data.get(DRIVER_KEY) is not None:  # a NeMo-Gym folder's driver runs the collection
+        return run_driver(global_config.data, global_config.head_host, global_config.head_port,
+                          global_config.unknown_cli_keys(set(RolloutCollectionConfig.model_fields)
+                                                         | set(NeMoGymCollectionConfig.model_fields)))
+    reject_unknown_keys(global_config, "ng_collect_rollouts", [*RolloutCollectionConfig.model_fields, DRIVER_KEY])
+    config = validate_fields(RolloutCollectionConfig, global_config.data, "")
     try:
         summary = asyncio.run(_collect(config, global_config.head_host, global_config.head_port))
     except OutputError as exc:

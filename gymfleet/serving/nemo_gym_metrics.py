@@ -12,7 +12,8 @@
 - `compute_aggregate_metrics(verify_responses, compute_metrics_fn, get_key_metrics_fn)`: `/aggregate_metrics` of a
   folder, an `AggregateMetrics`. The baseline statistics are gymfleet's (`gymfleet.serving.aggregate`:
   mean/max/min/median/std of every numeric field, overall and per `_ng_task_index`); rows with `mask_sample` (or
-  `_ng_failure_class`) are left out of them and counted; the folder's `compute_metrics(tasks)` (rows grouped by
+  `_ng_failure_class`) are left out of them and counted, and a false `mask_sample` is dropped from the rest (no
+  `mean/mask_sample`, as 0.7.0's `select_measured`); the folder's `compute_metrics(tasks)` (rows grouped by
   task) is merged into `agent_metrics`, its `per_task_metrics` into the groups; `key_metrics` is the folder's
   `get_key_metrics(agent_metrics)`.
 
@@ -211,7 +212,9 @@ def _aggregate(verify_responses: list[dict[str, Any]], compute_metrics_fn: Calla
     empty = {"group_level_metrics": [], "agent_metrics": {}, "key_metrics": {}, "repeat_level_metrics": []}
     if not verify_responses:
         return empty
-    scored = [row for row in verify_responses if not _masked(row)]
+    # As 0.7.0's `select_measured`: the flag leaves the rows it kept (a flag is not a measurement: no mean/mask_sample)
+    scored = [{key: value for key, value in row.items() if key != "mask_sample"}
+              for row in verify_responses if not _masked(row)]
     coverage = {"masked_samples": float(len(verify_responses) - len(scored))} if len(scored) < len(
         verify_responses) else {}
     if not scored:
