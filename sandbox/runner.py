@@ -43,8 +43,8 @@ CASE_GRACE_S = 3.0
 DIRECT_SETUP_S = 0.5
 """Time a direct run's launcher may take to write the files and compile the program before the limit starts."""
 EXIT_GRACE_S = 1.0
-FORKED_INFRASTRUCTURE = 2
-"""A forked run's processes that are not the program's: its leader and its init (`sandbox.forkserver`)."""
+FORKED_INFRASTRUCTURE = 1
+"""A forked run's processes that are not the program's: its init (`sandbox.forkserver`)."""
 
 
 @dataclass(frozen=True)
