@@ -40,6 +40,8 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 PR_SET_NAME, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 15, 24, 47, 4
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 CAP_LAST = 63
+LAST_CAP = [CAP_LAST]
+"""The kernel's highest capability (`serve` reads it once; none above it exists to be dropped)."""
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 TOKEN_BYTES = 8
 FDS = 4
@@ -58,6 +60,13 @@ def serve(request, proto_in, proto_out, launcher, modules):
     import select
 
     request["comm"] = open("/proc/self/comm", "rb").read().strip()
+    request["tmpfs"] = [(path if isinstance(path, bytes) else path.encode(), b"size=%d,mode=1777" % size)
+                        for path, size in ((request["workdir"], request["workspace_bytes"]),
+                                           (b"/dev/shm", request["shm_bytes"]))]
+    try:
+        LAST_CAP[0] = min(int(open("/proc/sys/kernel/cap_last_cap", "rb").read()), CAP_LAST)
+    except (OSError, ValueError):
+        pass
     rename(b"gf-forkserver")
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # inits are waited for: their status goes on their pipe
     channel = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, proto_in)
@@ -146,9 +155,7 @@ def init(request, fds, launcher, modules):
     try:
         check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
         check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making mounts private")
-        for path, size in ((request["workdir"], request["workspace_bytes"]), (b"/dev/shm", request["shm_bytes"])):
-            options = b"size=%d,mode=1777" % size
-            path = path if isinstance(path, bytes) else path.encode()
+        for path, options in request["tmpfs"]:
             check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options), f"mounting {path!r}")
         check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mounting /proc")
         loopback_up()
@@ -199,7 +206,7 @@ def loopback_up():
 
 def drop_capabilities():
     """No capability left, and none to be had again: bounding set, ambient set, effective/permitted/inheritable."""
-    for cap in range(CAP_LAST + 1):
+    for cap in range(LAST_CAP[0] + 1):
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # EINVAL: no such cap
             raise OSError(ctypes.get_errno(), f"dropping capability {cap} from the bounding set")
     check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clearing the ambient capabilities")
