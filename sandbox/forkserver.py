@@ -19,10 +19,11 @@ request pipe's read end, the program's stdout and stderr pipes, and the status p
   exits with the program's status (128 + the signal that ended it, as bwrap reports it);
 - the fork server waits for each init (a pidfd per run, polled beside its socket) and writes its status
   (`@@GF-EXIT <code>`) on the run's status pipe;
-- the program (pid 2) waits for its request on the request pipe (the service first moves the init and the program into
-  the run's memory cgroup, so nothing of the run escapes its accounting), restores the interpreter's module table to
-  the launcher's, and runs the request as a direct run does (`launcher.run_direct`: files written, limits set, every
-  descriptor but stdin, stdout and stderr closed, the program run in this process).
+- the program (pid 2) waits for its request on the request pipe (the service first moves the init and the program
+  into the run's memory and pids cgroups, so nothing of the run escapes its accounting), finds the interpreter's
+  module table as the launcher's (the fork server set it back before forking, and built the compiler's state a cold
+  run has built by then), and runs the request as a direct run does (`launcher.run_direct`: files written, limits
+  set, every descriptor but stdin, stdout and stderr closed, the program run in this process).
 
 So every run starts from the same state, a fork of a fork server that has never run model code: nothing one run
 does (files, environment, imported or patched modules, descriptors, signal handlers, working directory, processes,
@@ -37,7 +38,7 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x20000, 0x20000000, 0x40000000, 0x08000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
-PR_SET_NAME, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 15, 24, 47, 4
+PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 4, 15, 24, 47, 4
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 CAP_LAST = 63
 LAST_CAP = [CAP_LAST]
@@ -77,6 +78,10 @@ def serve(request, proto_in, proto_out, launcher, modules):
     # The compiler's first use builds the interpreter's AST types (no module is imported): done here once, as a
     # cold run has done it before its program starts, instead of in every run (~1.5 ms and ~120 page faults each).
     compile("pass", "<fork server>", "exec", dont_inherit=True)
+    # Each run's program finds the launcher's module table, without this file's imports: set here once (this file's
+    # functions hold what they imported), so a program need not rebuild it (~60 page faults each).
+    sys.modules.clear()
+    sys.modules.update(modules)
     gc.collect()
     gc.freeze()  # a run's collections leave the fork server's objects alone: fewer pages copied per fork
     while True:
@@ -164,7 +169,8 @@ def init(request, fds, launcher, modules):
         check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mounting /proc")
         loopback_up()
         drop_capabilities()
-        launcher.prctl(launcher.PR_SET_DUMPABLE, 1)  # as bwrap's init: it holds nothing the program may not see
+        # Dumpable, as bwrap's init: it holds nothing the program may not see.
+        check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "making the init dumpable")
         pid = posix.fork()
         if pid == 0:
             program(fds, launcher, modules, request["env"], request["comm"])
@@ -224,7 +230,7 @@ def program(fds, launcher, modules, env, comm):
     request_fd, out_fd, err_fd, status_fd = fds
     try:
         posix.setsid()
-        launcher.prctl(launcher.PR_SET_DUMPABLE, 1)  # as a cold run's program is; the init stays non-dumpable
+        check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "making the program dumpable")  # as a cold run's program
         rename(b"gf-run-idle")  # until its request comes
         request = launcher.read_frame(request_fd)
         posix.close(request_fd)
@@ -232,8 +238,9 @@ def program(fds, launcher, modules, env, comm):
         if request is None:  # the service gave this run up before sending it
             posix._exit(0)
         request.update(mode="direct", stdout_fd=out_fd, stderr_fd=err_fd, pidns=True)
-        sys.modules.clear()
-        sys.modules.update(modules)
+        if len(sys.modules) != len(modules):  # `serve` left the launcher's table before forking: a backstop
+            sys.modules.clear()
+            sys.modules.update(modules)
         for name in list(posix.environ):  # the interpreter's own (LC_CTYPE, from its C locale coercion)
             posix.unsetenv(name)
             del posix.environ[name]
