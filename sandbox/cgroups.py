@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
@@ -74,6 +75,8 @@ class Hierarchy:
         """The name prefix of this object's cgroups (a process may run several services)."""
         self.live: set[RunCgroup] = set()
         self._stale: set[Path] = set()
+        self._serial = itertools.count()
+        """Numbers the instance's cgroups (its name prefix is already unique to it)."""
         self.swap_limits: bool | None = None
         """Whether its memory cgroups have a swap limit file (swap accounting on); None: not looked yet."""
 
@@ -87,7 +90,7 @@ class Hierarchy:
             OSError: it could not be made or limited.
         """
         self._remove_stale()
-        cgroup = RunCgroup(self.parent / f"{self.instance}{secrets.token_hex(6)}", self)
+        cgroup = RunCgroup(self.parent / f"{self.instance}{next(self._serial):012x}", self)
         cgroup.path.mkdir()
         try:
             if limit_bytes is not None:

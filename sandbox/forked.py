@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import select
 import signal
 import socket
@@ -205,6 +204,7 @@ class ForkServer:
         """Host pid -> the fork server's pid, of its children seen so far."""
         self._level = 0
         """The depth of the fork server's PID namespace (its pids are that field of its children's `NSpid`)."""
+        self._serial = 0
         self._lock = asyncio.Lock()
         self._reading: asyncio.Task | None = None
         _SERVERS.add(self)
@@ -232,7 +232,8 @@ class ForkServer:
         async with self._lock:
             if not self.running():
                 await self._restart()
-        token = secrets.token_bytes(8)
+        self._serial += 1
+        token = self._serial.to_bytes(8, "big")  # matches the fork server's answer to this request
         request_r, request_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
