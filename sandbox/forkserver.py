@@ -17,7 +17,7 @@ request pipe's read end, the program's stdout and stderr pipes, and the status p
   environment is empty: the fork server runs with none, and each program sets the sandbox's own,
   `Isolation.program_env`); when the program ends it kills every process left in the namespace, reaps them and
   exits with the program's status (128 + the signal that ended it, as bwrap reports it);
-- the fork server waits for each init (a pidfd per run, polled beside its socket) and writes its status
+- the fork server waits for each init (its pidfd, from the clone, polled beside the socket) and writes its status
   (`@@GF-EXIT <code>`) on the run's status pipe;
 - the program (pid 2) waits for its request on the request pipe (the service first moves the init and the program
   into the run's memory and pids cgroups, so nothing of the run escapes its accounting), finds the interpreter's
@@ -37,6 +37,7 @@ import posix
 import sys
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC = 0x20000, 0x20000000, 0x40000000, 0x08000000
+CLONE_PIDFD = 0x1000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 PR_SET_DUMPABLE, PR_SET_NAME, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 4, 15, 24, 47, 4
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
@@ -99,37 +100,44 @@ def serve(request, proto_in, proto_out, launcher, modules):
             if len(token) == TOKEN_BYTES and len(fds) == FDS:
                 try:
                     private = [proto_in, proto_out, *runs, *(status for _, status in runs.values())]
-                    pid = fork_init(request, fds, private, launcher, modules)
+                    pid, pidfd = fork_init(request, fds, private, launcher, modules)
+                    runs[pidfd] = (pid, fds[-1])
+                    poller.register(pidfd, select.POLLIN)
                 except OSError as exc:
                     launcher._write_all(2, f"sandbox fork server: cannot fork a run: {launcher.describe(exc)}\n"
                                         .encode())
             for fd in fds[:-1] if pid else fds:
                 posix.close(fd)
-            if pid:
-                pidfd = posix.pidfd_open(pid)
-                runs[pidfd] = (pid, fds[-1])
-                poller.register(pidfd, select.POLLIN)
             launcher._write_all(proto_out, b"@@GF-FORKED %s %d\n" % (token.hex().encode(), pid))
 
 
 def fork_init(request, fds, private, launcher, modules):
     """Fork the run's init as pid 1 of a new PID namespace (`clone3` with CLONE_NEWPID: the fork server itself stays
     where it is, and can fork the next run's init the same way). `private`: the fork server's descriptors (its
-    socket and output, the other runs' pidfds and status pipes), closed in the init. Returns the init's pid."""
+    socket and output, the other runs' pidfds and status pipes), closed in the init. Returns the init's pid and a
+    pidfd of it (CLONE_PIDFD).
+
+    Raises:
+        OSError: the kernel refused the clone.
+    """
+    pidfd = ctypes.c_int(-1)
     # struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls
-    args = (ctypes.c_uint64 * 8)(CLONE_NEWPID, 0, 0, 0, _signal.SIGCHLD)
+    args = (ctypes.c_uint64 * 8)(CLONE_NEWPID | CLONE_PIDFD, ctypes.addressof(pidfd), 0, 0, _signal.SIGCHLD)
     python.PyOS_BeforeFork()  # what os.fork does around its fork(), in the same order
     pid = python.syscall(SYS_CLONE3, args, ctypes.sizeof(args))
     if pid == 0:
-        python.PyOS_AfterFork_Child()
-        for fd in private:
-            posix.close(fd)
-        init(request, fds, launcher, modules)
+        try:
+            python.PyOS_AfterFork_Child()
+            for fd in private:
+                posix.close(fd)
+            init(request, fds, launcher, modules)
+        finally:  # never back into the fork server's loop
+            posix._exit(255)
     errno = ctypes.get_errno()
     python.PyOS_AfterFork_Parent()
     if pid < 0:
         raise OSError(errno, f"clone3(CLONE_NEWPID): {posix.strerror(errno)}")
-    return pid
+    return pid, pidfd.value
 
 
 def finish(pidfd, pid, status_fd, launcher):
