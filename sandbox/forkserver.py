@@ -13,10 +13,11 @@ request pipe's read end, the program's stdout and stderr pipes, and the status p
   tmpfs on `/workspace` (also `/tmp`, a link to it) and on `/dev/shm`, mounts that namespace's own `/proc` (no
   process of another run or of the fork server can be seen), brings the loopback of the run's network namespace
   up (no other interface: no network), drops every capability (bounding set, ambient, effective, permitted,
-  inheritable) and forks the program; it then holds only /dev/null (as bwrap's init, it is dumpable and its
-  environment is empty: the fork server runs with none, and each program sets the sandbox's own,
-  `Isolation.program_env`); when the program ends it kills every process left in the namespace, reaps them and
-  exits with the program's status (128 + the signal that ended it, as bwrap reports it);
+  inheritable) and forks the program; it then holds only /dev/null (as bwrap's init, it is dumpable and the
+  environment it shows, `/proc/1/environ`, is empty: the fork server was started with none; the fork server then
+  sets the sandbox's own, `Isolation.program_env`, once, which each program inherits); when the program ends it
+  kills every process left in the namespace, reaps them and exits with the program's status (128 + the signal that
+  ended it, as bwrap reports it);
 - the fork server waits for each init (its pidfd, from the clone, polled beside the socket) and writes its status
   (`@@GF-EXIT <code>`) on the run's status pipe;
 - the program (pid 2) waits for its request on the request pipe (the service first moves the init and the program
@@ -62,6 +63,12 @@ def serve(request, proto_in, proto_out, launcher, modules):
     import select
 
     request["comm"] = open("/proc/self/comm", "rb").read().strip()
+    for name in list(posix.environ):  # the interpreter's own (LC_CTYPE, from its C locale coercion)
+        posix.unsetenv(name)
+        del posix.environ[name]
+    for name, value in request["env"].items():  # each run's program inherits it (the module's docstring)
+        posix.putenv(name, value)
+        posix.environ[name.encode()] = value.encode()
     request["tmpfs"] = [(path if isinstance(path, bytes) else path.encode(), b"size=%d,mode=1777" % size)
                         for path, size in ((request["workdir"], request["workspace_bytes"]),
                                            (b"/dev/shm", request["shm_bytes"]))]
@@ -181,7 +188,7 @@ def init(request, fds, launcher, modules):
         check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "making the init dumpable")
         pid = posix.fork()
         if pid == 0:
-            program(fds, launcher, modules, request["env"], request["comm"])
+            program(fds, launcher, modules, request["comm"])
         for fd in fds:
             posix.close(fd)
         posix.dup2(0, 2)  # the fork server's stderr: /dev/null from here on, like stdin and stdout
@@ -232,7 +239,7 @@ def drop_capabilities():
     check(libc.capset(header, (ctypes.c_uint32 * 6)()), "dropping capabilities")
 
 
-def program(fds, launcher, modules, env, comm):
+def program(fds, launcher, modules, comm):
     """The program's process, pid 2: wait for the request, then run it as a direct run; never returns. A request
     that cannot be set up (a bad file name, a broken archive) is reported on the status pipe, as the launcher does."""
     request_fd, out_fd, err_fd, status_fd = fds
@@ -249,12 +256,6 @@ def program(fds, launcher, modules, env, comm):
         if len(sys.modules) != len(modules):  # `serve` left the launcher's table before forking: a backstop
             sys.modules.clear()
             sys.modules.update(modules)
-        for name in list(posix.environ):  # the interpreter's own (LC_CTYPE, from its C locale coercion)
-            posix.unsetenv(name)
-            del posix.environ[name]
-        for name, value in env.items():  # the fork server has none (the module's docstring)
-            posix.putenv(name, value)
-            posix.environ[name.encode()] = value.encode()
         posix.chdir(request["workdir"])
         if request.get("archive"):
             launcher.extract_archive(request["workdir"], request["archive"])
