@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import bare_python_run, sandbox_run  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, spawn_server  # noqa: E402
 
@@ -78,21 +79,6 @@ async def in_flight(concurrency: int, count: int, run_once) -> None:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def sandbox_run(url: str, code: str) -> None:
-    answer = (await http.request("POST", f"{url}/run", json={"code": code}, timeout_s=60)).json()
-    if answer.get("status") != "ok":
-        raise RuntimeError(f"sandbox run failed: {answer}")
-
-
-async def bare_run(python: str, code: str) -> None:
-    process = await asyncio.create_subprocess_exec(
-        python, "-I", "-S", "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={}
-    )
-    await process.communicate()
-    if process.returncode != 0:
-        raise RuntimeError(f"bare run failed with status {process.returncode}")
-
-
 async def measure(args: argparse.Namespace, services: list[dict], stat: str) -> list[str]:
     for service in services:  # warm-up
         await in_flight(2, 10, lambda url=service["url"]: sandbox_run(url, args.code))
@@ -105,7 +91,7 @@ async def measure(args: argparse.Namespace, services: list[dict], stat: str) -> 
             service["cpu"] += cgroup_cpu_s(service["cgroup"], stat) - total
             service["own"] += process_cpu_s(service["pid"]) - own
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        await in_flight(args.concurrency, args.batch, lambda: bare_run(args.python, args.code))
+        await in_flight(args.concurrency, args.batch, lambda: bare_python_run(args.python, args.code))
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         bare_cpu += after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     await http.close()
