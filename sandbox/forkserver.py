@@ -8,16 +8,15 @@ request pipe's read end, the program's stdout and stderr pipes, and the status p
 `@@GF-FORKED <token> <pid>` on stdout. Per run, two processes:
 
 - the init (pid 1 of the run's PID namespace: the fork server forks it straight into a new one, `clone3` with
-  CLONE_NEWPID, so no leader process sits between them)
-  makes new mount, network and IPC namespaces (`unshare`), marks every mount private, mounts a fresh size-capped
-  tmpfs on `/workspace` (also `/tmp`, a link to it) and on `/dev/shm`, mounts that namespace's own `/proc` (no
-  process of another run or of the fork server can be seen), brings the loopback of the run's network namespace
-  up (no other interface: no network), drops every capability (bounding set, ambient, effective, permitted,
-  inheritable) and forks the program; it then holds only /dev/null (as bwrap's init, it is dumpable and the
-  environment it shows, `/proc/1/environ`, is empty: the fork server was started with none; the fork server then
-  sets the sandbox's own, `Isolation.program_env`, once, which each program inherits); when the program ends it
-  kills every process left in the namespace, reaps them and exits with the program's status (128 + the signal that
-  ended it, as bwrap reports it);
+  CLONE_NEWPID, so no leader process sits between them) makes new mount, network and IPC namespaces (`unshare`),
+  marks every mount private, mounts a fresh size-capped tmpfs on `/workspace` (also `/tmp`, a link to it) and on
+  `/dev/shm`, mounts that namespace's own `/proc` (no process of another run or of the fork server can be seen),
+  brings the loopback of the run's network namespace up (no other interface: no network), drops every capability
+  (bounding set, ambient, effective, permitted, inheritable) and forks the program; it then holds only /dev/null
+  (as bwrap's init, it is dumpable and the environment it shows, `/proc/1/environ`, is empty: the fork server was
+  started with none, then set the sandbox's own, `Isolation.program_env`, once, which each program inherits); when
+  the program ends it kills every process left in the namespace, reaps them and exits with the program's status
+  (128 + the signal that ended it, as bwrap reports it);
 - the fork server waits for each init (its pidfd, from the clone, polled beside the socket) and writes its status
   (`@@GF-EXIT <code>`) on the run's status pipe;
 - the program (pid 2) waits for its request on the request pipe (the service first moves the init and the program
