@@ -49,6 +49,9 @@ TOKEN_BYTES = 8
 FDS = 4
 SIGKILL = 9
 SYS_CLONE3 = 435  # the same number on every architecture
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(posix.uname().machine, 0)
+"""`clone`, where `clone3` is refused with ENOSYS (0: unknown here)."""
+ENOSYS = 38
 
 libc = ctypes.CDLL(None, use_errno=True)
 python = ctypes.PyDLL(None, use_errno=True)
@@ -124,13 +127,15 @@ def fork_init(request, fds, private, launcher, modules):
     pidfd of it (CLONE_PIDFD).
 
     Raises:
-        OSError: the kernel refused the clone.
+        OSError: the kernel refused the clone (or, after `clone`, the pidfd).
     """
     pidfd = ctypes.c_int(-1)
     # struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls
     args = (ctypes.c_uint64 * 8)(CLONE_NEWPID | CLONE_PIDFD, ctypes.addressof(pidfd), 0, 0, _signal.SIGCHLD)
     python.PyOS_BeforeFork()  # what os.fork does around its fork(), in the same order
     pid = python.syscall(SYS_CLONE3, args, ctypes.sizeof(args))
+    if pid < 0 and ctypes.get_errno() == ENOSYS and SYS_CLONE:  # clone3 filtered out (some seccomp profiles)
+        pid = python.syscall(SYS_CLONE, CLONE_NEWPID | _signal.SIGCHLD, 0, 0, 0, 0)  # as fork: no new stack
     if pid == 0:
         try:
             python.PyOS_AfterFork_Child()
@@ -143,7 +148,14 @@ def fork_init(request, fds, private, launcher, modules):
     python.PyOS_AfterFork_Parent()
     if pid < 0:
         raise OSError(errno, f"clone3(CLONE_NEWPID): {posix.strerror(errno)}")
-    return pid, pidfd.value
+    if pidfd.value >= 0:
+        return pid, pidfd.value
+    try:
+        return pid, posix.pidfd_open(pid)
+    except OSError:  # an init nobody would wait for: end it now
+        posix.kill(pid, SIGKILL)
+        posix.waitpid(pid, 0)
+        raise
 
 
 def finish(pidfd, pid, status_fd, launcher):
