@@ -201,3 +201,20 @@ def checkout_script(script: Path, checkout: Path | None) -> tuple[Path, dict[str
         return script, None
     checkout = checkout.resolve()
     return checkout / "bench" / script.name, {**os.environ, "PYTHONPATH": str(checkout)}
+
+
+async def sandbox_run(url: str, code: str) -> None:
+    """One `/run` of `code` through the sandbox service at `url`; anything but `ok` is an error."""
+    answer = (await http.request("POST", f"{url}/run", json={"code": code}, timeout_s=60)).json()
+    if answer.get("status") != "ok":
+        raise RuntimeError(f"sandbox run failed: {answer}")
+
+
+async def bare_python_run(python: str, code: str) -> None:
+    """`code` run by a bare `python` with the flags the sandbox uses (`-I -S -c`), as an asyncio subprocess."""
+    process = await asyncio.create_subprocess_exec(
+        python, "-I", "-S", "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={}
+    )
+    await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"bare run failed with status {process.returncode}")

@@ -29,24 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import write_plots  # noqa: E402
+from bench._common import bare_python_run, sandbox_run, write_plots  # noqa: E402
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, spawn_server  # noqa: E402
-
-
-async def _sandbox_once(url: str, code: str) -> None:
-    answer = (await http.request("POST", f"{url}/run", json={"code": code}, timeout_s=60)).json()
-    if answer.get("status") != "ok":
-        raise RuntimeError(f"sandbox run failed: {answer}")
-
-
-async def _bare_once(python: str, code: str) -> None:
-    process = await asyncio.create_subprocess_exec(
-        python, "-I", "-S", "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={}
-    )
-    await process.communicate()
-    if process.returncode != 0:
-        raise RuntimeError(f"bare run failed with status {process.returncode}")
 
 
 class Cell:
@@ -78,8 +63,8 @@ async def measure(run_once, concurrency: int, seconds: float, cell: Cell) -> Non
 
 async def main_async(args: argparse.Namespace, url: str, python: str) -> list[str]:
     """Alternate short slices of the two modes, so load from elsewhere on the machine hits both alike."""
-    sandbox_once = lambda: _sandbox_once(url, args.code)  # noqa: E731
-    bare_once = lambda: _bare_once(python, args.code)  # noqa: E731
+    sandbox_once = lambda: sandbox_run(url, args.code)  # noqa: E731
+    bare_once = lambda: bare_python_run(python, args.code)  # noqa: E731
     for _ in range(3):  # warm-up
         await sandbox_once()
         await bare_once()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
@@ -74,6 +75,10 @@ class Hierarchy:
         """The name prefix of this object's cgroups (a process may run several services)."""
         self.live: set[RunCgroup] = set()
         self._stale: set[Path] = set()
+        self._serial = itertools.count()
+        """Numbers the instance's cgroups (its name prefix is already unique to it)."""
+        self.swap_limits: bool | None = None
+        """Whether its memory cgroups have a swap limit file (swap accounting on); None: not looked yet."""
 
     def __str__(self) -> str:
         return f"cgroup v{self.version} ({self.parent})"
@@ -85,7 +90,7 @@ class Hierarchy:
             OSError: it could not be made or limited.
         """
         self._remove_stale()
-        cgroup = RunCgroup(self.parent / f"{self.instance}{secrets.token_hex(6)}", self)
+        cgroup = RunCgroup(self.parent / f"{self.instance}{next(self._serial):012x}", self)
         cgroup.path.mkdir()
         try:
             if limit_bytes is not None:
@@ -142,18 +147,16 @@ class RunCgroup:
     def set_limit(self, limit_bytes: int) -> None:
         """Its memory limit (a `pids` cgroup: its process limit)."""
         self.limit_bytes = limit_bytes
-        if self.hierarchy.controller == "pids":
-            _write(self.path / "pids.max", min(limit_bytes, PID_MAX))
-        elif self.v1:
-            _write(self.path / "memory.limit_in_bytes", limit_bytes)
-            swap = self.path / "memory.memsw.limit_in_bytes"  # absent where swap accounting is off
-            if swap.exists():
-                _write(swap, limit_bytes)
-        else:
-            _write(self.path / "memory.max", limit_bytes)
-            swap = self.path / "memory.swap.max"
-            if swap.exists():
-                _write(swap, 0)
+        path, hierarchy = self.path, self.hierarchy
+        if hierarchy.controller == "pids":
+            _write(f"{path}/pids.max", min(limit_bytes, PID_MAX))
+            return
+        _write(f"{path}/{'memory.limit_in_bytes' if self.v1 else 'memory.max'}", limit_bytes)
+        swap = f"{path}/{'memory.memsw.limit_in_bytes' if self.v1 else 'memory.swap.max'}"
+        if hierarchy.swap_limits is None:  # absent where swap accounting is off: the same for every cgroup here
+            hierarchy.swap_limits = os.path.exists(swap)
+        if hierarchy.swap_limits:
+            _write(swap, limit_bytes if self.v1 else 0)
 
     def set_process_limit(self, count: int) -> None:
         """Its process limit (v2, where the pids controller is enabled beside memory: `detect_pids`)."""
@@ -165,18 +168,7 @@ class RunCgroup:
         Raises:
             OSError: a process could not be moved (one that exited meanwhile is skipped).
         """
-        fd = os.open(self.path / "cgroup.procs", os.O_WRONLY)
-        try:
-            pending = [root]
-            while pending:
-                pid = pending.pop()
-                try:
-                    os.write(fd, b"%d" % pid)
-                except ProcessLookupError:
-                    continue
-                pending += _children(pid)
-        finally:
-            os.close(fd)
+        adopt([self], root)
 
     def oom_kills(self) -> int:
         """Processes the kernel's OOM killer killed in this cgroup so far."""
@@ -225,6 +217,31 @@ class RunCgroup:
             await asyncio.sleep(REMOVE_PAUSE_S)
         log.warning("the sandbox cgroup %s is still busy: removing it later", self.path)
         self.hierarchy._stale.add(self.path)
+
+
+def adopt(cgroups: list[RunCgroup], root: int) -> None:
+    """Move process `root` and every process below it into each of `cgroups` (a memory and a pids cgroup: one walk
+    of the tree for all), parents first: each process is in all of them before its children are listed.
+
+    Raises:
+        OSError: a process could not be moved (one that exited meanwhile is skipped).
+    """
+    fds: list[int] = []
+    try:
+        for cgroup in cgroups:
+            fds.append(os.open(f"{cgroup.path}/cgroup.procs", os.O_WRONLY))
+        pending = [root]
+        while pending:
+            pid = pending.pop()
+            try:
+                for fd in fds:
+                    os.write(fd, b"%d" % pid)
+            except ProcessLookupError:
+                continue
+            pending += _children(pid)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _kill_and_remove(path: Path, version: int, wait_s: float = SWEEP_WAIT_S) -> None:
@@ -464,7 +481,7 @@ def _read_words(path: Path) -> list[str]:
         return []
 
 
-def _write(path: Path, value: int | str) -> None:
+def _write(path: Path | str, value: int | str) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
         os.write(fd, str(value).encode())

@@ -2,12 +2,12 @@
 fresh, isolated sandbox per one-shot Python run.
 
 `ForkServer.fork()` hands the fork server four pipe ends over its socket (the request pipe's read end, the
-program's stdout and stderr, the status pipe), learns the new run leader's pid, finds it on the host (its `NSpid`
-under the fork server) and returns a `ForkedRun`: a `SandboxProcess` whose program waits for its request. The
-runner (`Runner.take_warm`, through the warm pool, `sandbox.warm`) moves the leader's tree into the run's memory
-cgroup, then sends the request; the outcome is the `@@GF-EXIT` status the leader writes when the run's init exits
-(or a setup failure's result frame, written by the program's process before any model code runs). The program never
-holds the status pipe.
+program's stdout and stderr, the status pipe), learns the pid of the new run's init (pid 1 of the run's PID
+namespace, a child of the fork server), finds it on the host (its `NSpid` at the fork server's level) and returns a
+`ForkedRun`: a `SandboxProcess` whose program waits for its request. The runner (`Runner.take_warm`, through the
+warm pool, `sandbox.warm`) moves the init and the program into the run's cgroups, then sends the request; the
+outcome is the `@@GF-EXIT` status the fork server writes when the run's init exits (or a setup failure's result
+frame, written by the program's process before any model code runs). The program never holds the status pipe.
 
 A fork server killed from outside (the host's OOM killer, an operator) takes its runs with it: their status pipes
 close with no status, and each is reported `sandbox_failed` with the signal that killed it; the next `fork()`
@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import select
 import signal
 import socket
@@ -69,9 +68,18 @@ async def _killed_from_outside(popen: subprocess.Popen, wait_s: float) -> str | 
         return f"signal {-popen.returncode}"
 
 
-class Leader:
-    """The `popen` of a forked run: its leader, a process of the fork server's (not ours to wait for); its
-    `returncode` is the status the leader reported, bwrap-style (the program's, or 128 + the signal)."""
+def _nspid(pid: int) -> list[str]:
+    """The process's pids, from the host's PID namespace down to its own (`NSpid` in its status)."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("NSpid:"):
+                return line.split()[1:]
+    return []
+
+
+class RunInit:
+    """The `popen` of a forked run: its init, a child of the fork server (not ours to wait for); its `returncode` is
+    the status the fork server reported, bwrap-style (the program's, or 128 + the signal)."""
 
     def __init__(self, pid: int):
         self.pid = pid
@@ -105,57 +113,57 @@ class Leader:
 class ForkedRun(SandboxProcess):
     """One run forked by the fork server (see the module's docstring)."""
 
-    def __init__(self, server: ForkServer, leader: Leader, readers: list[PipeReader], request: PipeWriter):
-        super().__init__(leader, [readers[0], None, *readers[1:]], request, None, True, None)  # type: ignore[arg-type]
+    def __init__(self, server: ForkServer, init: RunInit, readers: list[PipeReader], request: PipeWriter):
+        super().__init__(init, [readers[0], None, *readers[1:]], request, None, True, None)  # type: ignore[arg-type]
         self.server = server
         self.server_popen = server.popen
         self.workdir = server.isolation.workdir
         self.pids: RunCgroup | None = None
         """Its pids cgroup (v1), removed by `close()`; on v2 its memory cgroup limits its processes."""
         self.lost = False
-        """Set when the status pipe closed with no status (the leader or the fork server was killed)."""
+        """Set when the status pipe closed with no status (the fork server was killed)."""
 
     @property
     def stderr_text(self) -> str:
         return self.server.stderr_text
 
     def alive(self) -> bool:
-        return not (self.leader.gone() or self._stdout.eof or self._stdout.buffer or self._stdin.closed)
+        return not (self.init.gone() or self._stdout.eof or self._stdout.buffer or self._stdin.closed)
 
     @property
-    def leader(self) -> Leader:
+    def init(self) -> RunInit:
         return self.popen  # type: ignore[return-value]
 
     async def next_result(self):
         line = await self._stdout.readline(LINE_MAX_BYTES)
         if line is None:
             self.lost = True
-            self.leader.returncode = 128 + signal.SIGKILL
+            self.init.returncode = 128 + signal.SIGKILL
             return None
         if line.startswith(EXIT_TAG):
             try:
-                self.leader.returncode = int(line[len(EXIT_TAG):])
+                self.init.returncode = int(line[len(EXIT_TAG):])
             except ValueError:
-                self.leader.returncode = 255
+                self.init.returncode = 255
             return None
         self._stdout.buffer[:0] = line  # a result frame (a setup failure)
         return await super().next_result()
 
     async def stop(self, *, grace_s: float = 0.0) -> None:
-        """Let the run end by itself for up to `grace_s`, else kill its init (which ends its PID namespace) and its
-        leader."""
-        leader = self.leader
+        """Let the run end by itself for up to `grace_s`, else kill its init (which ends its PID namespace) and the
+        processes below it."""
+        init = self.init
         try:
-            if await leader.exited_within(grace_s):
+            if await init.exited_within(grace_s):
                 return
         except asyncio.CancelledError:  # the request was cancelled: still never leave the run running
             self._kill()
             raise
         self._kill()
-        await leader.exited_within(KILL_GRACE_S)
+        await init.exited_within(KILL_GRACE_S)
 
     def _kill(self) -> None:
-        for pid in [*_children(self.leader.pid), self.leader.pid]:
+        for pid in [*_children(self.init.pid), self.init.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -172,7 +180,7 @@ class ForkedRun(SandboxProcess):
             self._stdin.close()
             for reader in (self._stdout, *self._output):
                 reader.close()
-            os.close(self.leader.pidfd)
+            os.close(self.init.pidfd)
             for cgroup in (self.cgroup, self.pids):
                 if cgroup is not None:
                     await cgroup.remove()
@@ -187,13 +195,16 @@ class ForkServer:
         self.startup_timeout_s = startup_timeout_s
         self.popen: subprocess.Popen | None = None
         self.host_pid = 0
-        """The fork server's own process (the launcher inside the sandbox), whose children are the run leaders."""
+        """The fork server's own process (the launcher inside the sandbox), whose children are the runs' inits."""
         self._socket: socket.socket | None = None
         self._stdout: PipeReader | None = None
         self._stderr: PipeReader | None = None
         self._forked: dict[bytes, asyncio.Future] = {}
         self._known: dict[int, int] = {}
         """Host pid -> the fork server's pid, of its children seen so far."""
+        self._level = 0
+        """The depth of the fork server's PID namespace (its pids are that field of its children's `NSpid`)."""
+        self._serial = 0
         self._lock = asyncio.Lock()
         self._reading: asyncio.Task | None = None
         _SERVERS.add(self)
@@ -221,7 +232,8 @@ class ForkServer:
         async with self._lock:
             if not self.running():
                 await self._restart()
-        token = secrets.token_bytes(8)
+        self._serial += 1
+        token = self._serial.to_bytes(8, "big")  # matches the fork server's answer to this request
         request_r, request_w = os.pipe2(os.O_CLOEXEC)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -244,7 +256,7 @@ class ForkServer:
         try:
             async with asyncio.timeout(self.startup_timeout_s):
                 pid = await forked
-            leader = Leader(self._host_pid_of(pid))
+            init = RunInit(self._host_pid_of(pid))
         except BaseException as exc:
             writer.close()
             for reader in readers:
@@ -255,10 +267,11 @@ class ForkServer:
             raise
         finally:
             self._forked.pop(token.hex().encode(), None)
-        return ForkedRun(self, leader, readers, writer)
+        return ForkedRun(self, init, readers, writer)
 
     def _host_pid_of(self, pid: int) -> int:
-        """The host pid of the fork server's child `pid` (as the fork server sees it).
+        """The host pid of the fork server's child `pid` (as the fork server sees it: in the child's `NSpid`, the
+        field at the fork server's level; the last one is 1, its pid in its own PID namespace).
 
         Raises:
             LookupError: no such child (it failed and exited already).
@@ -266,12 +279,8 @@ class ForkServer:
         children = _children(self.host_pid)
         self._known = {child: self._known[child] for child in children if child in self._known}
         for child in children:
-            if child not in self._known:
-                with contextlib.suppress(OSError), open(f"/proc/{child}/status") as status:
-                    for line in status:
-                        if line.startswith("NSpid:"):
-                            self._known[child] = int(line.split()[-1])
-                            break
+            if child not in self._known and len(pids := _nspid(child)) > self._level:
+                self._known[child] = int(pids[self._level])
             if self._known.get(child) == pid:
                 return child
         raise LookupError(f"the fork server's child {pid} is gone")
@@ -323,6 +332,7 @@ class ForkServer:
             await self.close()
             raise SandboxStartError(f"the sandbox fork server {problem}: {stderr}")
         self.host_pid = launcher[0]
+        self._level = len(_nspid(self.host_pid)) - 1
         self._reading = asyncio.create_task(self._read_forked(self._stdout))
 
     async def _read_forked(self, stdout: PipeReader) -> None:

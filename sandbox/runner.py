@@ -18,7 +18,7 @@ from typing import Any
 
 from gymfleet.errors import BadRequestError
 from sandbox.admission import Admission
-from sandbox.cgroups import Hierarchy
+from sandbox.cgroups import Hierarchy, adopt
 from sandbox.forked import ForkedRun, ForkServer
 from sandbox.isolation import Isolation
 from sandbox.memory import MemoryWatch
@@ -43,8 +43,8 @@ CASE_GRACE_S = 3.0
 DIRECT_SETUP_S = 0.5
 """Time a direct run's launcher may take to write the files and compile the program before the limit starts."""
 EXIT_GRACE_S = 1.0
-FORKED_INFRASTRUCTURE = 2
-"""A forked run's processes that are not the program's: its leader and its init (`sandbox.forkserver`)."""
+FORKED_INFRASTRUCTURE = 1
+"""A forked run's processes that are not the program's: its init (`sandbox.forkserver`)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class Runner:
                 elif process.cgroup is not None:
                     process.cgroup.set_process_limit(processes)
             if groups:
-                await asyncio.to_thread(lambda: [group.adopt(process.popen.pid) for group in groups])
+                await asyncio.to_thread(adopt, groups, process.popen.pid)
         except BaseException as exc:
             await process.close()
             if isinstance(exc, OSError):
@@ -221,8 +221,9 @@ class Runner:
         return result.model_copy(update={"status": "oom", "message": message})
 
     async def run(self, request: RunRequest) -> RunResult:
-        case = Case(stdin=request.stdin, args=request.args)
-        batch = BatchRequest(**request.model_dump(exclude={"stdin", "args"}), cases=[case])
+        case = Case.model_construct(stdin=request.stdin, args=request.args)  # validated with the request
+        fields = {name: getattr(request, name) for name in request.model_fields_set if name not in ("stdin", "args")}
+        batch = BatchRequest.model_construct(**fields, cases=[case])
         return (await self.run_batch(batch))[0]
 
     async def run_batch(self, request: BatchRequest) -> list[RunResult]:

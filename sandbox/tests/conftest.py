@@ -65,7 +65,7 @@ def sandbox_processes() -> list[psutil.Process]:
     return found
 
 
-IDLE_RUN = {"gf-run-leader", "gf-run-init", "gf-run-idle"}
+IDLE_RUN = {"gf-run-init", "gf-run-idle"}
 
 
 def fork_server_or_idle(process: psutil.Process) -> bool:

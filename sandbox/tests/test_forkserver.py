@@ -160,3 +160,21 @@ def test_a_forked_run_starts_as_a_cold_one(baseline):
     cold, forked = ({**state, "limits": [limit for index, limit in enumerate(state["limits"]) if index != nproc]}
                     for state in (cold, baseline))
     assert not differences(cold, forked)
+
+
+INIT_FDS = ("import os\n"
+            "print(sorted((fd, os.readlink(f'/proc/1/fd/{fd}')) for fd in os.listdir('/proc/1/fd')))")
+
+
+def test_a_runs_init_holds_nothing_but_dev_null(client_module):
+    # The fork server holds every live run's status pipe and pidfd (and its socket): each run's init is forked with
+    # them and must drop them all, whatever runs are idle in the warm pool or running beside it.
+    results: list[dict] = []
+    threads = [threading.Thread(target=lambda: results.append(run(client_module, INIT_FDS, timeout_s=10)))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expected = str([(str(fd), "/dev/null") for fd in range(3)]) + "\n"
+    assert [result["stdout"] for result in results] == [expected] * 4, results
