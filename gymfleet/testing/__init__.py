@@ -29,6 +29,7 @@ from typing import Any
 import uvicorn
 
 from gymfleet.http_types import SERVER_KEEP_ALIVE_S
+from gymfleet.testing.waits import processes_gone, wait_until, wait_until_async  # noqa: F401  (re-exported)
 from gymfleet.wire import make_response  # noqa: F401  (tests build responses with it from here)
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class _ThreadServer(uvicorn.Server):
 
 
 SERVE_STOP_TIMEOUT_S = 10.0
+SERVE_START_TIMEOUT_S = 60.0
+"""How long `serve` waits for the app's startup: a bound against a hang (a loaded CI machine is slow to start one)."""
 
 
 @contextmanager
@@ -92,10 +95,14 @@ def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SERVE_START_TIMEOUT_S
     while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("test server failed to start")
+        if not thread.is_alive():
+            raise RuntimeError("test server failed to start: its thread ended (see the log for the app's error)")
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"test server did not start within {SERVE_START_TIMEOUT_S:g}s (its lifespan startup "
+                               "hangs?)")
         time.sleep(0.01)
     try:
         yield f"http://{host}:{sock.getsockname()[1]}"
