@@ -123,7 +123,7 @@ def test_num_workers_serves_one_port_from_several_processes():
     with running_fleet([QUICKSTART], {"mcqa": {"resources_servers": {"mcqa": {"num_workers": 2}}}}) as fleet:
         master = psutil.Process(fleet.children["mcqa"].process.pid)
         wait_until(lambda: len([p for p in master.children() if "spawn_main" in " ".join(p.cmdline())]) == 2,
-                   "mcqa's two worker processes started")
+                   "mcqa's two worker processes started", ignore=(psutil.NoSuchProcess,))
         url = fleet.config.instance("mcqa").url
         for _ in range(10):
             assert httpx.post(url + "/verify", json={**ROW, "response": {"output": []}},
