@@ -28,16 +28,19 @@ WAIT_S = 120.0
 T = TypeVar("T")
 
 
-def _give_up(what: str, timeout_s: float, last: Any, error: BaseException | None) -> AssertionError:
+def _give_up(what: str, timeout_s: float, last: Any, error: BaseException | None,
+             explain: Callable[[], str] | None) -> AssertionError:
     seen = f"; the last error: {error!r}" if error is not None else f"; the last value: {last!r}"
-    return AssertionError(f"gave up after {timeout_s:g}s waiting until {what}{seen}")
+    more = f"\n{explain()}" if explain is not None else ""
+    return AssertionError(f"gave up after {timeout_s:g}s waiting until {what}{seen}{more}")
 
 
 def wait_until(predicate: Callable[[], T], what: str, *, timeout_s: float = WAIT_S, interval_s: float = 0.01,
-               ignore: tuple[type[BaseException], ...] = ()) -> T:
+               ignore: tuple[type[BaseException], ...] = (), explain: Callable[[], str] | None = None) -> T:
     """Call `predicate` every `interval_s` until it returns a true value, and return that value.
 
-    `ignore`: exceptions that mean "not yet" (a server not listening yet: `httpx.HTTPError`).
+    `ignore`: exceptions that mean "not yet" (a server not listening yet: `httpx.HTTPError`). `explain`: what to add
+    to the failure's message (a log's tail, the last command's output).
 
     Raises:
         AssertionError: `timeout_s` passed first; the message names `what` and the predicate's last value or error.
@@ -51,12 +54,13 @@ def wait_until(predicate: Callable[[], T], what: str, *, timeout_s: float = WAIT
         except ignore as exc:
             value, error = None, exc
         if time.monotonic() > deadline:
-            raise _give_up(what, timeout_s, value, error)
+            raise _give_up(what, timeout_s, value, error, explain)
         time.sleep(interval_s)
 
 
 async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], what: str, *, timeout_s: float = WAIT_S,
-                           interval_s: float = 0.01, ignore: tuple[type[BaseException], ...] = ()) -> T:
+                           interval_s: float = 0.01, ignore: tuple[type[BaseException], ...] = (),
+                           explain: Callable[[], str] | None = None) -> T:
     """`wait_until` for a test on an event loop: the loop runs between polls. `predicate` may be a coroutine
     function (its result is awaited)."""
     deadline = time.monotonic() + timeout_s
@@ -71,7 +75,7 @@ async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], what: str,
         except ignore as exc:
             value, error = None, exc
         if time.monotonic() > deadline:
-            raise _give_up(what, timeout_s, value, error)
+            raise _give_up(what, timeout_s, value, error, explain)
         await asyncio.sleep(interval_s)
 
 
