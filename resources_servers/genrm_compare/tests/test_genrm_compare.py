@@ -221,7 +221,8 @@ def test_judge_failure_fails_the_whole_group_on_verify(genrm_url, marker):
 def test_judge_down_before_the_group_is_full_fails_late_members_at_once(genrm_url):
     with _env(genrm_url, num_rollouts_per_prompt=3, cohort_timeout_s=30, verify_timeout_s=60) as (url, server):
         first = _group(url, OUR_ROWS[2], ["[DOWN] a", "[Q3] b"], wait=False)
-        wait_until(lambda: [c for c in server.cohorts.values() if c.outcome.done()], "the failed comparison is in")
+        wait_until(lambda: [c for c in list(server.cohorts.values()) if c.outcome.done()],  # list(): atomic
+                   "the failed comparison is in")
         start = time.monotonic()
         (late,) = _group(url, OUR_ROWS[2], ["[Q5] c"], first_index=2)
         assert time.monotonic() - start < 10  # not the 30 s deadline
