@@ -91,12 +91,12 @@ def test_metrics_count_requests(fleet):
 def test_with_exit_on_server_failure_a_crash_is_reported_with_its_last_output_and_shutdown_leaves_no_orphans():
     with running_fleet([QUICKSTART], {"exit_on_server_failure": True}) as fleet:
         victim = fleet.children["mcqa"].process
-        pids = [child.process.pid for child in fleet.children.values()]
+        servers = [psutil.Process(child.process.pid) for child in fleet.children.values()]  # not pids: reused
         victim.kill()
         victim.wait(5)
         with pytest.raises(ServerCrashedError, match="'mcqa' exited unexpectedly.*exit_on_server_failure=true"):
             fleet.poll()
-    wait_until(lambda: processes_gone(pids), "the fleet's servers exited after its shutdown")
+    wait_until(lambda: processes_gone(servers), "the fleet's servers exited after its shutdown")
 
 
 def test_configured_restart_brings_a_server_back():
