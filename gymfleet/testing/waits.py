@@ -80,7 +80,8 @@ async def wait_until_async(predicate: Callable[[], T | Awaitable[T]], what: str,
 
 
 def processes_gone(processes: Iterable[int | psutil.Process]) -> bool:
-    """Whether every process (a pid or a `psutil.Process`) has exited (a zombie counts as exited)."""
+    """Whether every process (a pid or a `psutil.Process`) has exited (a zombie counts as exited). Pass the
+    `psutil.Process` taken while it ran: a bare pid may be handed to a new process once the old one is reaped."""
     return not live_processes(processes)
 
 
