@@ -6,9 +6,9 @@ step 3-5x slower). `wait_until` polls the very state the test goes on to assert,
 a test that would otherwise hang, and fails naming what never happened.
 
     wait_until(lambda: len(env.started) == 4, "the four admitted rollouts reached the environment")
-    row = wait_until(lambda: find_row(head), "the head to list the server", ignore=(httpx.HTTPError,))
-    await wait_until_async(lambda: pool.stats["demoted"], "the slow item to be demoted")
-    wait_until(lambda: processes_gone(pids), "the fleet's processes to exit")
+    row = wait_until(lambda: find_row(head), "the head lists the server", ignore=(httpx.HTTPError,))
+    await wait_until_async(lambda: pool.stats["demoted"], "the slow item was demoted")
+    wait_until(lambda: processes_gone(servers), "the fleet's processes exited")
 """
 
 from __future__ import annotations
