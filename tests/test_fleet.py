@@ -18,7 +18,7 @@ from gymfleet.errors import ConfigError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.fleet.supervisor import Fleet
-from gymfleet.testing import fleet_headers, free_port, processes_gone, running_fleet, wait_until
+from gymfleet.testing import fleet_headers, free_port, ng_status_all_live, processes_gone, running_fleet, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = "configs/quickstart.yaml"
@@ -174,19 +174,7 @@ def test_cli_reports_config_errors_without_a_traceback():
 
 
 def test_ng_status_lists_every_instance_as_live(fleet):
-    said: list[subprocess.CompletedProcess] = []
-
-    def status() -> subprocess.CompletedProcess | None:
-        said[:] = [subprocess.run(
-            [sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={fleet.config.head_port}"],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
-        )]
-        return said[0] if said[0].returncode == 0 else None
-
-    # asked again while not all live: on a loaded machine a server may miss ng_status's 2 s probe, and policy_model's
-    # own probe of its upstream (every second) may not have answered yet when the fleet said ready
-    out = wait_until(status, "ng_status reports every instance live", interval_s=1,
-                     explain=lambda: said[0].stdout + said[0].stderr)
+    out = ng_status_all_live(fleet.config.head_port)
     assert "4 / 4 live" in out.stdout
     assert out.stdout.splitlines()[0].split()[-3:] == ["STATUS", "RESTARTS", "LIVE"]
     for name in ("policy_model", "mcqa", "mcqa_simple_agent", "scripted_llm"):

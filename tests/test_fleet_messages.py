@@ -35,7 +35,7 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_con
 from gymfleet.fleet.readiness import ENDPOINT_ANNOUNCE_AFTER_S, _EndpointWatch
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.progress import Progress
-from gymfleet.testing import fleet_headers, free_port, serve, wait_until
+from gymfleet.testing import fleet_headers, free_port, ng_status_all_live, serve, wait_until
 from responses_api_models.scripted_model.app import ScriptedModel
 from responses_api_models.vllm_model.app import VLLMModel
 
@@ -206,8 +206,7 @@ def test_once_the_policy_answers_the_fleet_finishes_starting_and_reports_in_plai
     _wait_until(lambda: httpx.get(_policy_row(nano3)["url"] + "/upstream_status",
                                   headers=fleet_headers(nano3.head)).json()["status"] == "ready",
                 "the model server's own probe to see its upstream")
-    table = _ng_status(nano3)
-    assert table.returncode == 0, table.stdout + table.stderr
+    table = ng_status_all_live(int(nano3.head.rsplit(":", 1)[1]))
     assert f"{total} / {total} live" in table.stdout
 
 

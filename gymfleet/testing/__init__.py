@@ -257,6 +257,31 @@ def running_fleet(config_paths: list[str], extra: dict[str, Any] | None = None) 
         fleet.shutdown()
 
 
+def ng_status_all_live(head_port: int, *args: str, timeout_s: float = 120.0) -> Any:
+    """`ng_status +head_server.port=<head_port> <args>` (a subprocess), asked again until it says every instance is
+    live (exit 0); returns that `CompletedProcess`. Once is not enough on a loaded machine: a server may miss
+    ng_status's 2 s probe, and a model server's own probe of its upstream (every second) may not have answered yet
+    when the fleet said ready (or the head, that a restarted server runs).
+
+    Raises:
+        AssertionError: not all live within `timeout_s`; the message has ng_status's last output.
+    """
+    import subprocess
+    import sys
+
+    from gymfleet.fleet.config_instances import repository_root
+
+    said: list[subprocess.CompletedProcess] = []
+
+    def all_live() -> subprocess.CompletedProcess | None:
+        said[:] = [subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={head_port}",
+                                   *args], cwd=repository_root(), capture_output=True, text=True, timeout=120)]
+        return said[0] if said[0].returncode == 0 else None
+
+    return wait_until(all_live, f"ng_status says every instance of the fleet on head port {head_port} is live",
+                      timeout_s=timeout_s, interval_s=1, explain=lambda: said[0].stdout + said[0].stderr)
+
+
 def fleet_headers(head: Any = None) -> dict[str, str]:
     """Headers carrying a fleet's token: of `head` (a `Fleet` / `RayFleet` this process started), of the fleet whose
     head server listens on this machine at `head` (its port, or its URL), or (none given) of the one fleet this
