@@ -18,12 +18,13 @@ import json
 import re
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gymfleet.testing import wait_until
 
 KNOWN_FAILURE_CLASSES = frozenset({
     "connection_error",  # a hop could not connect, or its connection dropped (not retried when it may have run)
@@ -257,8 +258,4 @@ WAIT_S = 120
 
 def wait_for(condition: Callable[[], Any], what: str) -> Any:
     """Poll `condition` until it returns something truthy (returned); fail naming `what` if it never does."""
-    deadline = time.monotonic() + WAIT_S
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
-    return value
+    return wait_until(condition, what, timeout_s=WAIT_S, interval_s=0.1)

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.serving.admission import Admission
+from gymfleet.testing import wait_until
 from gymfleet.testing.fleets import ReleasedVerifies, agent_fleet
 from responses_api_models.scripted_model.app import ScriptedModel
 
@@ -57,13 +57,6 @@ def _metrics(url: str) -> dict[str, float]:
     return values
 
 
-def _wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + HANG_BOUND_S
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting until {what}"
-        time.sleep(0.01)
-
-
 def _queued(url: str) -> tuple[float, float]:
     values = _metrics(url)
     return values["gymfleet_rollouts_in_progress"], values["gymfleet_rollouts_waiting"]
@@ -75,13 +68,15 @@ def _send_in_order(url: str, pool: ThreadPoolExecutor, indices) -> list:
     futures = []
     for count, idx in enumerate(indices, start=int(held) + 1):
         futures.append(pool.submit(_post, url, _row(idx)))
-        _wait_until(lambda count=count: sum(_queued(url)) == count, f"the agent holds {count} requests")
+        wait_until(lambda count=count: sum(_queued(url)) == count, f"the agent holds {count} requests")
     return futures
 
 
 def test_at_most_the_bound_run_and_the_rest_start_in_arrival_order():
     with _fleet(2) as (url, env, pool):
         futures = _send_in_order(url, pool, range(6))
+        # the agent counts a rollout in progress a moment before its /seed_session reaches the environment
+        wait_until(lambda: len(env.started) >= 2, "the two admitted rollouts reach the environment")
         assert env.started == [0, 1], "only the first two arrivals reached the environment"
         assert _queued(url) == (2, 4)
         assert _metrics(url)["gymfleet_rollouts_admission_limit"] == 2
@@ -90,14 +85,14 @@ def test_at_most_the_bound_run_and_the_rest_start_in_arrival_order():
                                        (2, [0, 1, 2, 3, 4, 5])):
             env.release(finish)
             started = len(expected_start)
-            _wait_until(lambda n=started: len(env.started) == n, f"{started} rollouts start")
+            wait_until(lambda n=started: len(env.started) == n, f"{started} rollouts start")
             assert env.started == expected_start
         env.release(4, 5)
         results = [future.result() for future in futures]
         assert [r.status_code for r in results] == [200] * 6
         assert [r.json()["idx"] for r in results] == list(range(6)) and all(r.json()["reward"] == 1.0 for r in results)
         assert env.peak == 2
-        _wait_until(lambda: _queued(url) == (0, 0), "the queue drains")
+        wait_until(lambda: _queued(url) == (0, 0), "the queue drains")
         assert _metrics(url)["gymfleet_rollout_wait_seconds_count"] == 6
 
 
@@ -121,14 +116,14 @@ def test_a_caller_that_leaves_while_waiting_gives_up_its_place_and_nothing_runs_
         with socket.create_connection(("127.0.0.1", port), timeout=10) as leaver:
             leaver.sendall(b"POST /run HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            _wait_until(lambda: _queued(url) == (2, 2), "the leaver waits behind 2")
-        _wait_until(lambda: _metrics(url).get("gymfleet_rollouts_abandoned_total") == 1, "the leaver is given up")
+            wait_until(lambda: _queued(url) == (2, 2), "the leaver waits behind 2")
+        wait_until(lambda: _metrics(url).get("gymfleet_rollouts_abandoned_total") == 1, "the leaver is given up")
         assert _queued(url) == (2, 1), "the leaver held no slot, so none was freed"
         futures += _send_in_order(url, pool, [4])
         env.release(0)
-        _wait_until(lambda: len(env.started) == 3, "a third rollout starts")
+        wait_until(lambda: len(env.started) == 3, "a third rollout starts")
         env.release(1)
-        _wait_until(lambda: len(env.started) == 4, "a fourth rollout starts")
+        wait_until(lambda: len(env.started) == 4, "a fourth rollout starts")
         assert env.started == [0, 1, 2, 4], "the leaver (3) was skipped and never reached the environment"
         env.release(2, 4)
         assert [future.result().status_code for future in futures] == [200] * 4
@@ -139,7 +134,7 @@ def test_a_caller_that_leaves_while_waiting_gives_up_its_place_and_nothing_runs_
 def test_unbounded_admits_everything_at_once():
     with _fleet(0) as (url, env, pool):
         futures = [pool.submit(_post, url, _row(idx)) for idx in range(5)]
-        _wait_until(lambda: len(env.started) == 5, "all five start before any finishes")
+        wait_until(lambda: len(env.started) == 5, "all five start before any finishes")
         assert _queued(url) == (5, 0)
         assert _metrics(url)["gymfleet_rollouts_admission_limit"] == 0
         env.release(*range(5))
@@ -152,7 +147,7 @@ def test_v1_responses_queues_with_run():
         held = _send_in_order(url, pool, [0])
         params = {"input": [{"role": "user", "content": "hi"}]}
         episode = pool.submit(httpx.post, f"{url}/v1/responses", json=params, timeout=HANG_BOUND_S)
-        _wait_until(lambda: _queued(url) == (1, 1), "the episode waits behind the rollout")
+        wait_until(lambda: _queued(url) == (1, 1), "the episode waits behind the rollout")
         assert not episode.done()
         env.release(0)
         assert episode.result().status_code == 200 and held[0].result().status_code == 200

@@ -23,7 +23,7 @@ from gymfleet.rollouts.collect import run_rollout
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, load_rows
 from gymfleet.rollouts.collect_outputs import read_results
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
-from gymfleet.testing import fleet_headers, free_port, running_fleet
+from gymfleet.testing import fleet_headers, free_port, running_fleet, wait_until
 
 ROOT = repository_root()
 EXAMPLE = ROOT / "resources_servers/mcqa/data/example.jsonl"
@@ -88,10 +88,14 @@ def start_collector(head_port: int, cwd: Path, *args: str) -> tuple[list[str], s
     return command, subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def wait_for_results(path: Path, count: int, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (not path.exists() or len(path.read_text().splitlines()) < count) and time.monotonic() < deadline:
-        time.sleep(0.05)
+def wait_for_results(path: Path, count: int, collector: subprocess.Popen) -> None:
+    """Until the running `collector` has written `count` results to `path` (fails if it ends first)."""
+
+    def written() -> bool:
+        assert collector.poll() is None, f"the collector exited ({collector.returncode}) before {count} results"
+        return path.exists() and len(path.read_text().splitlines()) >= count
+
+    wait_until(written, f"the collector wrote {count} results to {path}", interval_s=0.05)
 
 
 def test_collects_every_rollout_with_rewards_indices_and_metrics(fleet, capsys):
@@ -321,7 +325,7 @@ def test_a_server_killed_mid_collection_costs_the_rollouts_in_flight_and_resume_
                                              f"+num_samples_in_parallel={parallel}",
                                              f"+stop_after_connection_failures={4 * parallel}")
         output = tmp_path / "out.jsonl"
-        wait_for_results(output, 30)
+        wait_for_results(output, 30, collector)
         fleet.children["mcqa"].process.kill()
         out, err = collector.communicate(timeout=180)  # finishes: no hang
         assert collector.returncode in (0, 1), out.decode() + err.decode()
@@ -382,7 +386,7 @@ def test_a_dead_fleet_stops_the_collection_with_one_message_and_resume_finishes_
         # The fleet stays dead: a /run that cannot connect tries for 1 s, not 10 (`connect_retry_s`).
         command, collector = start_collector(port, tmp_path, "+num_repeats=40", "+num_samples_in_parallel=8",
                                              "+connect_retry_s=1")
-        wait_for_results(output, 20)
+        wait_for_results(output, 20, collector)
         supervisor.kill()
         out, err = collector.communicate(timeout=120)
     out, err = out.decode(), err.decode()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -29,6 +28,7 @@ from gymfleet.fleet.head import create_head_app
 from gymfleet.rollouts.dispatch import SEND_WINDOW, AgentLines, SendWindow
 from gymfleet.serving.admission import DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from gymfleet.testing import free_port, serve
+from gymfleet.testing import wait_until as _wait_until
 from gymfleet.testing.fleets import ReleasedVerifies, agent_fleet, server_block
 from nemo_gym.rollout_collection import RolloutCollectionHelper
 from nemo_gym.server_utils import BaseServerConfig
@@ -109,13 +109,6 @@ def _received(agent_url: str) -> int:
         for sample in family.samples:
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
     return int(values["gymfleet_rollout_wait_seconds_count"] + values["gymfleet_rollouts_waiting"])
-
-
-def _wait_until(predicate, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not predicate():
-        assert time.monotonic() < deadline, f"gave up waiting until {what}"
-        time.sleep(0.01)
 
 
 def test_run_examples_sends_an_agent_its_bound_and_a_window_the_rest_in_order_as_earlier_ones_are_answered():

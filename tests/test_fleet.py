@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,7 @@ from gymfleet.errors import ConfigError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
 from gymfleet.fleet.readiness import ServerCrashedError
 from gymfleet.fleet.supervisor import Fleet
-from gymfleet.testing import fleet_headers, free_port, running_fleet
+from gymfleet.testing import fleet_headers, free_port, ng_status_all_live, processes_gone, running_fleet, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = "configs/quickstart.yaml"
@@ -92,13 +91,12 @@ def test_metrics_count_requests(fleet):
 def test_with_exit_on_server_failure_a_crash_is_reported_with_its_last_output_and_shutdown_leaves_no_orphans():
     with running_fleet([QUICKSTART], {"exit_on_server_failure": True}) as fleet:
         victim = fleet.children["mcqa"].process
-        pids = [child.process.pid for child in fleet.children.values()]
+        servers = [psutil.Process(child.process.pid) for child in fleet.children.values()]  # not pids: reused
         victim.kill()
         victim.wait(5)
         with pytest.raises(ServerCrashedError, match="'mcqa' exited unexpectedly.*exit_on_server_failure=true"):
             fleet.poll()
-    time.sleep(0.2)
-    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    wait_until(lambda: processes_gone(servers), "the fleet's servers exited after its shutdown")
 
 
 def test_configured_restart_brings_a_server_back():
@@ -124,11 +122,8 @@ def test_config_error_in_a_server_stops_startup_with_the_yaml_path():
 def test_num_workers_serves_one_port_from_several_processes():
     with running_fleet([QUICKSTART], {"mcqa": {"resources_servers": {"mcqa": {"num_workers": 2}}}}) as fleet:
         master = psutil.Process(fleet.children["mcqa"].process.pid)
-        deadline = time.monotonic() + 20
-        while len(master.children()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        workers = [p for p in master.children() if "spawn_main" in " ".join(p.cmdline())]
-        assert len(workers) == 2
+        wait_until(lambda: len([p for p in master.children() if "spawn_main" in " ".join(p.cmdline())]) == 2,
+                   "mcqa's two worker processes started", ignore=(psutil.NoSuchProcess,))
         url = fleet.config.instance("mcqa").url
         for _ in range(10):
             assert httpx.post(url + "/verify", json={**ROW, "response": {"output": []}},
@@ -157,8 +152,7 @@ def test_ng_run_cli_starts_and_stops_on_a_signal(tmp_path, stop_signal):
     finally:
         process.kill()
     assert process.returncode == 0
-    time.sleep(0.3)
-    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    wait_until(lambda: processes_gone(children), "the stopped fleet's servers exited")
     assert not list(tmp_path.glob("gymfleet-*")), "a stopped fleet removes its work folder"
 
 
@@ -180,11 +174,7 @@ def test_cli_reports_config_errors_without_a_traceback():
 
 
 def test_ng_status_lists_every_instance_as_live(fleet):
-    out = subprocess.run(
-        [sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={fleet.config.head_port}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = ng_status_all_live(fleet.config.head_port)
     assert "4 / 4 live" in out.stdout
     assert out.stdout.splitlines()[0].split()[-3:] == ["STATUS", "RESTARTS", "LIVE"]
     for name in ("policy_model", "mcqa", "mcqa_simple_agent", "scripted_llm"):
@@ -201,8 +191,8 @@ def test_access_log_only_when_asked():
     with running_fleet([QUICKSTART], {"uvicorn_logging_show_200_ok": True}) as fleet:
         url = fleet.config.instance("mcqa").url
         httpx.post(url + "/verify", json={**ROW, "response": {"output": []}}, headers=fleet_headers(fleet))
-        time.sleep(0.3)
-        assert any('"POST /verify HTTP/1.1" 200' in line for line in fleet.children["mcqa"].tail)
+        wait_until(lambda: any('"POST /verify HTTP/1.1" 200' in line for line in fleet.children["mcqa"].tail),
+                   "mcqa's access log line for the /verify reached the supervisor")  # read from its output by a thread
 
 
 def test_servers_die_with_a_killed_supervisor(tmp_path):
@@ -221,6 +211,6 @@ def test_servers_die_with_a_killed_supervisor(tmp_path):
     process.kill()
     process.wait(5)
     process.stdout.close()
-    gone, alive = psutil.wait_procs(children, timeout=10)
+    gone, alive = psutil.wait_procs(children, timeout=60)  # a bound: the watchdog polls, then SIGTERMs, then SIGKILLs
     assert not alive, f"orphans: {alive}"
     assert not list(tmp_path.glob("gymfleet-*")), "the work folder of a killed supervisor is removed"

@@ -35,7 +35,7 @@ from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_con
 from gymfleet.fleet.readiness import ENDPOINT_ANNOUNCE_AFTER_S, _EndpointWatch
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.progress import Progress
-from gymfleet.testing import fleet_headers, free_port, serve
+from gymfleet.testing import fleet_headers, free_port, ng_status_all_live, serve, wait_until
 from responses_api_models.scripted_model.app import ScriptedModel
 from responses_api_models.vllm_model.app import VLLMModel
 
@@ -122,16 +122,9 @@ def _policy_row(fleet) -> dict:
     return next(row for row in rows if row["process_name"] == "policy_model")
 
 
-def _wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if value := predicate():
-                return value
-        except (httpx.HTTPError, StopIteration):
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}")
+def _wait_until(predicate, what: str):
+    """`wait_until` for a state read over HTTP from a fleet still starting (no answer, no row yet: not yet)."""
+    return wait_until(predicate, what, timeout_s=240, interval_s=0.2, ignore=(httpx.HTTPError, StopIteration))
 
 
 def test_an_unreachable_policy_url_is_named_while_the_fleet_starts(nano3):
@@ -153,14 +146,14 @@ def test_one_start_up_line_per_server_with_url_pid_and_log(nano3):
         assert " on http://127.0.0.1:" in line and f"log: this output, lines prefixed ({name})" in line
         pid = int(line.split(", pid ")[1].split(",")[0])
         # A forked server renames itself (`--instance <name>` in ps) just after the fork that this line reports.
-        process, renamed_by = psutil.Process(pid), time.monotonic() + 30
-        while "--instance" not in (cmdline := process.cmdline()) and time.monotonic() < renamed_by:
-            time.sleep(0.05)
+        process = psutil.Process(pid)
+        cmdline = wait_until(lambda process=process: "--instance" in (argv := process.cmdline()) and argv,
+                             f"the process of pid {pid} renamed itself with --instance", interval_s=0.05)
         assert cmdline[cmdline.index("--instance") + 1] == name, "the pid is that server's process"
 
 
 def test_ng_status_says_the_model_server_waits_for_its_upstream(nano3):
-    row = _wait_until(lambda: (r := _policy_row(nano3))["status"] == "waiting for upstream" and r, 120,
+    row = _wait_until(lambda: (r := _policy_row(nano3))["status"] == "waiting for upstream" and r,
                       "policy_model to answer while its upstream does not")
     assert row["status"] == "waiting for upstream"
     own = httpx.get(row["url"] + "/upstream_status", timeout=10, headers=fleet_headers(nano3.head)).json()
@@ -212,9 +205,8 @@ def test_once_the_policy_answers_the_fleet_finishes_starting_and_reports_in_plai
 
     _wait_until(lambda: httpx.get(_policy_row(nano3)["url"] + "/upstream_status",
                                   headers=fleet_headers(nano3.head)).json()["status"] == "ready",
-                120, "the model server's own probe to see its upstream")
-    table = _ng_status(nano3)
-    assert table.returncode == 0, table.stdout + table.stderr
+                "the model server's own probe to see its upstream")
+    table = ng_status_all_live(int(nano3.head.rsplit(":", 1)[1]))
     assert f"{total} / {total} live" in table.stdout
 
 
@@ -282,7 +274,7 @@ def test_vllm_model_reports_waiting_then_unreachable_and_never_holds_requests_ba
         assert first["status"] == "waiting for upstream" and first["timeout_s"] == 1.5
         answer = httpx.post(url + "/v1/responses", json={"input": "hi"}, timeout=30)
         assert answer.status_code == 502 and answer.json()["error_type"] == "connection_error"
-        later = _wait_until(lambda: (r := httpx.get(url + "/upstream_status").json())["waited_s"] > 1.5 and r, 10,
+        later = _wait_until(lambda: (r := httpx.get(url + "/upstream_status").json())["waited_s"] > 1.5 and r,
                             "the probe's timeout")
         assert later["status"] == "upstream unreachable"
         assert later["upstreams"][0]["url"] == dead and "cannot reach" in later["upstreams"][0]["last_error"]
@@ -293,7 +285,7 @@ def test_vllm_model_reports_ready_once_its_upstream_answers_and_probes_nothing_u
     with serve(scripted.create_app()) as upstream:
         with serve(_vllm(upstream + "/v1", model_endpoint_readiness_timeout_seconds=30).create_app()) as url:
             ready = _wait_until(lambda: (r := httpx.get(url + "/upstream_status").json())["status"] == "ready" and r,
-                                60, "the upstream to be seen")
+                                "the upstream to be seen")
             assert ready["upstreams"][0]["ready"] and ready["upstreams"][0]["last_error"] is None
         with serve(_vllm(upstream + "/v1").create_app()) as url:  # built in-process, outside a fleet, key unset
             assert httpx.get(url + "/upstream_status").json()["status"] == "not checked"

@@ -36,7 +36,7 @@ from gymfleet.fleet.ray_fleet import RayFleet
 from gymfleet.fleet.ray_placement import make_fleet, placement_of
 from gymfleet.fleet.supervisor import Fleet
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper
-from gymfleet.testing import fleet_headers, free_port
+from gymfleet.testing import fleet_headers, free_port, ng_status_all_live
 from gymfleet.testing.loopback import loopback_cluster, off_loopback, off_loopback_hosts, on_loopback, tree_pids
 from resources_servers.example_weather.app import FORECASTS
 
@@ -239,16 +239,8 @@ def test_nothing_listens_on_or_is_called_at_a_non_loopback_address(fleet, cluste
 
 
 def test_ng_status_lists_every_replica(fleet):
-    deadline = time.monotonic() + 120  # a model server says "waiting for upstream" until its probe of it answers
-    while True:
-        out = subprocess.run([sys.executable, "-m", "gymfleet.cli.status",
-                              f"+head_server.port={fleet.config.head_port}", "+json=true"],
-                             capture_output=True, text=True, timeout=60, cwd=ROOT)
-        if out.returncode == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert out.returncode == 0, out.stdout + out.stderr
-    report = json.loads(out.stdout)
+    # a model server says "waiting for upstream" until its probe of it answers: asked again until all are live
+    report = json.loads(ng_status_all_live(fleet.config.head_port, "+json=true").stdout)
     by_name = {item["process_name"]: item for item in report["instances"]}
     assert [replica["live"] for replica in by_name[ENV]["replicas"]] == [True, True]
     port = f"+head_server.port={fleet.config.head_port}"

@@ -327,6 +327,10 @@ def test_verify_and_tools_wait_for_warm_up_and_its_failure_is_a_500_on_each(fail
             assert (verify.json()["reward"], tool.json()) == (1.0, {"loaded": True})
 
 
+PROBE_S = 30.0
+"""A probe's timeout in these tests."""
+
+
 @pytest.mark.parametrize("kind", [WarmingServer, AsyncWarmingServer], ids=["thread", "async"])
 @pytest.mark.parametrize("fail", [False, True], ids=["warm-up-succeeds", "warm-up-fails"])
 def test_a_warm_up_the_fleet_waits_for_is_told_to_its_probe(fail, kind):
@@ -340,18 +344,20 @@ def test_a_warm_up_the_fleet_waits_for_is_told_to_its_probe(fail, kind):
         gated = type("Gated", (kind,), {"ready_after_warm_up": True})({"name": "gated"}, release=release, fail=fail)
         plain = kind({"name": "plain"}, release=release, fail=fail)
         with serve(gated.create_app()) as url, serve(plain.create_app()) as plain_url, ThreadPoolExecutor(1) as pool:
-            assert probe_server(url, token, "gated") == ServerAnswer(ready=False)
-            assert probe_server(url, token, "gated", wait_s=0.05) == ServerAnswer(ready=False)  # still no verdict
-            assert probe_server(plain_url, token, "plain") == ServerAnswer(ready=True)
-            assert probe_server(url, auth.new_token(), "gated") is None
-            waiting = pool.submit(probe_server, url, token, "gated", 2.0, 60.0)
+            # A probe's 2 s default is for a fleet; here a bound a loaded machine's answer stays well within (a
+            # timed-out probe is None too, which would make the test's `is None` pass for the wrong reason).
+            assert probe_server(url, token, "gated", PROBE_S) == ServerAnswer(ready=False)
+            assert probe_server(url, token, "gated", PROBE_S, 0.05) == ServerAnswer(ready=False)  # still no verdict
+            assert probe_server(plain_url, token, "plain", PROBE_S) == ServerAnswer(ready=True)
+            assert probe_server(url, auth.new_token(), "gated", PROBE_S) is None
+            waiting = pool.submit(probe_server, url, token, "gated", PROBE_S, 60.0)
             headers = {auth.TOKEN_HEADER: token}
             while _in_flight(url, headers) < 2:  # the waiting probe (and this /metrics request) are in the server
                 assert not waiting.done(), waiting.result()
                 time.sleep(0.01)
             release.set()
             verdict = waiting.result()
-            assert verdict == probe_server(url, token, "gated")  # what it says from now on
+            assert verdict == probe_server(url, token, "gated", PROBE_S)  # what it says from now on
         if fail:
             assert not verdict.ready and "model files missing" in verdict.failure
         else:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from gymfleet import http
 from gymfleet.errors import SandboxError
 from gymfleet.grading.sandbox_client import RunResult, SandboxClient, tar_directory
-from gymfleet.testing import free_port, serve
+from gymfleet.testing import free_port, serve, wait_until_async
 from sandbox.app import SandboxServer
 
 
@@ -61,8 +61,11 @@ async def _metrics(url: str) -> str:
 
 async def _until(url: str, line: str) -> None:
     """Wait until the sandbox's metrics show `line` (its state, not a duration, says when to go on)."""
-    while line not in (await _metrics(url)).splitlines():
-        await asyncio.sleep(0.02)
+
+    async def shown() -> bool:
+        return line in (await _metrics(url)).splitlines()
+
+    await wait_until_async(shown, f"the sandbox's /metrics shows {line!r}", interval_s=0.02)
 
 
 async def test_runs_and_sessions_start_from_a_repository_snapshot(sandbox_url, tmp_path):

@@ -14,9 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import math
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -26,7 +23,7 @@ import yaml
 from gymfleet.cli.run import main as run_main
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config
-from gymfleet.testing import fleet_headers, running_fleet, scripted_policy, serve
+from gymfleet.testing import fleet_headers, ng_status_all_live, running_fleet, scripted_policy, serve
 from resources_servers.math_formal_lean.tests.stand_in_checker import checker_app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,16 +169,8 @@ def published(fleet):
 
 
 def test_ng_status_shows_every_instance_live(fleet):
-    port = fleet.config.head_port
-    deadline = time.monotonic() + 120  # on a loaded 2-core machine one of 55 servers may miss ng_status' 2 s probe
-    while True:
-        status = subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={port}",
-                                 "+json=true"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        if status.returncode == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert status.returncode == 0, status.stdout + status.stderr
-    report = json.loads(status.stdout)
+    # on a loaded 2-core machine one of 55 servers may miss ng_status' 2 s probe: asked again until all are live
+    report = json.loads(ng_status_all_live(fleet.config.head_port, "+json=true").stdout)
     names = {item["process_name"] for item in report["instances"]}
     assert names == set(fleet.config.instances), names ^ set(fleet.config.instances)
     assert report["live"] == report["total"] == len(fleet.config.instances)

@@ -29,6 +29,7 @@ from typing import Any
 import uvicorn
 
 from gymfleet.http_types import SERVER_KEEP_ALIVE_S
+from gymfleet.testing.waits import processes_gone, wait_until, wait_until_async  # noqa: F401  (re-exported)
 from gymfleet.wire import make_response  # noqa: F401  (tests build responses with it from here)
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class _ThreadServer(uvicorn.Server):
 
 
 SERVE_STOP_TIMEOUT_S = 10.0
+SERVE_START_TIMEOUT_S = 60.0
+"""How long `serve` waits for the app's startup: a bound against a hang (a loaded CI machine is slow to start one)."""
 
 
 @contextmanager
@@ -92,10 +95,14 @@ def serve(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SERVE_START_TIMEOUT_S
     while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("test server failed to start")
+        if not thread.is_alive():
+            raise RuntimeError("test server failed to start: its thread ended (see the log for the app's error)")
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"test server did not start within {SERVE_START_TIMEOUT_S:g}s (its lifespan startup "
+                               "hangs?)")
         time.sleep(0.01)
     try:
         yield f"http://{host}:{sock.getsockname()[1]}"
@@ -248,6 +255,31 @@ def running_fleet(config_paths: list[str], extra: dict[str, Any] | None = None) 
         yield fleet
     finally:
         fleet.shutdown()
+
+
+def ng_status_all_live(head_port: int, *args: str, timeout_s: float = 120.0) -> Any:
+    """`ng_status +head_server.port=<head_port> <args>` (a subprocess), asked again until it says every instance is
+    live (exit 0); returns that `CompletedProcess`. Once is not enough on a loaded machine: a server may miss
+    ng_status's 2 s probe, and a model server's own probe of its upstream (every second) may not have answered yet
+    when the fleet said ready (or the head, that a restarted server runs).
+
+    Raises:
+        AssertionError: not all live within `timeout_s`; the message has ng_status's last output.
+    """
+    import subprocess
+    import sys
+
+    from gymfleet.fleet.config_instances import repository_root
+
+    said: list[subprocess.CompletedProcess] = []
+
+    def all_live() -> subprocess.CompletedProcess | None:
+        said[:] = [subprocess.run([sys.executable, "-m", "gymfleet.cli.status", f"+head_server.port={head_port}",
+                                   *args], cwd=repository_root(), capture_output=True, text=True, timeout=120)]
+        return said[0] if said[0].returncode == 0 else None
+
+    return wait_until(all_live, f"ng_status says every instance of the fleet on head port {head_port} is live",
+                      timeout_s=timeout_s, interval_s=1, explain=lambda: said[0].stdout + said[0].stderr)
 
 
 def fleet_headers(head: Any = None) -> dict[str, str]:

@@ -16,7 +16,7 @@ import pytest
 
 from agents.simple_agent.app import SimpleAgent
 from gymfleet.errors import ServerRefError
-from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve, wait_until
 from resources_servers.genrm_compare import app as genrm_app
 from resources_servers.genrm_compare import prompt as genrm_prompt
 from resources_servers.genrm_compare.app import GenRMCompareServer, injection_reasons
@@ -221,7 +221,8 @@ def test_judge_failure_fails_the_whole_group_on_verify(genrm_url, marker):
 def test_judge_down_before_the_group_is_full_fails_late_members_at_once(genrm_url):
     with _env(genrm_url, num_rollouts_per_prompt=3, cohort_timeout_s=30, verify_timeout_s=60) as (url, server):
         first = _group(url, OUR_ROWS[2], ["[DOWN] a", "[Q3] b"], wait=False)
-        time.sleep(0.5)  # the failed comparison is in
+        wait_until(lambda: [c for c in list(server.cohorts.values()) if c.outcome.done()],  # list(): atomic
+                   "the failed comparison is in")
         start = time.monotonic()
         (late,) = _group(url, OUR_ROWS[2], ["[Q5] c"], first_index=2)
         assert time.monotonic() - start < 10  # not the 30 s deadline
@@ -292,9 +293,9 @@ def test_cohort_rewards_follow_rollout_indices_whatever_the_arrival_order(genrm_
 
 
 def test_cohorts_of_different_tasks_do_not_mix(genrm_url):
-    with _env(genrm_url, num_rollouts_per_prompt=2) as (url, _):
+    with _env(genrm_url, num_rollouts_per_prompt=2) as (url, server):
         pending = _group(url, OUR_ROWS[0], ["[Q5] a"], task=1, wait=False)
-        time.sleep(0.2)
+        wait_until(lambda: len(server.cohorts) == 1, "task 1's first rollout opened its group")
         other = _group(url, OUR_ROWS[0], ["[Q1] x", "[Q3] y"], task=2)
         assert [r["reward"] for r in other] == [1.0, 3.0]
         (partner,) = _group(url, OUR_ROWS[0], ["[Q2] b"], task=1, first_index=1)
@@ -302,12 +303,10 @@ def test_cohorts_of_different_tasks_do_not_mix(genrm_url):
 
 
 def test_a_group_missing_a_rollout_fails_by_its_deadline(genrm_url):
-    with _env(genrm_url, num_rollouts_per_prompt=4, cohort_timeout_s=1.0, verify_timeout_s=5) as (url, server):
-        start = time.monotonic()
-        results = _group(url, OUR_ROWS[3], ["[Q4] a", "[Q2] b", "[Q5] c"])
-        elapsed = time.monotonic() - start
+    with _env(genrm_url, num_rollouts_per_prompt=4, cohort_timeout_s=1.0, verify_timeout_s=120) as (url, server):
+        results = _group(url, OUR_ROWS[3], ["[Q4] a", "[Q2] b", "[Q5] c"], timeout_s=300)
         assert server.cohorts == {}
-    assert elapsed < 4.5  # ended by the group's deadline, not by verify_timeout_s
+    # ended by the group's deadline (`cohort_timeout`), not by verify_timeout_s (`verify_timeout`, 2 minutes later)
     assert [r["_ng_failure_class"] for r in results] == ["cohort_timeout"] * 3
     assert all("3 of 4 rollouts" in r["failure"] and r["reward"] == 0.0 for r in results)
 
@@ -340,15 +339,13 @@ def test_open_groups_are_capped_with_a_429_and_compare_size_with_a_413(genrm_url
 def _wait_for_verifies_in_flight(url: str, count: int) -> None:
     """Until `count` requests besides this one are being handled (the server's in-flight gauge, which counts the
     `/metrics` request reading it too); a bound against a hang, not a timing assertion."""
-    deadline = time.monotonic() + 60
-    while True:
+
+    def in_flight() -> float:
         text = httpx.get(f"{url}/metrics", timeout=30).text
-        value = next(float(line.split()[-1]) for line in text.splitlines()
-                     if line.startswith("gymfleet_requests_in_flight "))
-        if value >= count + 1:
-            return
-        assert time.monotonic() < deadline, f"{value - 1:.0f} of {count} requests in flight"
-        time.sleep(0.02)
+        return next(float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("gymfleet_requests_in_flight ")) - 1
+
+    wait_until(lambda: in_flight() >= count, f"{count} requests are in flight")
 
 
 def test_a_repeated_verify_joins_its_rollout_and_a_different_response_conflicts(genrm_url):
@@ -507,13 +504,11 @@ def test_a_group_of_16_through_simple_agent_gets_the_documented_rewards(genrm_ur
 
 
 def test_a_group_of_16_missing_one_rollout_ends_by_its_deadline(genrm_url):
-    with _agent_fleet(genrm_url, num_rollouts_per_prompt=16, cohort_timeout_s=1.5, verify_timeout_s=10) as (
+    with _agent_fleet(genrm_url, num_rollouts_per_prompt=16, cohort_timeout_s=1.5, verify_timeout_s=30) as (
             agent_url, server):
-        start = time.monotonic()
         results = _rollouts(agent_url, task=8, indices=[k for k in range(16) if k != 11])
-        elapsed = time.monotonic() - start
         assert server.cohorts == {}
-    assert elapsed < 9  # the group's deadline, not verify_timeout_s
+    # the group's deadline (`cohort_timeout`), not verify_timeout_s (`verify_timeout`, 28.5 s later)
     assert [r["_ng_failure_class"] for r in results] == ["cohort_timeout"] * 15
     assert all("15 of 16 rollouts" in r["failure"] for r in results)
 

@@ -207,9 +207,9 @@ def test_empty_gold_never_rewards():
 @pytest.mark.parametrize("mode", get_args(GradingMode))
 def test_huge_pathological_output_is_fast(mode):
     text = ("\\boxed{" + "Answer: A or " * 3 + "{") * 60_000
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU seconds (milliseconds when idle): a loaded machine's wall clock is no measure
     score(text, OPTIONS, "A", mode, None)
-    assert time.perf_counter() - start < 1.0
+    assert time.thread_time() - start < 1.0
 
 
 def test_options_letters():

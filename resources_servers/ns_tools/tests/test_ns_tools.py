@@ -20,7 +20,7 @@ import pytest
 from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.grading.sandbox_client import RunResult, SandboxClient
 from gymfleet.http import NO_RETRY
-from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve, wait_until
 from gymfleet.testing.fleets import datasets_config
 from resources_servers.math_with_judge.app import MathWithJudgeServer
 from resources_servers.ns_tools.app import RESTARTED, NsToolsServer, format_output
@@ -96,11 +96,7 @@ def session_is_open(sandbox_url: str, session: str) -> bool:
 
 def wait_closed(sandbox_url: str, session: str) -> None:
     """Closing after eviction happens in the background: poll (bounded) until the sandbox says it is gone."""
-    for _ in range(200):
-        if not session_is_open(sandbox_url, session):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"sandbox session {session} is still open")
+    wait_until(lambda: not session_is_open(sandbox_url, session), f"sandbox session {session} closed", interval_s=0.05)
 
 
 # ---- the tool --------------------------------------------------------------------------------------------------

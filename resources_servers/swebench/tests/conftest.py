@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from agents.swe_agent.app import SWEAgent
-from gymfleet.testing import serve
+from gymfleet.testing import serve, wait_until
 from gymfleet.testing.fleets import agent_fleet
 from resources_servers.swebench.app import SWEBenchServer
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -61,10 +60,9 @@ def sandbox_children() -> list[psutil.Process]:
     return found
 
 
-def assert_sessions_closed(sandbox_server: SandboxServer, timeout_s: float = 10.0) -> None:
+def assert_sessions_closed(sandbox_server: SandboxServer) -> None:
     """No session open in the sandbox and none of its processes left (they may take a moment to be reaped)."""
-    deadline = time.monotonic() + timeout_s
-    while (len(sandbox_server.sessions) or sandbox_children()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(sandbox_server.sessions) == 0, "a sandbox session outlived its rollout"
-    assert not sandbox_children(), f"sandbox processes left: {sandbox_children()}"
+    wait_until(lambda: len(sandbox_server.sessions) == 0, "every sandbox session of the rollout closed",
+               interval_s=0.05, explain=lambda: f"open: {list(sandbox_server.sessions)}")
+    wait_until(lambda: not sandbox_children(), "every sandbox process of the rollout exited", interval_s=0.05,
+               explain=lambda: f"left: {sandbox_children()}")

@@ -11,7 +11,6 @@ import logging
 import shutil
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ import pytest
 from gymfleet import http
 from gymfleet.cli.prepare_data import main as prepare_main
 from gymfleet.errors import ConfigError
-from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve
+from gymfleet.testing import free_port, make_response, nemo_gym_examples, serve, wait_until
 from gymfleet.testing.fleets import datasets_config
 from resources_servers.swebench import grading, repos
 from resources_servers.swebench.app import SWEBenchServer
@@ -188,10 +187,8 @@ def test_idle_sessions_are_closed_and_tools_need_a_session(sandbox):
         assert client.post("/seed_session", json=ROWS[0]).json() == {}
         assert client.post("/bash", json={"command": "sleep 30 & echo started"}).json()["stdout"] == "started\n"
         assert len(sandbox_server.sessions) == 1
-        deadline = time.monotonic() + 10
-        while server.workspaces and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not server.workspaces
+        wait_until(lambda: not server.workspaces, "the idle workspace was closed (session_idle_s=0.3)",
+                   interval_s=0.05)
         assert_sessions_closed(sandbox_server)  # the background sleep died with its session
         assert "seed_session" in client.post("/bash", json={"command": "ls"}).json()["error"]
         result = client.post("/verify", json={**ROWS[0], "response": make_response("")}).json()

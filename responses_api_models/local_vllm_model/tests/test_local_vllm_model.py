@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from gymfleet.errors import ConfigError
-from gymfleet.testing import fleet_headers, free_port, serve
+from gymfleet.testing import fleet_headers, free_port, serve, wait_until
 from responses_api_models.local_vllm_model import app as local_app
 from responses_api_models.local_vllm_model.app import STAND_IN, LocalVLLMModel, LocalVLLMModelConfig
 
@@ -51,12 +50,8 @@ def wait_ready(url: str) -> dict:
     return status
 
 
-def wait_for(predicate, what: str, explain=lambda: "", deadline_s: float = DEADLINE_S):
-    deadline = time.monotonic() + deadline_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"gave up waiting for {what}{explain()}"
-        time.sleep(0.1)
-    return value
+def wait_for(predicate, what: str, explain=None, deadline_s: float = DEADLINE_S):
+    return wait_until(predicate, what, timeout_s=deadline_s, interval_s=0.1, explain=explain)
 
 
 # ---------------------------------------------------------------------------------------------- config, no process
