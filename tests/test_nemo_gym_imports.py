@@ -198,23 +198,31 @@ def test_a_patched_server_utils_config_is_what_get_server_url_reads(monkeypatch)
 def test_a_folders_ray_workers_enter_its_tree(tmp_path):
     """spider2_lite's `@ray.remote` function lives in `resources_servers.spider2_lite.eval_utils`: a Ray worker must
     import it from the folder's tree. A process that entered the tree names gymfleet's runtime-env hook to `ray.init`;
-    the hook's worker setup, run in a fresh interpreter (as a worker is), imports the tree's module, not gymfleet's
-    environment of that name."""
+    the hook's worker setup, shipped by value as Ray ships it (cloudpickle), runs in a fresh interpreter (as a worker
+    is) whose `PYTHONPATH` a task replaced with its folder only (code_gen's `check_correctness_remote`) and that cannot
+    import gymfleet while it loads the setup: it imports the tree's module, not gymfleet's environment of that name."""
     folder = tmp_path / "resources_servers" / "mcqa"
     folder.mkdir(parents=True)
     (folder / "app.py").write_text("")
     (folder / "remote_part.py").write_text("WHERE = 'tree'\n")
-    driver = ("import os, json; from gymfleet.fleet.folders import enter_tree; enter_tree(__import__('pathlib').Path("
-              f"{str(folder)!r})); from gymfleet.fleet import folder_ray; print(json.dumps([os.environ["
-              "folder_ray.RAY_HOOK_ENV], folder_ray.runtime_env_hook({'env_vars': {'A': '1'}})]))")
+    shipped = tmp_path / "setup.pickle"
+    driver = ("import os, json, ray.cloudpickle as cp; from gymfleet.fleet.folders import enter_tree; enter_tree("
+              f"__import__('pathlib').Path({str(folder)!r})); from gymfleet.fleet import folder_ray; "
+              "env = folder_ray.runtime_env_hook({'env_vars': {'A': '1'}}); "
+              f"open({str(shipped)!r}, 'wb').write(cp.dumps(env.pop('worker_process_setup_hook'))); "
+              "print(json.dumps([os.environ[folder_ray.RAY_HOOK_ENV], env]))")
     hook, runtime_env = json.loads(subprocess.run(
         [sys.executable, "-c", driver], capture_output=True, text=True, check=True).stdout)
     assert hook == "gymfleet.fleet.folder_ray.runtime_env_hook"
-    assert runtime_env == {"worker_process_setup_hook": "gymfleet.fleet.folders.enter_tree_in_ray_worker",
-                           "env_vars": {"GYMFLEET_RAY_FOLDER": str(folder), "A": "1"}}
-    worker = ("import importlib; module, _, name = 'gymfleet.fleet.folders.enter_tree_in_ray_worker'.rpartition('.'); "
-              "getattr(importlib.import_module(module), name)(); import resources_servers.mcqa.remote_part as part; "
-              "print(part.WHERE, part.__file__)")
-    done = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, check=True,
-                          env={**os.environ, **runtime_env["env_vars"]})
+    assert runtime_env == {"env_vars": {"GYMFLEET_RAY_FOLDER": str(folder), "A": "1"}}
+    worker = ("import sys, pickle\n"
+              "class NoGymfleet:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              "        if name.partition('.')[0] == 'gymfleet': raise ImportError('gymfleet while loading')\n"
+              "sys.path = [p for p in sys.path if p not in ('', '.')]; sys.meta_path.insert(0, NoGymfleet())\n"
+              f"setup = pickle.loads(open({str(shipped)!r}, 'rb').read()); sys.meta_path.pop(0); setup()\n"
+              "import resources_servers.mcqa.remote_part as part; print(part.WHERE, part.__file__)")
+    env = {**os.environ, **runtime_env["env_vars"], "PYTHONPATH": str(folder)}
+    done = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["tree", str(folder / "remote_part.py")]

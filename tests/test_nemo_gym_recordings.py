@@ -190,6 +190,13 @@ def _recorded(name: str) -> list[dict]:
     return recorded_rows(nemo_gym_folder(name))
 
 
+def _judge_sections(call: dict) -> list[str]:
+    """The two answers a terminus_judge prompt compares: the texts after its last `GOLD:` and `CANDIDATE:` labels
+    (its examples use the same labels before them)."""
+    prompt = call["responses_create_params"]["input"][0]["content"]
+    return [part.strip() for part in re.split(r"\n(?:GOLD|CANDIDATE):\n", prompt)[-2:]]
+
+
 def test_every_row_said_to_be_recorded_by_another_version_exists_and_the_evidence_holds():
     """The reasons in OTHER_RECORDING, checked against the wheel's own files (so none outlives its reason)."""
     for name, index in [*OTHER_RECORDING, *MACHINE_BOUND]:
@@ -203,6 +210,12 @@ def test_every_row_said_to_be_recorded_by_another_version_exists_and_the_evidenc
         assert abs(row["reward"] - row["answer_score"] * (1 - row["overlap_lcs"])) < 1e-9
         assert abs(row["reward"] - row["answer_score"] * (1 - row["overlap_ngram16"])) > 1e-3
     assert "overlap_metric_rule: ngram16" in (nemo_gym_folder("lc_niah") / "configs" / "lc_niah.yaml").read_text()
+    swapped = _recorded("terminus_judge")[4]  # its judge calls: the first pass, then GOLD and CANDIDATE exchanged
+    first, swap = (_judge_sections(call) for call in swapped["judge_evaluations"])
+    assert first == swap[::-1] and len(first) == 2 and swapped["reward"] == 0.0
+    assert [call["verdict_label"] for call in swapped["judge_evaluations"]] == ["[[A=B]]", "[[A!=B]]"]
+    terminus = (nemo_gym_folder("terminus_judge") / "configs" / "terminus_judge.yaml").read_text()
+    assert "check_twice_swap: false" in terminus and "reward_if_swap_fails: 0.0" in terminus
     for name, index in MACHINE_BOUND:  # symbolic answers with powers of 2016 and more, recorded as proven equal
         row = _recorded(name)[index]
         assert row["reward"] == 1.0 and re.search(r"\*\*\s*(20[1-9]\d|[3-9]\d{3})", row["extracted_answer"]), row
@@ -246,3 +259,42 @@ def test_a_machine_bound_row_is_counted_apart_only_when_the_folders_time_bound_s
     with serve(app) as url:
         _replay(folder, url, result)
     assert (result.agree, result.rows, result.blocked) == (0, 6, {SLOW_MACHINE: 1}), "row 5 scored 0.5: disagrees"
+
+
+def test_a_refused_row_of_a_folder_that_grades_in_containers_is_counted_as_lacking_them(tmp_path):
+    """terminal_bench_4 serves here, but its `/verify` requires the `session_id` and `termination` of the container
+    sandbox its `/seed_session` made (its `environment.py` runs tasks in docker images): a refused row of such a
+    folder is counted as lacking containers; the same refusal from a folder without containers still disagrees."""
+    from fastapi.responses import JSONResponse
+
+    from gymfleet.testing.nemo_gym_corpus import CONTAINERS
+
+    app = FastAPI()
+
+    @app.post("/verify")
+    async def verify() -> JSONResponse:
+        return JSONResponse({"detail": [{"loc": ["body", "session_id"], "msg": "Field required"}]}, status_code=422)
+
+    rows = [{"responses_create_params": {"input": "q"}, "task_name": "t", "response": {"output": []}, "reward": 1.0}]
+    for modules, blocked in [({"environment.py": "image = settings.docker_image\n"}, {CONTAINERS: 1}),
+                             ({"util.py": "image = None\n"}, {})]:
+        folder = tmp_path / str(len(blocked)) / "tb"
+        _write(folder / "data" / "example_rollouts.jsonl", rows)
+        _write(folder / "data" / "example.jsonl", [{k: v for k, v in rows[0].items() if k != "reward"}])
+        (folder / "app.py").write_text("")
+        for name, text in modules.items():
+            (folder / name).write_text(text)
+        result = FolderResult("tb")
+        with serve(app) as url:
+            _replay(folder, url, result)
+        assert (result.agree, result.rows, result.blocked) == (0, 1, blocked), result.why
+        assert result.why and "verify 422" in result.why[0]
+
+
+def test_a_judge_configured_by_the_policy_url_is_the_stand_in_judge(tmp_path):
+    """verifif's judge is `judge_base_url: ${policy_base_url}`: ng_run's policy URL is the stand-in judge's, so its
+    calls reach the stand-in, which counts those nobody recorded (a judge model lacking), not a refused port."""
+    from gymfleet.testing.nemo_gym_corpus import _ng_run
+
+    command = _ng_run(tmp_path / "config.yaml", tmp_path / "verifif", ["verifif"], [], "http://127.0.0.1:5/v1")
+    assert "+policy_base_url=http://127.0.0.1:5/v1" in command

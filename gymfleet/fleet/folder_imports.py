@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 NEMO_GYM_PROVIDES = {
     # import name: the requirement NeMo-Gym 0.7.0 brings it with (its own specifier where it names the package
     # itself, else the bare name of a package its dependencies require). The closure of its wheel's Requires-Dist
-    # (`uv pip compile`, Python 3.11) less what gymfleet's own dependencies already bring.
+    # (`uv pip compile`, Python 3.11) less what gymfleet's own dependencies already bring. `scipy` is a direct
+    # Requires-Dist of NeMo-Gym's that gymfleet's stack does not bring (a fresh `.[test]` environment has none).
     "aiohttp_cors": "aiohttp-cors", "alembic": "alembic", "anthropic": "anthropic<=0.109.2",
     "cachetools": "cachetools", "colorful": "colorful", "databricks": "databricks-sdk", "datasets": "datasets",
     "devtools": "devtools", "dill": "dill", "distlib": "distlib", "distro": "distro",
@@ -36,7 +37,8 @@ NEMO_GYM_PROVIDES = {
     "mako": "mako", "mlflow": "mlflow>=3.16.1", "multiprocess": "multiprocess", "narwhals": "narwhals",
     "opencensus": "opencensus", "opentelemetry": "opentelemetry-sdk", "pandas": "pandas",
     "platformdirs": "platformdirs", "prettytable": "prettytable", "proto": "proto-plus", "pyarrow": "pyarrow>=23.0.1",
-    "pyasn1_modules": "pyasn1-modules", "pydot": "pydot", "sklearn": "scikit-learn", "skops": "skops",
+    "pyasn1_modules": "pyasn1-modules", "pydot": "pydot", "scipy": "scipy>=1.14.1", "sklearn": "scikit-learn",
+    "skops": "skops",
     "smart_open": "smart-open", "smmap": "smmap", "sqlalchemy": "sqlalchemy", "sqlparse": "sqlparse>=0.6.0",
     "threadpoolctl": "threadpoolctl", "virtualenv": "virtualenv", "wandb": "wandb>=0.30.0", "xxhash": "xxhash",
     "yappi": "yappi>=1.7.6", "zipp": "zipp",

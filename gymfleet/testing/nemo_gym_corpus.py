@@ -25,7 +25,10 @@
   as it was recorded (`OTHER_VERSION`: rows recorded by another
   version or config of the folder, each with its evidence in `nemo_gym_recordings.OTHER_RECORDING`) or a faster
   machine (`SLOW_MACHINE`: a row `nemo_gym_recordings.MACHINE_BOUND` names, scored 0 when the folder's own time bound
-  ran out).
+  ran out) or containers (`CONTAINERS`: `/verify` refused the row and the folder's other modules run its tasks in
+  containers, `sandboxed`: terminal_bench_4 grades in the sandbox its `/seed_session` made, whose `session_id` and
+  `termination` its `/verify` requires). The stand-in judge is also `+policy_base_url`, so a folder whose judge is
+  configured by URL (verifif) calls it, and its calls nobody recorded count as lacking a judge model.
 
 What the folder needs that this machine lacks is said in one line (`why`): `needs(folder)` names containers, Lean and
 GPUs before anything starts; a start, test or replay failure is reduced to its first telling line (`_why`).
@@ -129,6 +132,14 @@ def needs(folder: Path) -> str | None:
     return "needs " + ", ".join(found) if found else None
 
 
+def sandboxed(folder: Path) -> bool:
+    """Whether the folder's other modules (not `app.py`, which `needs` reads) run its tasks in containers: it serves
+    here, but a rollout's `/verify` grades in the container its `/seed_session` made (terminal_bench_4's
+    `environment.py`), so a recorded row cannot be replayed without them."""
+    return any(NEEDS[0][0].search(path.read_text(errors="replace")) for path in sorted(folder.glob("*.py"))
+               if path.name != "app.py")
+
+
 def config_file(folder: Path) -> Path | None:
     """The folder's config: `configs/<name>.yaml`, else its first `configs/*.yaml`."""
     own = folder / "configs" / f"{folder.name}.yaml"
@@ -172,9 +183,13 @@ def _references(node: Any, server_type: str) -> set[str]:
     return set()
 
 
-def _ng_run(config: Path, folder: Path, servers: list[str], extra: list[str]) -> list[str]:
+def _ng_run(config: Path, folder: Path, servers: list[str], extra: list[str], model_url: str = STUB_MODEL_URL,
+            ) -> list[str]:
+    """ng_run's command; `+policy_base_url` is `model_url` too: a folder whose judge is configured by URL
+    (verifif's `judge_base_url: ${policy_base_url}`) calls the stand-in judge, which counts the calls it cannot
+    answer, as it does a judge model server's."""
     return [sys.executable, "-m", "gymfleet.cli.run", f"+config_paths=[{config}]",
-            *(f"+server_folders.{name}={folder}" for name in servers), "+policy_base_url=" + STUB_MODEL_URL,
+            *(f"+server_folders.{name}={folder}" for name in servers), "+policy_base_url=" + model_url,
             "+policy_api_key=stand-in", "+policy_model_name=stand-in", "+model_endpoint_readiness_timeout_seconds=0",
             *extra]
 
@@ -205,8 +220,9 @@ def try_folder(folder: Path, scratch: Path, *, requirements: str = "check", test
 def _try_started(folder: Path, scratch: Path, result: FolderResult, requirements: str,
                  judge: JudgeReplay | None) -> None:
     """The dry run, then the real start and the replay; the folder's model servers point at `judge`."""
+    model_url = judge.url if judge is not None else STUB_MODEL_URL
     try:
-        data, servers = folder_config(folder, judge.url if judge is not None else STUB_MODEL_URL)
+        data, servers = folder_config(folder, model_url)
     except (RuntimeError, yaml.YAMLError) as exc:
         result.why.append(f"config: {exc}")
         return
@@ -214,7 +230,8 @@ def _try_started(folder: Path, scratch: Path, result: FolderResult, requirements
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_root()), os.environ.get("PYTHONPATH")]))}
     extra = [f"+folder_requirements={requirements}"]
-    dry = subprocess.run(_ng_run(config, folder, servers, [*extra, "+dry_run=true"]), capture_output=True, text=True,
+    dry = subprocess.run(_ng_run(config, folder, servers, [*extra, "+dry_run=true"], model_url), capture_output=True,
+                         text=True,
                          env=env, timeout=START_TIMEOUT_S + 600, stdin=subprocess.DEVNULL, errors="replace")
     if dry.returncode != 0:
         result.why.append("dry run: " + (_unset_setting(config_file(folder), dry.stderr + dry.stdout)
@@ -229,7 +246,8 @@ def _serve(folder: Path, config: Path, servers: list[str], extra: list[str], env
     port = free_port()
     log_path = scratch / "ng_run.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(_ng_run(config, folder, servers, [*extra, f"+head_server.port={port}"]),
+        process = subprocess.Popen(_ng_run(config, folder, servers, [*extra, f"+head_server.port={port}"],
+                                           judge.url if judge is not None else STUB_MODEL_URL),
                                    stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
     try:
@@ -277,6 +295,7 @@ JUDGE_MISSING = "a judge model (judge calls not recorded)"
 DIVERGED = "its episode (the environment answers the recorded moves otherwise: it plays at random, or another seed)"
 OTHER_VERSION = "the folder as recorded (another version or config of it: see OTHER_RECORDING)"
 SLOW_MACHINE = "a faster machine (the folder's own time bound ran out: see MACHINE_BOUND)"
+CONTAINERS = "containers (its task's sandbox, made by /seed_session, grades it: see sandboxed)"
 
 
 def _episode(client: Any, row: dict, task: dict) -> tuple[int, str, Any, bool]:
@@ -318,6 +337,7 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
     first_problem = None
     orphans = 0
     blocked: dict[str, int] = {}
+    in_containers = sandboxed(folder)
     for index, row in enumerate(rows):
         task = found[index]
         orphans += not task
@@ -356,6 +376,7 @@ def _replay(folder: Path, url: str, result: FolderResult, headers: dict[str, str
             continue
         if reply.status_code != 200:
             first_problem = first_problem or f"verify {reply.status_code}: {_why(reply.text)}"
+            lacks = lacks or (CONTAINERS if in_containers else None)
             if lacks:
                 blocked[lacks] = blocked.get(lacks, 0) + 1
             continue

@@ -240,6 +240,9 @@ OTHER_RECORDING: dict[tuple[str, int], str] = {
                            "and scores `\\boxed{\\sqrt{2}}` against the expected `\\(\\sqrt{2}\\)` 1.0",
     ("mcqa", 2): "before 0.7.0's boxed-letter parsing: `\\boxed{C: <option text>}` was extracted_answer None "
                  "(reward 0); 0.7.0's mcqa/app.py extracts C (reward 1)",
+    ("terminus_judge", 4): "with `check_twice_swap: true` where the shipped config says `false`: its two judge calls "
+                           "are the first pass ([[A=B]]) and the swap pass, GOLD and CANDIDATE exchanged ([[A!=B]]), "
+                           "so `reward_if_swap_fails` 0.0; the shipped config stops at the first pass's [[A=B]]: 1.0",
 }
 """Recorded rows, by (folder, index in `recorded_rows`), that another version or config of the folder recorded:
 0.7.0's own code scores them as gymfleet serves them (each reason's evidence is checked in
