@@ -243,9 +243,10 @@ def _fill_etc(etc: Path, uid: int) -> None:
             shutil.copyfile(f"/etc/{name}", etc / name)
     if os.path.isdir("/etc/alternatives"):  # Debian's command links (awk, ...): same targets, under /usr
         (etc / "alternatives").mkdir()
-        for entry in os.scandir("/etc/alternatives"):
-            if entry.is_symlink():
-                (etc / "alternatives" / entry.name).symlink_to(os.readlink(entry.path))
+        with os.scandir("/etc/alternatives") as entries:  # closed even when a link fails midway
+            for entry in entries:
+                if entry.is_symlink():
+                    (etc / "alternatives" / entry.name).symlink_to(os.readlink(entry.path))
     for path in [etc, *etc.rglob("*")]:
         if not path.is_symlink():
             path.chmod(0o755 if path.is_dir() else 0o644)
