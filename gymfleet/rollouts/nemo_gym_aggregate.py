@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from gymfleet.errors import ConfigError
 from gymfleet.rollouts import nemo_gym_sidecars as sidecars
 from gymfleet.rollouts.nemo_gym_collect import RolloutCollectionHelper
+from gymfleet.serving.nemo_gym_client import plain_config
 from gymfleet.serving.nemo_gym_records import NG_FAILURE_CLASS_KEY, failures_path_for, materialized_path_for
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class RolloutAggregationHelper(BaseModel):
                 return stamp
             agent = (row.get("agent_ref") or {}).get("name")
             if by_agent is None:
-                by_agent = sidecars.environment_servers_by_agent(sidecars.plain(
+                by_agent = sidecars.environment_servers_by_agent(plain_config(
                     helper.setup_server_client().global_config_dict))
             servers = by_agent.get(agent, []) if agent else []
             return servers[0] if len(servers) == 1 else agent

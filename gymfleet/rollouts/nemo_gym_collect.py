@@ -64,7 +64,13 @@ from gymfleet.rollouts.nemo_gym_rows import RolloutCollectionConfig, preprocess_
 from gymfleet.rollouts.rollout_helper import RolloutCollectionHelper as NeMoRLHelper
 from gymfleet.rollouts.rollout_helper import _fetch_head_config
 from gymfleet.serving.nemo_gym_agent_server import OBSERVABILITY_ENABLED_KEY_NAME
-from gymfleet.serving.nemo_gym_client import ServerClient, get_response_json, raise_for_status, served_config
+from gymfleet.serving.nemo_gym_client import (
+    ServerClient,
+    get_response_json,
+    plain_config,
+    raise_for_status,
+    served_config,
+)
 from gymfleet.serving.nemo_gym_collection import attach_ng_perf
 from gymfleet.serving.nemo_gym_records import (
     NG_FAILURE_CLASS_KEY,
@@ -150,7 +156,7 @@ def setup_server_client(head_server_config: Any = None) -> ServerClient:
     if head_server_config is None:
         from gymfleet.fleet.run_helper import maybe_get_global_config_dict
 
-        head_server_config = sidecars.plain(maybe_get_global_config_dict() or {}).get("head_server")
+        head_server_config = plain_config(maybe_get_global_config_dict() or {}).get("head_server")
     host, port = head_address(head_server_config)
     return ServerClient(head_server_config={"host": host, "port": port},
                         global_config_dict=_fetch_head_config(host, port))
@@ -166,7 +172,7 @@ def _global_config(client: ServerClient) -> dict[str, Any]:
     from gymfleet.fleet.run_helper import get_global_config_dict
 
     source = _patched("get_global_config_dict", get_global_config_dict)
-    return sidecars.plain(client.global_config_dict if source is get_global_config_dict else source())
+    return plain_config(client.global_config_dict if source is get_global_config_dict else source())
 
 
 def _drop_truncated_tail(path: Path) -> None:
@@ -353,7 +359,7 @@ class RolloutCollectionHelper(NeMoRLHelper):
             ConfigError: a row names no agent, or one the fleet does not have (before anything is sent).
         """
         client = self.setup_server_client(head_server_config)
-        fleet = sidecars.plain(client.global_config_dict)
+        fleet = plain_config(client.global_config_dict)
         if environment_server_name is not None:
             for row in examples:
                 row[sidecars.NG_ENVIRONMENT_SERVER_KEY] = environment_server_name

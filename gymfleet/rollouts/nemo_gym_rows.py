@@ -35,6 +35,7 @@ import orjson
 from pydantic import Field, field_validator, model_validator
 
 from gymfleet.errors import ConfigError, DataError
+from gymfleet.serving.nemo_gym_client import plain_config
 from gymfleet.serving.nemo_gym_collection import SharedRolloutCollectionConfig
 from gymfleet.serving.nemo_gym_records import materialized_path_for
 from gymfleet.serving.nemo_gym_types import AGENT_REF_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
@@ -136,7 +137,7 @@ def preprocess_raw_rows(raw_rows: list[tuple[int, bytes, dict[str, Any]]], confi
         ConfigError: a row no agent can be found for, a row kind gymfleet does not dispatch, or a `num_repeats`
             dict that misses a row's agent.
     """
-    overrides = _plain(config.responses_create_params)
+    overrides = plain_config(config.responses_create_params)
     if overrides:
         log.info("overriding responses_create_params fields with %s", overrides)
     fixed = config.num_repeats if isinstance(config.num_repeats, int) else None
@@ -222,11 +223,3 @@ def _add_seed(row: dict[str, Any]) -> None:
     metadata["extra_body"] = json.dumps(extra_body)
     params["metadata"] = metadata
     row[PARAMS] = params
-
-
-def _plain(value: Any) -> dict[str, Any]:
-    if not value:
-        return {}
-    from omegaconf import DictConfig, OmegaConf
-
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else dict(value)

@@ -27,8 +27,9 @@ from typing import Any
 
 import orjson
 
-from gymfleet.errors import ConfigError, DataError
-from gymfleet.serving.nemo_gym_client import get_response_json, raise_for_status
+from gymfleet.errors import ConfigError
+from gymfleet.rollouts import rows
+from gymfleet.serving.nemo_gym_client import get_response_json, plain_config, raise_for_status
 from gymfleet.serving.nemo_gym_records import NG_FAILURE_CLASS_KEY, aggregate_metrics_path_for
 from gymfleet.serving.nemo_gym_types import AGENT_REF_KEY_NAME, ROLLOUT_INDEX_KEY_NAME, TASK_INDEX_KEY_NAME
 
@@ -63,22 +64,12 @@ def agent_request_failure_row(exc: BaseException, status: int | None) -> dict[st
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of `path`, one a line (blank lines skipped).
+    """The JSON objects of `path`, one a line (`gymfleet.rollouts.rows.read_jsonl` without the line numbers).
 
     Raises:
-        DataError: a line is not JSON (naming the file and line).
+        DataError: the file does not exist, or a line is not a JSON object (naming the file and line).
     """
-    rows = []
-    with path.open("rb") as file:
-        for line_no, line in enumerate(file, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
-                raise DataError(f"malformed JSON ({exc}); fix or remove the line", file=str(path),
-                                line=line_no) from None
-    return rows
+    return [row for _, row in rows.read_jsonl(path)]
 
 
 def rollout_key(row: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -190,17 +181,6 @@ def coverage_report(expected: int, scored: int, failure_counts: Counter, hint: A
 # ---------------------------------------------------------------------------------------------- Environment Servers
 
 
-def plain(config: Any) -> dict[str, Any]:
-    """A global config (an OmegaConf `DictConfig` or a mapping) as plain dicts."""
-    if isinstance(config, dict):
-        return config
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(config, DictConfig):
-        return OmegaConf.to_container(config, resolve=True)
-    return dict(config or {})
-
-
 def _agent_names(server: Mapping[str, Any]) -> list[str]:
     """The agents one Environment Server's config references: `agent_server`, and any field of type
     `responses_api_agents`."""
@@ -284,7 +264,7 @@ async def call_aggregate_metrics(client: Any, results: list[dict[str, Any]], row
     """
     if not results:
         return None
-    config = plain(client.global_config_dict)
+    config = plain_config(client.global_config_dict)
     by_agent, types = environment_servers_by_agent(config), environment_server_types(config)
     grouped: dict[str, list[dict[str, Any]]] = {}
     agents: dict[str, str | None] = {}

@@ -90,8 +90,8 @@ def _server_utils_config() -> Any:
     return served_config()
 
 
-def _plain(config: Any) -> dict[str, Any]:
-    """A DictConfig (or any mapping) as a plain dict."""
+def plain_config(config: Any) -> dict[str, Any]:
+    """A global config (an OmegaConf `DictConfig`, resolved, or any mapping) as a plain dict."""
     if isinstance(config, dict):
         return config
     try:
@@ -342,7 +342,7 @@ class ServerClient(BaseModel):
 
     def _fleet(self) -> http.ServerClient:
         if self._client is None:
-            self._client = http.ServerClient(_plain(self.global_config_dict))
+            self._client = http.ServerClient(plain_config(self.global_config_dict))
         return self._client
 
     def base_url(self, server_name: str) -> str:
@@ -372,7 +372,7 @@ class ServerClient(BaseModel):
 
         try:
             if server_name == "head_server":
-                url = self._build_server_base_url(_plain(self.global_config_dict)["head_server"])
+                url = self._build_server_base_url(plain_config(self.global_config_dict)["head_server"])
             else:
                 url = self.base_url(server_name)
             httpx.get(url, timeout=timeout_seconds)
