@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +30,7 @@ import yaml
 from gymfleet.errors import ConfigError
 from gymfleet.fleet.config import ServerInstance
 from gymfleet.fleet.launch import build_server
-from gymfleet.testing import fleet_headers, free_port, running_fleet, serve
+from gymfleet.testing import fleet_headers, free_port, running_fleet, serve, wait_until
 from gymfleet.testing.nemo_gym_folders import stage_folder
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_folder, nemo_gym_wheel
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -366,21 +365,12 @@ def test_folders_start_under_ng_run_and_come_back_after_a_crash(tree, fleet):
         process.kill()
         process.wait(10)
     table = fleet.process_table
-    assert _when(lambda: all((row["status"], row["restarts"]) == ("running", 1)
-                             for instance, row in table().items() if instance.startswith("ng_"))), "both back once"
+    wait_until(lambda: all((row["status"], row["restarts"]) == ("running", 1)
+                           for instance, row in table().items() if instance.startswith("ng_")), "both back once")
     assert httpx.post(f"{mcqa}/verify", json=recorded, timeout=60, headers=token).json()["reward"] == reward
     lost = httpx.post(f"{counter}/increment_counter", json={"count": 1}, cookies=cookies, timeout=30,
                       headers=token)
     assert lost.status_code == 410 and lost.json()["error_type"] == "session_lost", "never a reward on nothing"
-
-
-def _when(condition: Any, attempts: int = 600) -> bool:
-    """Whether `condition()` holds within `attempts` polls (a bound against hanging, not a timing assertion)."""
-    for _ in range(attempts):
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 OWN_TESTS = ["example_session_state_mgmt", "equivalence_rule",
