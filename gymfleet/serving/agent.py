@@ -77,7 +77,9 @@ class AgentServerConfig(ServerConfig):
     behind this agent: about (rollouts/s the policy sustains) x (seconds one rollout takes), e.g. 1,024 for one
     vLLM data-parallel rank with `max_num_seqs: 1024` when one environment has the policy to itself; the agents
     of several environments share the policy, so each needs its share only. Too low starves the upstream
-    (throughput falls); too high lets every admitted rollout progress in lockstep again."""
+    (throughput falls); too high lets every admitted rollout progress in lockstep again. A step posted at once whose
+    rollouts cost alike has its median result at about 0.5 + bound / (2 x rollouts) of its wall time
+    (`docs/scaling-out.md`)."""
 
 
     admission_ramp_s: float = Field(default=2.0, ge=0)
