@@ -396,7 +396,7 @@ class ServerClient:
         try:
             response = await request("GET", f"http://{client_host(host)}:{port}/global_config_dict_yaml",
                                      timeout_s=10.0, retry=NO_RETRY)
-            published = yaml.safe_load(response.raise_for_status().json())
+            published = published_config(response.raise_for_status().json())
         except (TransportError, ValueError, yaml.YAMLError) as exc:
             log.warning("could not refresh the replicas' addresses from the head server: %s", exc)
             return
@@ -424,13 +424,24 @@ class ServerClient:
     @classmethod
     async def from_head(cls, host: str, port: int, *, timeout_s: float = 30.0) -> ServerClient:
         """Bootstrap from the head server, as every out-of-process NeMo-Gym client does."""
-        import yaml
-
         head = f"http://{client_host(host)}:{port}"
         auth.grant(head, auth.token_for(host, port))
         response = await request("GET", f"{head}/global_config_dict_yaml", timeout_s=timeout_s)
         response.raise_for_status()
-        return cls(yaml.safe_load(response.json()))
+        return cls(published_config(response.json()))
+
+
+def published_config(text: str) -> Any:
+    """The fleet's config as the head server publishes it (`/global_config_dict_yaml`, a YAML document), read with
+    libyaml's parser where PyYAML has it: the same objects as `yaml.safe_load` (the resolver and constructor are
+    PyYAML's own either way) for about an eighth of the CPU, paid by every client that bootstraps from the head.
+
+    Raises:
+        yaml.YAMLError: not YAML.
+    """
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 LARGE_BODY_BYTES = 1 << 20

@@ -15,7 +15,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+import yaml
 from fastapi import FastAPI, Request, Response
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.simple_agent.app import MODEL_RETRY, SimpleAgent
 from gymfleet import connections, http, http_types
@@ -130,6 +133,20 @@ async def test_cookies_are_explicit(url):
     assert sent.json()["cookie"] == "a___b=signed.value"
     plain = await http.request("POST", f"{url}/flaky/cookies/0/200", json={})
     assert plain.json()["cookie"] is None, "no cookie jar: nothing is remembered between calls"
+
+
+async def test_a_repeated_set_cookie_reads_alike_and_each_answer_owns_its_dict(url):
+    # A server sends a session's cookie again with every answer; the parse of a header is cached, never the dict
+    first = await http.request("GET", f"{url}/cookie")
+    second = await http.request("GET", f"{url}/cookie")
+    assert first.cookies == second.cookies == {"a___b": "signed.value"}
+    first.cookies["a___b"] = "changed by a caller"
+    assert second.cookies == {"a___b": "signed.value"}
+    assert (await http.request("GET", f"{url}/cookie")).cookies == {"a___b": "signed.value"}
+    headers = ['s___one="quoted \\"value\\""; Path=/; HttpOnly', "s___two=plain; Max-Age=60", "not a cookie"]
+    merged = http_types.HttpResponse(200, b"", url, _set_cookie=headers).cookies
+    again = http_types.HttpResponse(200, b"", url, _set_cookie=headers).cookies
+    assert merged == again == {"s___one": 'quoted "value"', "s___two": "plain"}
 
 
 async def test_server_client_resolves_names_and_suggests(url):
@@ -453,3 +470,19 @@ async def test_the_agent_retries_a_model_server_it_cannot_reach(caplog):
     retries = [r for r in caplog.records if r.name == "gymfleet.http" and r.levelno == logging.WARNING
                and "/v1/responses failed" in r.getMessage()]
     assert len(retries) == MODEL_RETRY.max_attempts - 1
+
+
+_SCALARS = st.one_of(st.text(max_size=20), st.sampled_from(["yes", "on", "off", "null", "~", "1e3", "0x1F", "07",
+                                                              " lead", "trail ", "a: b", "- x", "(?i)\\bparis\\b",
+                                                              "${policy.host}", "é ✓ 東京", "\t", "'", '"']),
+                     st.integers(), st.floats(allow_nan=False), st.booleans(), st.none())
+_CONFIGS = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=12), _CONFIGS, max_size=6))
+def test_the_published_config_reads_as_safe_load_reads_it(config):
+    # the head server publishes yaml.safe_dump(...); clients read it with libyaml's parser (http.published_config)
+    text = yaml.safe_dump(config, sort_keys=False)
+    assert http.published_config(text) == yaml.safe_load(text) == config

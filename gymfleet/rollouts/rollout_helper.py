@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-import yaml
 
 from gymfleet import auth, http
 from gymfleet.errors import TransportError
@@ -109,7 +108,7 @@ def _fetch_head_config(host: str, port: int, timeout_s: float = 30.0) -> dict[st
     try:
         request = urllib.request.Request(url, headers=auth.head_headers(host, port))
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            return yaml.safe_load(orjson.loads(answer.read()))
+            return http.published_config(orjson.loads(answer.read()))
     except urllib.error.HTTPError as exc:
         raise TransportError(f"head server {url} answered {exc.code}", status=exc.code, url=url,
                              failure_class="http_5xx" if exc.code >= 500 else "http_4xx") from None
