@@ -159,6 +159,23 @@ def end_turn() -> None:
         held.pop().release()
 
 
+_on_connected: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("gymfleet_on_connected",
+                                                                                           default=None)
+
+
+@contextlib.contextmanager
+def on_connected(callback: Callable[[], None]) -> Iterator[None]:
+    """Call `callback()` each time a request made inside the block (this task) has its connection, pooled or new, or
+    has failed to get one: the request's headers go out next, with no wait in between (`gymfleet.rollouts.dispatch`
+    paces new connections with it). The connector calls it (`PacedConnector.connect`), so requests pay nothing for
+    it: aiohttp's request tracing, which could tell the same, costs every request of every process its signals."""
+    token = _on_connected.set(callback)
+    try:
+        yield
+    finally:
+        _on_connected.reset(token)
+
+
 def peer_spoke(transport: Any) -> bool:
     """Whether an idle connection's socket has something to read: its server's FIN or RST (it closed the connection;
     a loop that lags has not read it yet), or bytes no request asked for. Either way it must not carry a request."""
@@ -193,6 +210,9 @@ class PacedConnector(aiohttp.TCPConnector):
             return await super().connect(req, traces, timeout)
         finally:
             end_turn()
+            callback = _on_connected.get()
+            if callback is not None:
+                callback()
 
     async def _get(self, key: Any, traces: Any) -> Any:
         self._drop_dead(key)

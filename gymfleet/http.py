@@ -29,12 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import io
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,28 +90,9 @@ def configure(limits: ClientLimits) -> None:
     _limits = limits
 
 
-_on_sent: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("gymfleet_on_sent", default=None)
-
-
-@contextlib.contextmanager
-def on_request_sent(callback: Callable[[], None]) -> Iterator[None]:
-    """Call `callback()` each time a request made inside the block (this task) has its headers on the wire: its
-    connection is up and the request is going out (`gymfleet.rollouts.dispatch` paces new connections with it)."""
-    token = _on_sent.set(callback)
-    try:
-        yield
-    finally:
-        _on_sent.reset(token)
-
-
-async def _headers_sent(_session: Any, _context: Any, _params: Any) -> None:
-    callback = _on_sent.get()
-    if callback is not None:
-        callback()
-
-
-_TRACE = aiohttp.TraceConfig()
-_TRACE.on_request_headers_sent.append(_headers_sent)
+on_request_sent = connections.on_connected
+"""`with http.on_request_sent(callback):` calls `callback()` as each request of the block gets its connection, and its
+headers go out (`gymfleet.connections.on_connected`)."""
 
 
 def _session() -> aiohttp.ClientSession:
@@ -132,7 +111,6 @@ def _session() -> aiohttp.ClientSession:
             cookie_jar=aiohttp.DummyCookieJar(),
             json_serialize=lambda obj: orjson.dumps(obj).decode(),
             timeout=aiohttp.ClientTimeout(total=None),
-            trace_configs=[_TRACE],
         )
         _sessions[loop] = session
         connections.make_room(loop, limit)

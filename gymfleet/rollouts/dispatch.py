@@ -6,9 +6,9 @@ receives its first complete request only once the client has done that work for 
 machine), and in whatever order the connections happened to come up: a group's rows arrive scattered over the whole
 batch, its first complete group only near the end. `SendWindow` keeps the sending in row order and in a window: a
 rollout's request starts going out only when fewer than `size` earlier ones are still connecting (a slot is freed as
-soon as the request's headers are on the wire, `gymfleet.http.on_request_sent`, or when its call ends). Every
-rollout is still in flight at once for its caller, and the agent still holds and admits them all in arrival order
-(`gymfleet.serving.agent`); what changes is that the first rows reach the agent first, and at once.
+soon as the request has its connection, and its headers go out, `gymfleet.http.on_request_sent`, or when its call
+ends). Every rollout is still in flight at once for its caller, and the agent still holds and admits them all in
+arrival order (`gymfleet.serving.agent`); what changes is that the first rows reach the agent first, and at once.
 
 `AgentLines` keeps what waits in the client, not in the agent: an agent admits at most its `max_concurrent_rollouts`
 per worker process at once (`gymfleet.serving.admission.agent_capacity`), and the rest of a step posted at once would
@@ -50,7 +50,7 @@ class SendWindow:
 
     @contextlib.asynccontextmanager
     async def sending(self) -> AsyncIterator[None]:
-        """Hold a slot until the block's request has its headers sent (or the block ends, whichever comes first)."""
+        """Hold a slot until the block's request has its connection (or the block ends, whichever comes first)."""
         await self._slots.acquire()
         held = True
 
