@@ -168,8 +168,9 @@ async def test_many_concurrent_requests_complete(url):
 async def test_waiting_for_a_free_pooled_connection_is_not_a_connect_timeout(url, monkeypatch):
     """A request queued behind a full pool waits within its own deadline: only the TCP connect is bounded by
     `CONNECT_TIMEOUT_S`. (With the connect deadline covering the wait, a burst bigger than the pool failed as
-    `connection_error` once it had waited that long.)"""
-    monkeypatch.setattr(http, "CONNECT_TIMEOUT_S", 0.2)
+    `connection_error` once it had waited that long.) The connect deadline is half the wait, so that a loaded machine's
+    scheduling does not fail the first request's own connect."""
+    monkeypatch.setattr(http, "CONNECT_TIMEOUT_S", 0.5)
     monkeypatch.setattr(http, "_limits", http.ClientLimits(limit=1, limit_per_host=1))
     started = asyncio.get_running_loop().time()
     slow, queued = await asyncio.gather(
@@ -247,16 +248,16 @@ async def test_a_burst_slow_to_build_does_not_outrun_its_connect_deadlines(url, 
     them as `connection_error` although the server had accepted them."""
     real = http.orjson
 
-    class SlowDumps:  # each body takes 5 ms to build: 200 of them in one pass outlast the 0.2 s connect deadline
-        loads = staticmethod(real.loads)
+    class SlowDumps:  # each body takes 10 ms to build: 200 of them in one pass (2 s) outlast the 1 s connect deadline,
+        loads = staticmethod(real.loads)  # a turn's 4 (40 ms) leave it room for a loaded machine's scheduling
 
         @staticmethod
         def dumps(obj):
-            time.sleep(0.005)
+            time.sleep(0.01)
             return real.dumps(obj)
 
     monkeypatch.setattr(connections, "CONNECTS_AT_ONCE", 4)
-    monkeypatch.setattr(http, "CONNECT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(http, "CONNECT_TIMEOUT_S", 1.0)
     monkeypatch.setattr(http, "orjson", SlowDumps)
     caplog.set_level(logging.WARNING, logger=http.__name__)
     responses = await asyncio.gather(
