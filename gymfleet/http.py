@@ -90,11 +90,6 @@ def configure(limits: ClientLimits) -> None:
     _limits = limits
 
 
-on_request_sent = connections.on_connected
-"""`with http.on_request_sent(callback):` calls `callback()` as each request of the block gets its connection, and its
-headers go out (`gymfleet.connections.on_connected`)."""
-
-
 def _session() -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
     session = _sessions.get(loop)

@@ -6,8 +6,8 @@ receives its first complete request only once the client has done that work for 
 machine), and in whatever order the connections happened to come up: a group's rows arrive scattered over the whole
 batch, its first complete group only near the end. `SendWindow` keeps the sending in row order and in a window: a
 rollout's request starts going out only when fewer than `size` earlier ones are still connecting (a slot is freed as
-soon as the request has its connection, and its headers go out, `gymfleet.http.on_request_sent`, or when its call
-ends). Every rollout is still in flight at once for its caller, and the agent still holds and admits them all in
+soon as the request has its connection, and its headers go out, `gymfleet.connections.on_connected`, or when its
+call ends). Every rollout is still in flight at once for its caller, and the agent still holds and admits them all in
 arrival order (`gymfleet.serving.agent`); what changes is that the first rows reach the agent first, and at once.
 
 `AgentLines` keeps what waits in the client, not in the agent: an agent admits at most its `max_concurrent_rollouts`
@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from gymfleet import http
+from gymfleet import connections
 from gymfleet.errors import ServerRefError
 from gymfleet.fleet.folders import SERVER_FOLDERS_KEY
 from gymfleet.replicas import instance_fields
@@ -61,7 +61,7 @@ class SendWindow:
                 self._slots.release()
 
         try:
-            with http.on_request_sent(release):
+            with connections.on_connected(release):
                 yield
         finally:
             release()

@@ -97,7 +97,7 @@ def _token_id(entry: dict[str, Any], url: str) -> int:
 def _ids(values: list[Any]) -> bool:
     """Whether every element is a token id: an `int` (not a `bool`, not a subclass: the values come from JSON) that is
     not negative. In C (`map`, `set`, `min`) rather than a Python loop: a model server checks every prompt token of
-    every call, and a 32k-token prompt costs about 1 ms this way instead of 15 ms."""
+    every call (`bench/token_capture.py` times the whole capture)."""
     return set(map(type, values)) <= {int} and (not values or min(values) >= 0)
 
 
