@@ -7,7 +7,7 @@ standing in for vLLM, each its own process. This process is the trainer's Gym ac
 Every rollout is two model calls and one tool call, so one rollout is 10 HTTP requests inside the fleet.
 
     python bench/nemo_rl_rollouts.py [--rollouts 4096] [--generations 16] [--max-concurrent-rollouts 0,256]
-                                     [--baseline DIR]
+                                     [--baseline DIR] [--repeat K]
 
 `--max-concurrent-rollouts` takes one or more agent bounds (`gymfleet.serving.agent`; 0 = unbounded, NeMo-Gym's way;
 `default` = the agent's own default); each gets its own fresh fleet, one after the other, and one row of the
@@ -19,6 +19,10 @@ fleet's processes (sum over every child, sampled every 0.2 s) and of this client
 what the agent's `/metrics` says (`gymfleet_rollouts_admission_limit`), so a bound that did not reach the agent
 shows. A second table gives the share of all results that came in each tenth of the wall time: even shares give
 p50 / wall about 0.5, fewer early ones (the first seconds slowed by sending the whole step) push it up.
+
+`--repeat K` runs every setting K times, in rounds, and adds a table of each setting's mean and range: p50 / wall
+moves by several hundredths from run to run on a shared 2-core machine (0.47-0.57 over six runs of one tree), more
+than most changes move it, so compare means over rounds.
 
 `--baseline DIR` runs every bound twice, one after the other: against the gymfleet of another checkout (say, of
 main: `git archive main | tar -x -C DIR`) and against this one, each in a process (and a fleet) of its own, this
@@ -226,14 +230,14 @@ def quantile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
 
 
-def cpu_tenths(one: dict) -> str:
+def cpu_marks(one: dict) -> list[float] | None:
     """The share of the run's CPU time (client and fleet, from dispatch to the last result) spent by the time each
     tenth of the results was in, in percent. Where the fleet's CPU is the bottleneck, as on a machine of its own,
-    wall time follows CPU time and the 50% column is p50 / wall; unlike wall time, it holds on a machine that other
-    work keeps busy."""
+    wall time follows CPU time and the 50% mark is p50 / wall; unlike wall time, it holds on a machine that other
+    work keeps busy. None: too few samples."""
     series, latencies = one["cpu_series"], sorted(one["latencies"])
     if len(series) < 2 or not latencies:
-        return " | ".join("-" for _ in range(10))
+        return None
 
     times = [at for at, _ in series]
 
@@ -245,8 +249,40 @@ def cpu_tenths(one: dict) -> str:
         return c0 + (c1 - c0) * (t - t0) / (t1 - t0)
 
     start, spent = cpu_at(0.0), cpu_at(one["wall_s"]) - cpu_at(0.0)
+    if spent <= 0:
+        return None
     marks = [latencies[max(0, len(latencies) * tenth // 10 - 1)] for tenth in range(1, 11)]
-    return " | ".join(f"{100 * (cpu_at(t) - start) / spent:.0f}" if spent > 0 else "-" for t in marks)
+    return [100 * (cpu_at(t) - start) / spent for t in marks]
+
+
+def cpu_tenths(one: dict) -> str:
+    marks = cpu_marks(one)
+    return " | ".join("-" for _ in range(10)) if marks is None else " | ".join(f"{mark:.0f}" for mark in marks)
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """`mean (min-max)` of `values`, each written with `fmt`."""
+    if not values:
+        return "-"
+    return f"{format(statistics.fmean(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def print_summary(runs: list[dict]) -> None:
+    """With `--repeat`: each (tree, bound)'s runs in one row, mean and range."""
+    print("\nOver the repeated runs, mean (min-max): p50 / wall swings from run to run with what else the machine "
+          "does; the CPU-time mark of the median (the 50% column above) swings less:\n")
+    print("| tree | max_concurrent_rollouts | runs | rollouts/s | p50 / wall | CPU-time mark of the median "
+          "| first group |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    keys = list(dict.fromkeys((one["tree"], one["limit"]) for one in runs))
+    for tree, limit in keys:
+        mine = [one for one in runs if (one["tree"], one["limit"]) == (tree, limit)]
+        rates = [len(one["latencies"]) / one["wall_s"] for one in mine]
+        ratios = [quantile(one["latencies"], 50) / one["wall_s"] for one in mine]
+        cpu = [marks[4] / 100 for marks in map(cpu_marks, mine) if marks is not None]
+        groups = [one["first_group_s"] for one in mine if one["first_group_s"] is not None]
+        print(f"| {tree} | {limit} | {len(mine)} | {spread(rates, '.0f')} | {spread(ratios, '.2f')} "
+              f"| {spread(cpu, '.2f')} | {spread(groups, '.2f')} s |")
 
 
 def tenths(one: dict) -> str:
@@ -276,6 +312,8 @@ def main() -> None:
     parser.add_argument("--max-concurrent-rollouts", default="0,default",
                         help="comma-separated agent bounds to compare, one fleet each (0: unbounded; 'default')")
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. of main), measured beside this one")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every setting this many times, in rounds, and add a table of mean and range")
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)  # `measured`: one bound's numbers, as JSON
     args = parser.parse_args()
     bounds = parse_bounds(args.max_concurrent_rollouts)
@@ -285,11 +323,15 @@ def main() -> None:
         args.json.write_text(json.dumps(one_setting(args, bounds[0])))
         return
     load = os.getloadavg()
-    if args.baseline:
-        runs = [{**measured(args, bound, checkout), "tree": label} for bound in bounds
-                for label, checkout in (("baseline", args.baseline.resolve()), ("this", None))]
-    else:
-        runs = [{**one_setting(args, bound), "tree": "this"} for bound in bounds]
+    if args.repeat < 1:
+        raise SystemExit(f"--repeat: {args.repeat} runs; give 1 or more")
+    runs = []
+    for _ in range(args.repeat):  # in rounds, so the trees and bounds share whatever the machine does meanwhile
+        if args.baseline:
+            runs += [{**measured(args, bound, checkout), "tree": label} for bound in bounds
+                     for label, checkout in (("baseline", args.baseline.resolve()), ("this", None))]
+        else:
+            runs += [{**one_setting(args, bound), "tree": "this"} for bound in bounds]
     mib = 1024 * 1024
     print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}; one fresh fleet per bound"
           + (f"; baseline: {args.baseline}" if args.baseline else ""))
@@ -317,6 +359,8 @@ def main() -> None:
     print("|---|---:|" + "---:|" * 10)
     for one in runs:
         print(f"| {one['tree']} | {one['limit']} | {cpu_tenths(one)} |")
+    if args.repeat > 1:
+        print_summary(runs)
     for one in runs:
         servers = sorted(one["per_server"].items())
         print(f"\n{one['tree']}, bound {one['limit']}: per server, peak RSS / CPU time: "
