@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.serving.admission import Admission
+from gymfleet.serving.admission import HOLD_FROM, SLOW_ROLLOUT_S, Admission
 from gymfleet.testing import wait_until
 from gymfleet.testing.fleets import ReleasedVerifies, agent_fleet
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -271,3 +274,136 @@ def test_the_ramp_admits_waiters_on_its_own_clock_without_any_rollout_ending():
         assert entered == list(range(32)) and admission.in_progress == 32
 
     asyncio.run(scenario())
+
+
+def test_while_the_cpu_is_saturated_the_ramp_holds_and_goes_on_once_there_is_room(caplog):
+    """`saturated` (the agent's `CpuBusy`) is asked every ramp_s / 16 s while ramping: a True holds the bound for
+    that interval; only the time with room counts towards the ramp."""
+    now, busy, asked = [0.0], [True], []
+
+    def saturated() -> bool:
+        asked.append(now[0])
+        return busy[0]
+
+    async def scenario():
+        # ramp_s 2: asked every 1/8 s; each 1/8 s with room raises the bound by (68 - 4) / 16 = 4
+        admission = Admission(68, ramp_s=2.0, ramp_from=4, clock=lambda: now[0], saturated=saturated, hold_from=4)
+        entered: list[int] = []
+
+        async def one(index):
+            assert await admission.enter()
+            entered.append(index)
+
+        tasks = [asyncio.create_task(one(index)) for index in range(200)]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert entered == [0, 1, 2, 3] and admission.level() == 4
+        for step in range(1, 11):  # over a second saturated: one out, one in, the bound stays at 4
+            now[0] = step / 8
+            admission.leave(0.05)
+            await asyncio.sleep(0)
+            assert admission.in_progress == 4 and admission.level() == 4
+        assert len(entered) == 14
+        busy[0] = False
+        for step, level in ((11, 8), (12, 12)):  # room: the bound rises again, in arrival order
+            now[0] = step / 8
+            admission.leave(0.05)
+            await asyncio.sleep(0)
+            assert admission.in_progress == level and admission.level() == level
+        assert entered == list(range(14 + 1 + 4 + 1 + 4))
+        busy[0] = True
+        now[0] = 13 / 8
+        admission.leave(0.05)
+        await asyncio.sleep(0)
+        assert admission.level() == 12 and admission.in_progress == 12
+        busy[0] = False
+        now[0] = 13 / 8 + 1.75  # 1.75 s more with room: with the 0.25 s before, the whole ramp
+        admission.leave(0.05)
+        await asyncio.sleep(0)
+        assert admission.level() == 68 and admission.in_progress == 68
+        asked_before = len(asked)
+        for step in range(28, 40):  # the ramp is over: the CPU is not asked again
+            now[0] = step / 8
+            admission.leave(0.05)
+            await asyncio.sleep(0)
+        assert len(asked) == asked_before and admission.in_progress == 68
+        while admission.in_progress:
+            admission.leave(0.05)
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        now[0] = 50.0  # idle, then a new step: from 4 again, held again while saturated
+        busy[0] = True
+        assert all(admission.try_enter() for _ in range(4)) and not admission.try_enter()
+
+    with caplog.at_level(logging.INFO, logger="gymfleet.serving.admission"):
+        asyncio.run(scenario())
+    held = [record.getMessage() for record in caplog.records if "saturated" in record.getMessage()]
+    assert len(held) == 1, "one message per step, not one per interval"
+    assert "4 rollouts in progress" in held[0] and "admission_hold_on_busy_cpu" in held[0]
+
+
+@given(st.lists(st.tuples(st.floats(0.126, 0.5), st.booleans()), max_size=40), st.integers(2, 64),
+       st.integers(2, 1024), st.integers(0, 1100))
+def test_the_bound_only_rises_and_only_with_time_the_cpu_had_room(intervals, ramp_from, limit, hold_from):
+    """Whatever the CPU answers: the bound never falls while ramping, never passes `limit`, and is `ramp_from` plus
+    the share of the ramp that the time with room, or with the bound under `hold_from`, covers."""
+    now = [0.0]
+    busy = [False]
+    admission = Admission(limit, ramp_s=2.0, ramp_from=ramp_from, clock=lambda: now[0], saturated=lambda: busy[0],
+                          hold_from=hold_from)
+    assert admission.try_enter() and admission.try_enter()  # two in progress: one ending never leaves it idle
+    start = min(ramp_from, limit)
+    room, last = 0.0, start
+    for wall, saturated in intervals:
+        before = now[0]
+        now[0] += wall
+        busy[0] = saturated
+        admission.leave(0.05)  # a fast rollout ended (slow ones do not hold the ramp): its slot is taken again
+        assert admission.try_enter()
+        level = admission.current_limit()
+        if not saturated or last < hold_from:
+            room += now[0] - before
+        expected = limit if room >= 2.0 else start + int((limit - start) * room / 2.0)
+        assert level == expected and last <= level <= limit
+        last = level
+
+
+def test_the_bound_rises_to_the_hold_mark_however_busy_the_cpu():
+    """Below `HOLD_FROM` the CPU is not asked: a few rollouts in progress can keep a CPU busy without making the most
+    of it (more per event-loop pass, per system call)."""
+    now = [0.0]
+    asked = []
+    admission = Admission(256, ramp_s=2.0, ramp_from=16, clock=lambda: now[0],
+                          saturated=lambda: asked.append(now[0]) or True)
+    assert admission.hold_from == HOLD_FROM == 64
+    assert all(admission.try_enter() for _ in range(2))
+    levels = []
+    for step in range(1, 40):
+        now[0] = step / 8
+        admission.leave(0.05)
+        assert admission.try_enter()
+        levels.append(admission.current_limit())
+    assert levels[0] == 31 and levels[-1] == levels[5] and 64 <= levels[-1] < 64 + 15, levels
+    assert len(asked) >= 30, "asked every eighth of a second once at the mark"
+
+
+@pytest.mark.parametrize("ending", ["slowly", "never"])
+def test_slow_rollouts_ramp_up_on_a_busy_cpu_all_the_same(ending):
+    """A policy that takes seconds per rollout is what its rollouts wait on, however busy this machine's CPU is
+    (something else keeps it busy): the ramp goes on, and the bound reaches its limit within `ramp_s`."""
+    assert SLOW_ROLLOUT_S == 1.0  # the timings below
+    now = [0.0]
+    admission = Admission(68, ramp_s=2.0, ramp_from=4, clock=lambda: now[0], saturated=lambda: True, hold_from=4)
+    assert all(admission.try_enter() for _ in range(4)) and not admission.try_enter()
+    levels = []
+    for step in range(1, 60):
+        now[0] = step / 8
+        if ending == "slowly" and step % 8 == 0:
+            admission.leave(3.0)  # held 3 s: a slow policy
+            assert admission.try_enter()
+        levels.append(admission.current_limit())
+    # slowly: the first rollout to end (at 1 s) took 3 s; never: none has ended within SLOW_ROLLOUT_S (1 s)
+    learnt = 7  # the index of the first level after that (1 s)
+    assert levels[:learnt] == [4] * learnt, "held while nothing says the rollouts are slow"
+    assert levels == sorted(levels) and levels[learnt] > 4
+    assert levels.index(68) == learnt + 15, "then the whole ramp within ramp_s (16 steps of an eighth of a second)"

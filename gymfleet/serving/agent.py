@@ -26,13 +26,18 @@ the same throughput (`bench/nemo_rl_rollouts.py --max-concurrent-rollouts 0,256`
 - `max_concurrent_rollouts: 0` (or null) admits everything at once, as NeMo-Gym does.
 - After idling, the bound ramps up from 16 to `max_concurrent_rollouts` over `admission_ramp_s` (2 s), so the first
   group of a step runs almost alone and completes first instead of in lockstep with the 255 admitted beside it.
+  The ramp counts only time the CPU has room (`admission_hold_on_busy_cpu`, `gymfleet.serving.cpu_busy`): where the
+  fleet's own CPU is the bottleneck the bound stays where it saturated the CPU (64-100 rollouts on 2 cores),
+  since more in progress would only queue and make every result later; a policy on a GPU elsewhere leaves the CPUs
+  idle, or takes a second or more per rollout, and gets `max_concurrent_rollouts` within the 2 s.
 - A waiting body is read and parsed as JSON (a malformed one is answered 422 at once) but validated against its
   schema only when its turn comes (a schema error is then a 422 too): validating thousands of waiting bodies up
   front kept the event loop from the admitted rollouts for seconds.
 
 `GET /metrics` adds `gymfleet_rollouts_in_progress`, `gymfleet_rollouts_waiting` (gauges),
-`gymfleet_rollouts_admission_limit` (0: unbounded), `gymfleet_rollout_wait_seconds` (histogram of the time a
-request waited for its turn) and `gymfleet_rollouts_abandoned_total`.
+`gymfleet_rollouts_admission_limit` (0: unbounded), `gymfleet_rollouts_admission_level` (the bound now, below the limit
+while ramping or held), `gymfleet_rollout_wait_seconds` (histogram of the time a request waited for its turn) and
+`gymfleet_rollouts_abandoned_total`.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from gymfleet.metrics import LATENCY_BUCKETS_S
 from gymfleet.serving.admission import DEFAULT_MAX_CONCURRENT_ROLLOUTS, Admission
 from gymfleet.serving.aggregate import aggregate_metrics
 from gymfleet.serving.bodies import read_json, validate
+from gymfleet.serving.cpu_busy import CpuBusy
 from gymfleet.serving.resources import AggregateMetricsRequest, VerifyResponse
 from gymfleet.serving.server import PROTOCOL_DOCS, JSONResponse, RouteDoc, Server, ServerConfig, add_route
 from gymfleet.wire import ResponseCreateParams
@@ -77,9 +83,10 @@ class AgentServerConfig(ServerConfig):
     behind this agent: about (rollouts/s the policy sustains) x (seconds one rollout takes), e.g. 1,024 for one
     vLLM data-parallel rank with `max_num_seqs: 1024` when one environment has the policy to itself; the agents
     of several environments share the policy, so each needs its share only. Too low starves the upstream
-    (throughput falls); too high lets every admitted rollout progress in lockstep again. A step posted at once whose
-    rollouts cost alike has its median result at about 0.5 + bound / (2 x rollouts) of its wall time
-    (`docs/scaling-out.md`)."""
+    (throughput falls); too high lets every admitted rollout progress in lockstep again. Where the fleet's own CPU is
+    the bottleneck, the agent keeps fewer in progress on its own (`admission_hold_on_busy_cpu`). A step posted at
+    once whose rollouts cost alike has its median result at about 0.5 + (rollouts in progress) / (2 x rollouts) of
+    its wall time (`docs/scaling-out.md`)."""
 
 
     admission_ramp_s: float = Field(default=2.0, ge=0)
@@ -88,7 +95,17 @@ class AgentServerConfig(ServerConfig):
     in lockstep and the first group completes only when most of them do; admitted 16 first, the first group is
     done in a fraction of a second, and within the ramp the fleet is as busy (`bench/nemo_rl_rollouts.py`). What it
     can cost: up to about `admission_ramp_s / 2` seconds of the bound's capacity per step, when rollouts wait on a
-    slow policy rather than on CPU."""
+    slow policy rather than on CPU. Only time the CPU has room counts (`admission_hold_on_busy_cpu`)."""
+    admission_hold_on_busy_cpu: bool = True
+    """Count only the time the CPU has room towards `admission_ramp_s`: while the CPUs this agent runs on were busy
+    85% of the last half second or more (its container's quota or cpuset, else the machine), or this process used
+    85% of a core, the bound stays where it is (`gymfleet.serving.cpu_busy`). Where the fleet's own CPU is the
+    bottleneck (a scripted or CPU-served policy, environments grading on the same cores), more rollouts in progress
+    add no throughput and make every result later; where the policy is a GPU server elsewhere, the CPUs idle and
+    the bound reaches `max_concurrent_rollouts` within `admission_ramp_s`, as before. Rollouts that take a second or
+    more (`gymfleet.serving.admission.SLOW_ROLLOUT_S`) wait on their policy, not on this CPU: they ramp up however
+    busy it is. Turn it off when something else keeps this machine's CPUs busy while a fast policy still has room
+    (the agent logs once per step when it holds)."""
 
 
 class RunRequest(BaseModel):
@@ -108,7 +125,9 @@ class AgentServer(Server):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.admission = Admission(self.config.max_concurrent_rollouts, ramp_s=self.config.admission_ramp_s)
+        saturated = CpuBusy.here().saturated if self.config.admission_hold_on_busy_cpu else None
+        self.admission = Admission(self.config.max_concurrent_rollouts, ramp_s=self.config.admission_ramp_s,
+                                   saturated=saturated)
         registry = self.metrics.registry
         Gauge("gymfleet_rollouts_in_progress", "Rollouts (/run, /v1/responses) admitted and running",
               registry=registry).set_function(lambda: self.admission.in_progress)
@@ -116,6 +135,8 @@ class AgentServer(Server):
               registry=registry).set_function(lambda: self.admission.waiting)
         Gauge("gymfleet_rollouts_admission_limit", "max_concurrent_rollouts of this worker (0: unbounded)",
               registry=registry).set(self.admission.limit or 0)
+        Gauge("gymfleet_rollouts_admission_level", "Rollouts this worker admits at once now (0: unbounded)",
+              registry=registry).set_function(lambda: self.admission.level() or 0)
         self._waited = Histogram("gymfleet_rollout_wait_seconds", "Time a rollout waited for its turn",
                                  buckets=LATENCY_BUCKETS_S, registry=registry)
         self._abandoned = Counter("gymfleet_rollouts_abandoned", "Rollouts whose caller left while they waited",
@@ -142,11 +163,12 @@ class AgentServer(Server):
                      request.method, request.url.path)
             yield False
             return
-        self._waited.observe(time.perf_counter() - started)
+        admitted = time.perf_counter()
+        self._waited.observe(admitted - started)
         try:
             yield True
         finally:
-            self.admission.leave()
+            self.admission.leave(time.perf_counter() - admitted)
 
     def routes(self, app: FastAPI) -> None:
         # The body is read and parsed (orjson, microseconds) before the turn, and validated against its schema
