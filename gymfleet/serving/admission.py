@@ -54,12 +54,13 @@ class Admission:
 
     With `ramp_s`, a queue that goes from idle to busy starts at `ramp_from` holders and raises the bound evenly to
     `limit` over `ramp_s` seconds (see `AgentServerConfig.admission_ramp_s`). With `saturated` as well (a callable
-    answering whether the CPU was saturated since its last call, `gymfleet.serving.cpu_busy.CpuBusy.saturated`), the
-    ramp counts only the time the CPU had room: asked at most every `ramp_s / 16` seconds while ramping with the bound
-    at `hold_from` or more, a True holds the bound where it is for that interval, so a fleet whose own CPU is the
-    bottleneck keeps no more in progress than it can run (see `AgentServerConfig.admission_hold_on_busy_cpu`). Unless the rollouts are slow: when callers
-    hold their slots `SLOW_ROLLOUT_S` or longer on average (`leave(held_s)`), or none has left for that long, a
-    policy is what they wait on, not this CPU, and the ramp goes on as if the CPU had room.
+    answering whether the CPU was saturated lately, `gymfleet.serving.cpu_busy.CpuBusy.saturated`), the ramp counts
+    only the time the CPU had room: asked at most every `ramp_s / 16` seconds while ramping with the bound at
+    `hold_from` or more, a True holds the bound where it is for that interval, so a fleet whose own CPU is the
+    bottleneck keeps no more in progress than it can run (see `AgentServerConfig.admission_hold_on_busy_cpu`).
+    Unless the rollouts are slow: when callers hold their slots `SLOW_ROLLOUT_S` or longer on average
+    (`leave(held_s)`), or none has left for that long, a policy is what they wait on, not this CPU, and the ramp goes
+    on as if the CPU had room.
     """
 
     def __init__(self, limit: int | None, *, ramp_s: float = 0.0, ramp_from: int = 16,
