@@ -12,8 +12,8 @@ more: those wait on a policy), and `CpuBusy.saturated()` says when they have non
   every CPU of the machine; or
 - this process itself used at least that share of one core: its event loop is the bottleneck, however many cores idle.
 
-Reading it costs a few tens of µs (`/proc/stat`, or the cgroup's `cpu.stat`); the ramp calls it every eighth of a
-second at most. Where the CPUs' times cannot be read, only this process's own CPU time
+Reading it costs a few tens of µs (`/proc/stat`, or the cgroup's `cpu.stat`; psutil where there is no `/proc`); the
+ramp calls it every eighth of a second at most. Where the CPUs' times cannot be read, only this process's own CPU time
 counts.
 """
 
@@ -25,8 +25,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-
-import psutil
 
 log = logging.getLogger(__name__)
 
@@ -70,20 +68,61 @@ def cgroup_usage_s(root: Path = CGROUP_ROOT) -> float | None:
     return None
 
 
+PROC_STAT = Path("/proc/stat")
+
+
+def proc_stat_times(cpus: list[int] | None = None, path: Path = PROC_STAT) -> tuple[float, float] | None:
+    """(busy, total) CPU time in clock ticks since boot from Linux's `/proc/stat`: the `cpu` line, or the sum of the
+    `cpuN` lines of `cpus`; idle and iowait count as idle, guest time (already inside user time) not twice. None if
+    it cannot be read."""
+    wanted = {"cpu"} if cpus is None else {f"cpu{cpu}" for cpu in cpus}
+    busy = total = 0
+    try:
+        with open(path, "rb") as stat:
+            for line in stat:
+                if not line.startswith(b"cpu"):
+                    break  # the cpu lines come first
+                name, *fields = line.split()
+                if name.decode() not in wanted:
+                    continue
+                ticks = [int(field) for field in fields[:8]]  # user nice system idle iowait irq softirq steal
+                idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+                total += sum(ticks)
+                busy += sum(ticks) - idle
+    except (OSError, ValueError, IndexError):
+        return None
+    return (float(busy), float(total)) if total else None
+
+
 def _affinity() -> list[int] | None:
     """The CPUs this process may run on, when that is fewer than the machine has; else None."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None
-    total = psutil.cpu_count() or 0
-    return cpus if 0 < len(cpus) < total else None
+    return cpus if 0 < len(cpus) < (os.cpu_count() or 0) else None
 
 
-def machine_meter(root: Path = CGROUP_ROOT) -> Callable[[], tuple[float, float]] | None:
-    """A function giving (busy CPU seconds, available CPU seconds) so far, counted from any fixed origin, for the
-    CPUs this process may use: its cgroup's quota, else its affinity mask, else the machine; None if none can be
-    read."""
+def _psutil_times(cpus: list[int] | None) -> tuple[float, float] | None:
+    """`proc_stat_times` through psutil, where there is no `/proc/stat` (psutil is imported only then)."""
+    import psutil
+
+    try:
+        every = [psutil.cpu_times()] if cpus is None else psutil.cpu_times(percpu=True)
+    except (OSError, psutil.Error, NotImplementedError):
+        return None
+    times = every if cpus is None else [every[cpu] for cpu in cpus if cpu < len(every)]
+    total = sum(one.user + one.system + one.idle + getattr(one, "nice", 0.0) + getattr(one, "iowait", 0.0)
+                + getattr(one, "irq", 0.0) + getattr(one, "softirq", 0.0) + getattr(one, "steal", 0.0)
+                for one in times)
+    idle = sum(one.idle + getattr(one, "iowait", 0.0) for one in times)
+    return (total - idle, total) if total else None
+
+
+def machine_meter(root: Path = CGROUP_ROOT, proc_stat: Path = PROC_STAT) -> Callable[[], tuple[float, float]] | None:
+    """A function giving (busy, available) CPU time so far (in any unit, from any fixed origin: only their changes'
+    ratio counts) for the CPUs this process may use: its cgroup's quota, else its affinity mask, else the machine;
+    None if none can be read."""
     quota = cgroup_quota_cpus(root)
     if quota is not None and cgroup_usage_s(root) is not None:
         def from_cgroup() -> tuple[float, float]:
@@ -91,22 +130,11 @@ def machine_meter(root: Path = CGROUP_ROOT) -> Callable[[], tuple[float, float]]
         return from_cgroup
 
     cpus = _affinity()
-    try:
-        psutil.cpu_times(percpu=cpus is not None)
-    except (OSError, psutil.Error, NotImplementedError):
-        return None
-
-    def from_cpu_times() -> tuple[float, float]:
-        if cpus is None:
-            times = [psutil.cpu_times()]
-        else:
-            every = psutil.cpu_times(percpu=True)
-            times = [every[cpu] for cpu in cpus if cpu < len(every)]
-        total = sum(sum(one) for one in times)
-        idle = sum(one.idle + getattr(one, "iowait", 0.0) for one in times)
-        return total - idle, total
-
-    return from_cpu_times
+    if proc_stat_times(cpus, proc_stat) is not None:
+        return lambda: proc_stat_times(cpus, proc_stat) or (0.0, 0.0)
+    if _psutil_times(cpus) is not None:
+        return lambda: _psutil_times(cpus) or (0.0, 0.0)
+    return None
 
 
 class CpuBusy:
