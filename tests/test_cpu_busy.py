@@ -3,15 +3,20 @@ has (a cgroup v2 quota, an affinity mask, the whole machine) and from this proce
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gymfleet.serving.cpu_busy import (BUSY_AT, CpuBusy, cgroup_quota_cpus, cgroup_usage_s, machine_meter,
-                                       proc_stat_times)
+from gymfleet.serving.cpu_busy import (
+    BUSY_AT,
+    CpuBusy,
+    cgroup_quota_cpus,
+    cgroup_usage_s,
+    machine_meter,
+    proc_stat_times,
+)
 
 
 class Meters:
