@@ -259,6 +259,30 @@ def test_an_endpoint_served_by_the_fleet_itself_is_waited_for_without_alarm():
         watch.stop()
 
 
+@pytest.mark.parametrize("internal", [True, False])
+def test_the_endpoint_probe_shows_the_fleet_token_to_the_fleets_own_servers_only(internal):
+    """A fleet's own scripted policy checks the fleet token like every fleet server: probed without it, it logs a
+    refused request at every start. A policy outside the fleet (vLLM) is never shown the token."""
+    seen: list[str | None] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        seen.append(dict(scope["headers"]).get(b"x-gymfleet-token", b"").decode() or None)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    with serve(app) as url:
+        endpoint = url + "/v1/models"
+        watch = _EndpointWatch({endpoint: ["policy_model"]}, 30, lambda line: None,
+                               frozenset({endpoint}) if internal else frozenset(), token="the-fleet-token")
+        try:
+            wait_until(lambda: watch.pending() == [], "the endpoint answers")
+        finally:
+            watch.stop()
+    assert seen == (["the-fleet-token"] if internal else [None])
+
+
 # ---------------------------------------------------------------------------------------------- vllm_model probe
 
 

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gymfleet.auth import TOKEN_HEADER
 from gymfleet.errors import ConfigError, GymfleetError
 from gymfleet.fleet.config_instances import GlobalConfig, ServerInstance
 from gymfleet.fleet.credential import check_failed, probe_server
@@ -265,10 +266,14 @@ class _EndpointWatch:
     Giving up is the fleet's decision (`Fleet._wait_model_endpoints`); the watch only observes.
     """
 
-    def __init__(self, urls: dict[str, list[str]], timeout_s: float, say: Any, internal: frozenset[str] = frozenset()):
+    def __init__(self, urls: dict[str, list[str]], timeout_s: float, say: Any, internal: frozenset[str] = frozenset(),
+                 token: str | None = None):
         self.urls = urls
         self.internal = internal
         """URLs served by the fleet's own servers (a scripted policy): their start is reported as theirs, not here."""
+        self._token = token
+        """The fleet's token, shown to its own servers' URLs (never to a policy outside it), so that they do not log
+        the probe as a refused request."""
         self.timeout_s = timeout_s
         self._say = say
         self.started = time.monotonic()
@@ -284,15 +289,16 @@ class _EndpointWatch:
             thread.start()
 
     @classmethod
-    def for_config(cls, config: GlobalConfig, say: Any) -> _EndpointWatch | None:
-        """A running watch over `config`'s model endpoints; None when there are none or the check is off."""
+    def for_config(cls, config: GlobalConfig, say: Any, token: str | None = None) -> _EndpointWatch | None:
+        """A running watch over `config`'s model endpoints; None when there are none or the check is off. `token`:
+        the fleet's, for the endpoints its own servers serve."""
         timeout_s = float(config.data.get("model_endpoint_readiness_timeout_seconds", 600))
         urls = _model_endpoint_urls(config)
         own = {(host, instance.port) for instance in config.instances.values()
                for host in (instance.host, *LOCAL_HOSTS)}
         internal = frozenset(url for url in urls if (urllib.parse.urlsplit(url).hostname,
                                                      urllib.parse.urlsplit(url).port) in own)
-        return cls(urls, timeout_s, say, internal) if timeout_s > 0 and urls else None
+        return cls(urls, timeout_s, say, internal, token) if timeout_s > 0 and urls else None
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
@@ -313,7 +319,8 @@ class _EndpointWatch:
 
     def _probe(self, url: str) -> None:
         while not self._stop.is_set():
-            error = _probe_error(url, ENDPOINT_PROBE_TIMEOUT_S)
+            token = self._token if url in self.internal else None
+            error = _probe_error(url, ENDPOINT_PROBE_TIMEOUT_S, {TOKEN_HEADER: token} if token else None)
             with self._lock:
                 if error is None:
                     self._answered[url] = self.elapsed_s()
@@ -363,10 +370,10 @@ class _EndpointWatch:
                               f"({elapsed:.0f} s so far, timeout {self.timeout_s:g} s)")
 
 
-def _probe_error(url: str, timeout_s: float) -> str | None:
+def _probe_error(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> str | None:
     """None when `url` gives any HTTP answer, else why not (`connection refused`, `timed out`, ...)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s):
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s):
             return None
     except urllib.error.HTTPError:
         return None

@@ -157,7 +157,7 @@ class Fleet(ServerStart, Readiness, Watched):
         """
         if not self.config.instances:
             raise ConfigError("no server instances in the config: pass +config_paths=[...] with at least one server")
-        self._endpoints = _EndpointWatch.for_config(self.config, self._say)
+        self._endpoints = _EndpointWatch.for_config(self.config, self._say, self.token)
         try:
             self._write_workdir()
             if self.server_start == "zygote":
