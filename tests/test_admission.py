@@ -226,20 +226,27 @@ def test_a_waiter_that_gives_up_holds_nothing():
     asyncio.run(scenario())
 
 
+async def _entering(admission: Admission, count: int) -> tuple[list[int], list[asyncio.Task]]:
+    """`count` callers entering `admission` in order, each noting its index once in; returns the indices in so far
+    (the list goes on filling) and the callers' tasks, once the first ones had their turn."""
+    entered: list[int] = []
+
+    async def one(index):
+        assert await admission.enter()
+        entered.append(index)
+
+    tasks = [asyncio.create_task(one(index)) for index in range(count)]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    return entered, tasks
+
+
 def test_after_idling_the_bound_ramps_up_in_arrival_order():
     now = [0.0]
 
     async def scenario():
         admission = Admission(64, ramp_s=1.0, ramp_from=4, clock=lambda: now[0])
-        entered: list[int] = []
-
-        async def one(index):
-            assert await admission.enter()
-            entered.append(index)
-
-        tasks = [asyncio.create_task(one(index)) for index in range(100)]
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        entered, tasks = await _entering(admission, 100)
         assert entered == [0, 1, 2, 3] and admission.waiting == 96
         now[0] = 0.5  # halfway: 4 + (64 - 4) / 2 = 34
         admission.leave()
@@ -288,15 +295,7 @@ def test_while_the_cpu_is_saturated_the_ramp_holds_and_goes_on_once_there_is_roo
     async def scenario():
         # ramp_s 2: asked every 1/8 s; each 1/8 s with room raises the bound by (68 - 4) / 16 = 4
         admission = Admission(68, ramp_s=2.0, ramp_from=4, clock=lambda: now[0], saturated=saturated, hold_from=4)
-        entered: list[int] = []
-
-        async def one(index):
-            assert await admission.enter()
-            entered.append(index)
-
-        tasks = [asyncio.create_task(one(index)) for index in range(200)]
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        entered, tasks = await _entering(admission, 200)
         assert entered == [0, 1, 2, 3] and admission.level() == 4
         for step in range(1, 11):  # over a second saturated: one out, one in, the bound stays at 4
             now[0] = step / 8
