@@ -7,7 +7,7 @@ standing in for vLLM, each its own process. This process is the trainer's Gym ac
 Every rollout is two model calls and one tool call, so one rollout is 10 HTTP requests inside the fleet.
 
     python bench/nemo_rl_rollouts.py [--rollouts 4096] [--generations 16] [--max-concurrent-rollouts 0,256]
-                                     [--baseline DIR] [--repeat K]
+                                     [--baseline DIR] [--repeat K] [--model-delay-s S]
 
 `--max-concurrent-rollouts` takes one or more agent bounds (`gymfleet.serving.agent`; 0 = unbounded, NeMo-Gym's way;
 `default` = the agent's own default); each gets its own fresh fleet, one after the other, and one row of the
@@ -19,6 +19,9 @@ fleet's processes (sum over every child, sampled every 0.2 s) and of this client
 what the agent's `/metrics` says (`gymfleet_rollouts_admission_limit`), so a bound that did not reach the agent
 shows. A second table gives the share of all results that came in each tenth of the wall time: even shares give
 p50 / wall about 0.5, fewer early ones (the first seconds slowed by sending the whole step) push it up.
+
+`--model-delay-s S` makes the scripted policy answer each of its calls S seconds late: rollouts that wait on a
+policy's latency as well as on the fleet's CPU (what the agent's admission ramp must not hold back).
 
 `--repeat K` runs every setting K times, in rounds, and adds a table of each setting's mean and range: p50 / wall
 moves by several hundredths from run to run on a shared 2-core machine (0.47-0.57 over six runs of one tree), more
@@ -66,12 +69,14 @@ AGENT = "example_weather_simple_agent"
 SCRIPTED = "scripted_llm.responses_api_models.scripted_model"
 
 
-def fleet_config(head_port: int, max_concurrent_rollouts: int | None = None) -> dict:
+def fleet_config(head_port: int, max_concurrent_rollouts: int | None = None, model_delay_s: float = 0.0) -> dict:
     conditions = sorted({condition for condition, _ in FORECASTS.values()})
     rules = [{"match": rf'"condition":\s*"{c}"', "match_in": "last_message", "text": f"The forecast says {c}."}
              for c in conditions]
     rules += [{"match": rf"(?i)\b{city}\b", "match_in": "transcript", "text": "Let me look that up.",
                "tool_calls": [{"name": "get_weather", "arguments": {"city": city.title()}}]} for city in FORECASTS]
+    if model_delay_s:
+        rules = [{**rule, "delay_s": model_delay_s} for rule in rules]
     return {
         "config_paths": ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",
                          "resources_servers/example_weather/configs/example_weather.yaml"],
@@ -197,7 +202,7 @@ def admission_limit(rh: RunHelper) -> str:
 def one_setting(args: argparse.Namespace, bound: int | None) -> dict:
     """A fresh fleet with the agent bounded at `bound` (None: its default), one batch of rollouts, its numbers (plain
     data: a `--baseline` run sends them back as JSON)."""
-    with started_fleet(fleet_config(free_port(), bound)) as (rh, spin_up_s):
+    with started_fleet(fleet_config(free_port(), bound, args.model_delay_s)) as (rh, spin_up_s):
         limit = admission_limit(rh)
         rows = nemo_rl_rows(args.rollouts, args.generations)
         with PeakRSS(instance_pids(rh.head_server_config)) as rss:
@@ -217,7 +222,7 @@ def measured(args: argparse.Namespace, bound: int | None, checkout: Path | None)
         env[CHECKOUT_ENV] = str(checkout)
     command = [sys.executable, str(Path(__file__).resolve()), "--rollouts", str(args.rollouts),
                "--generations", str(args.generations), "--max-concurrent-rollouts",
-               "default" if bound is None else str(bound)]
+               "default" if bound is None else str(bound), "--model-delay-s", str(args.model_delay_s)]
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "numbers.json"
         subprocess.run([*command, "--json", str(out)], env=env, cwd=checkout or ROOT, check=True)
@@ -309,6 +314,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=4096)
     parser.add_argument("--generations", type=int, default=16, help="rows per prompt group")
+    parser.add_argument("--model-delay-s", type=float, default=0.0,
+                        help="the scripted policy answers each call this much later (a policy's latency; 0: at once)")
     parser.add_argument("--max-concurrent-rollouts", default="0,default",
                         help="comma-separated agent bounds to compare, one fleet each (0: unbounded; 'default')")
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. of main), measured beside this one")
@@ -333,8 +340,9 @@ def main() -> None:
         else:
             runs += [{**one_setting(args, bound), "tree": "this"} for bound in bounds]
     mib = 1024 * 1024
-    print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}; one fresh fleet per bound"
-          + (f"; baseline: {args.baseline}" if args.baseline else ""))
+    delay = f"; the policy answers each call {args.model_delay_s:g} s late" if args.model_delay_s else ""
+    print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}{delay}; one fresh fleet per "
+          "bound" + (f"; baseline: {args.baseline}" if args.baseline else ""))
     print(f"load average (1, 5, 15 min) on {os.cpu_count()} cores: before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           "after {:.2f} {:.2f} {:.2f}\n".format(*os.getloadavg()))
     print("| tree | max_concurrent_rollouts | rollouts/s | wall | p50 | p99 | p50 / wall | first result | first group "

@@ -4,8 +4,8 @@ Where the fleet's own CPU is the bottleneck (a scripted or CPU-served policy, en
 cores), more rollouts in progress add no throughput: they only queue, and every result comes later (a step's median
 lands at about 0.5 + in progress / (2 x rollouts) of its wall time, `docs/scaling-out.md`). Where a GPU server is the
 bottleneck, the CPUs idle and the policy wants every rollout it can batch. So the agent's ramp
-(`gymfleet.serving.admission.Admission`) rises only while the CPUs have room (or while rollouts take a second or
-more: those wait on a policy), and `CpuBusy.saturated()` says when they have none, over the last half second:
+(`gymfleet.serving.admission.Admission`) rises only while the CPUs have room (or while rollouts wait on a policy's
+latency besides the CPU), and `CpuBusy.saturated()` says when they have none, over the last half second:
 
 - the CPUs this process may run on were busy at least `busy_at` (0.85) of the time: a cgroup v2 CPU quota (`cpu.max`, a
   container's `--cpus`) when one is set, else the CPUs of its affinity mask (`taskset`, a container's cpuset), else
