@@ -32,12 +32,13 @@ SLOW_ROLLOUT_S = 1.0
 busy CPU does not hold the ramp (`Admission`). Where the fleet's CPU is the bottleneck, the held bound keeps them
 short: 0.3-0.6 s for the weather rollouts of `bench/nemo_rl_rollouts.py` on 2 cores."""
 
-WAITING_ROLLOUT_S = 0.2
+WAITING_ROLLOUT_S = 0.3
 """When even the quickest rollout of a step takes this long, rollouts wait on something besides this machine's CPU
-(a policy's latency), and more of them in progress hide more of that wait: a busy CPU does not hold the ramp. Measured
-on 2 cores (`bench/nemo_rl_rollouts.py`'s fleet with a policy answering each call after 0.2 s): held at 110 with the
-CPU 85-90% busy, 127 rollouts/s; at 256, 151. Rollouts that wait on the CPU alone take 0.05-0.15 s at 16 in
-progress."""
+(a policy's latency), and more of them in progress hide more of that wait: a busy CPU does not hold the ramp.
+Measured on 2 cores with `bench/nemo_rl_rollouts.py --model-delay-s 0.2` (every rollout waits 0.4 s on the policy):
+held at 110 with the CPU 85-90% busy, 127 rollouts/s, against 151 at 256 (single runs). Rollouts that wait on the
+CPU alone take about 0.1 s at 16 in progress, up to 0.3 s in a step's first moments, while the agent takes in the
+first requests."""
 
 
 def agent_capacity(fields: dict[str, Any]) -> int | None:

@@ -29,7 +29,7 @@ the same throughput (`bench/nemo_rl_rollouts.py --max-concurrent-rollouts 0,256`
   The ramp counts only time the CPU has room (`admission_hold_on_busy_cpu`, `gymfleet.serving.cpu_busy`): where the
   fleet's own CPU is the bottleneck the bound stays where it saturated the CPU (64-100 rollouts on 2 cores),
   since more in progress would only queue and make every result later; a policy on a GPU elsewhere leaves the CPUs
-  idle, or makes rollouts wait (a second or more each, or 0.2 s even the quickest), and gets
+  idle, or makes rollouts wait (a second or more each, or 0.3 s even the quickest), and gets
   `max_concurrent_rollouts` within the 2 s.
 - A waiting body is read and parsed as JSON (a malformed one is answered 422 at once) but validated against its
   schema only when its turn comes (a schema error is then a 422 too): validating thousands of waiting bodies up
@@ -104,7 +104,7 @@ class AgentServerConfig(ServerConfig):
     bottleneck (a scripted or CPU-served policy, environments grading on the same cores), more rollouts in progress
     add no throughput and make every result later; where the policy is a GPU server elsewhere, the CPUs idle and
     the bound reaches `max_concurrent_rollouts` within `admission_ramp_s`, as before. Rollouts that take a second or
-    more on average, or 0.2 s even at their quickest (`gymfleet.serving.admission.SLOW_ROLLOUT_S`,
+    more on average, or 0.3 s even at their quickest (`gymfleet.serving.admission.SLOW_ROLLOUT_S`,
     `WAITING_ROLLOUT_S`), wait on their policy, not on this CPU alone: they ramp up however busy it is. Turn it off
     when something else keeps this machine's CPUs busy while a fast policy still has room (the agent logs once per
     step when it holds)."""
