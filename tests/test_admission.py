@@ -387,27 +387,28 @@ def test_the_bound_rises_to_the_hold_mark_however_busy_the_cpu():
 
 
 @pytest.mark.parametrize(("ending", "learnt"), [
-    ("slowly", 7),  # the first rollout to end (at 1 s) took 3 s: a slow policy
-    ("never", 7),  # none has ended within SLOW_ROLLOUT_S (1 s)
+    ("slowly", 0),  # the first rollout to end took 3 s: a slow policy
+    ("never", 8),  # one quick rollout ended (at 1/8 s), then none within SLOW_ROLLOUT_S (1 s)
     ("waiting", 0),  # every rollout takes 0.4 s, even the quickest: they wait on a policy's latency
+    ("unknown", 0),  # none has ended yet: nothing says the CPU is what they wait on
 ])
 def test_rollouts_that_wait_on_a_policy_ramp_up_on_a_busy_cpu_all_the_same(ending, learnt):
     """A policy that takes seconds per rollout, or a good part of one, is what its rollouts wait on, however busy
     this machine's CPU is (something else keeps it busy, or more in progress would hide more of the wait): the ramp
-    goes on, and the bound reaches its limit within `ramp_s`."""
+    goes on, and the bound reaches its limit within `ramp_s`. Until a rollout ends, nothing says otherwise."""
     assert (SLOW_ROLLOUT_S, WAITING_ROLLOUT_S) == (1.0, 0.3)  # the timings below
     now = [0.0]
     admission = Admission(68, ramp_s=2.0, ramp_from=4, clock=lambda: now[0], saturated=lambda: True, hold_from=4)
     assert all(admission.try_enter() for _ in range(4)) and not admission.try_enter()
+    held = {"slowly": {1: 3.0}, "never": {1: 0.05}, "waiting": {step: 0.4 for step in range(1, 60)}}.get(ending, {})
     levels = []
     for step in range(1, 60):
         now[0] = step / 8
-        if ending == "slowly" and step % 8 == 0:
-            admission.leave(3.0)
-            assert admission.try_enter()
-        if ending == "waiting":
-            admission.leave(0.4)
+        if step in held:
+            admission.leave(held[step])
             assert admission.try_enter()
         levels.append(admission.current_limit())
     # `learnt`: the index of the first level after the agent can tell
+    assert levels[:learnt] == [4] * learnt, "held while the CPU is busy and a rollout ended quickly"
+    assert levels == sorted(levels) and levels[learnt] > 4
     assert levels.index(68) == learnt + 15, "then the whole ramp within ramp_s (16 steps of an eighth of a second)"

@@ -68,7 +68,7 @@ class Admission:
     bottleneck keeps no more in progress than it can run (see `AgentServerConfig.admission_hold_on_busy_cpu`).
     Unless the rollouts wait on something else: when callers hold their slots `SLOW_ROLLOUT_S` or longer on average
     (`leave(held_s)`), or none has left for that long, or even the quickest took `WAITING_ROLLOUT_S`, a policy is
-    what they wait on, not this CPU, and the ramp goes on as if the CPU had room.
+    what they wait on, not this CPU, and the ramp goes on as if the CPU had room; so it does until one has left.
     """
 
     def __init__(self, limit: int | None, *, ramp_s: float = 0.0, ramp_from: int = 16,
@@ -118,11 +118,13 @@ class Admission:
 
     def _slow(self, now: float) -> bool:
         """Do rollouts take `SLOW_ROLLOUT_S` or longer (on average, or none has ended for that long), or did even the
-        quickest of this busy period take `WAITING_ROLLOUT_S`? Then they wait on a policy, and a busy CPU is not what
-        holds them back: the ramp goes on regardless."""
+        quickest of this busy period take `WAITING_ROLLOUT_S`, or has none ended yet? Then they may wait on a policy,
+        and a busy CPU is not known to be what holds them back: the ramp goes on regardless."""
+        if self._quickest_s is None:  # none has ended yet: nothing says the CPU is what they wait on
+            return True
         if self._held_s is not None and self._held_s >= SLOW_ROLLOUT_S:
             return True
-        if self._quickest_s is not None and self._quickest_s >= WAITING_ROLLOUT_S:
+        if self._quickest_s >= WAITING_ROLLOUT_S:
             return True
         since = max(self._last_leave, self._busy_since or 0.0)
         return self.in_progress > 0 and now - since >= SLOW_ROLLOUT_S
