@@ -120,11 +120,9 @@ class Admission:
         """Do rollouts take `SLOW_ROLLOUT_S` or longer (on average, or none has ended for that long), or did even the
         quickest of this busy period take `WAITING_ROLLOUT_S`, or has none ended yet? Then they may wait on a policy,
         and a busy CPU is not known to be what holds them back: the ramp goes on regardless."""
-        if self._quickest_s is None:  # none has ended yet: nothing says the CPU is what they wait on
+        if self._quickest_s is None or self._held_s is None:  # none has ended yet: nothing says it is the CPU
             return True
-        if self._held_s is not None and self._held_s >= SLOW_ROLLOUT_S:
-            return True
-        if self._quickest_s >= WAITING_ROLLOUT_S:
+        if self._held_s >= SLOW_ROLLOUT_S or self._quickest_s >= WAITING_ROLLOUT_S:
             return True
         since = max(self._last_leave, self._busy_since or 0.0)
         return self.in_progress > 0 and now - since >= SLOW_ROLLOUT_S
