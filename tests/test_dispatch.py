@@ -178,3 +178,127 @@ def test_an_agent_served_from_a_nemo_gym_folder_is_sent_everything_at_once(field
     lines = AgentLines(config)
     assert lines.ahead("agent") is None
     assert lines.in_flight(["agent"] * 1000) == 1000
+
+
+# ------------------------------------------------- AgentLines.start: a row waiting in the client is not a task yet
+
+
+def _lines(bound: int | None) -> AgentLines:
+    return AgentLines({"agent": {"responses_api_agents": {"simple_agent": {
+        "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": bound}}}})
+
+
+class _Runs:
+    """`run(row)` for `AgentLines.start`: records starts, the most running at once and the most tasks alive, and
+    ends a row only when the test releases it (or with the error the row asks for)."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.running = self.peak = self.peak_tasks = 0
+        self.released: dict[int, asyncio.Event] = {}
+
+    def release(self, idx: int) -> None:
+        self.released.setdefault(idx, asyncio.Event()).set()
+
+    async def __call__(self, row: dict) -> int:
+        self.started.append(row["idx"])
+        self.running += 1
+        self.peak, self.peak_tasks = max(self.peak, self.running), max(self.peak_tasks, len(asyncio.all_tasks()))
+        try:
+            await self.released.setdefault(row["idx"], asyncio.Event()).wait()
+            if row.get("fail"):
+                raise ValueError(f"row {row['idx']} failed")
+            return row["idx"] * 10
+        finally:
+            self.running -= 1
+
+
+async def _settled(futures, runs: _Runs, order) -> list:
+    for idx in order:
+        runs.release(idx)
+        await asyncio.sleep(0)
+    return await asyncio.gather(*futures, return_exceptions=True)
+
+
+@pytest.mark.parametrize("bound", [1, 5, 40])
+def test_start_runs_rows_in_order_never_more_than_the_line_and_rows_waiting_are_not_tasks(bound):
+    ahead = bound + SEND_WINDOW
+    count = 3 * ahead + 7
+
+    async def main():
+        lines, runs = _lines(bound), _Runs()
+        rows = [{"idx": idx, "agent_ref": {"name": "agent"}, "fail": idx % 7 == 3} for idx in range(count)]
+        futures = lines.start(rows, runs, lambda row: row["agent_ref"]["name"])
+        assert len(futures) == count
+        await asyncio.sleep(0.01)
+        assert runs.started == list(range(ahead)), "the first rows start at once, up to the line"
+        # answered out of order within what is running: each answer lets exactly the next row in line start
+        outcomes = await _settled(futures, runs, [*reversed(range(count))] + list(range(count)))
+        return runs, outcomes
+
+    runs, outcomes = asyncio.run(main())
+    assert runs.started == list(range(count)), "rows start in the order they were passed"
+    assert runs.peak == ahead
+    assert runs.peak_tasks == ahead + 1, "a row waiting its turn costs no task (only the rows running, and main)"
+    for idx, outcome in enumerate(outcomes):
+        if idx % 7 == 3:
+            assert isinstance(outcome, ValueError) and str(outcome) == f"row {idx} failed"
+        else:
+            assert outcome == idx * 10
+
+
+def test_start_shares_the_line_a_later_call_queues_behind_an_earlier_one_and_an_unbound_agent_gets_all_at_once():
+    async def main():
+        lines, runs = _lines(3), _Runs()
+        ahead = lines.ahead("agent")
+        first = lines.start([{"idx": idx} for idx in range(ahead + 2)], runs, lambda row: "agent")
+        later = lines.start([{"idx": 100 + idx} for idx in range(3)], runs, lambda row: "agent")
+        free = lines.start([{"idx": 200 + idx} for idx in range(150)], runs, lambda row: "elsewhere")
+        await asyncio.sleep(0.01)
+        assert runs.started == list(range(ahead)) + [200 + idx for idx in range(150)]
+        await _settled(first + later + free, runs, [*range(ahead + 2), 100, 101, 102, *range(200, 350)])
+        return runs, ahead
+
+    runs, ahead = asyncio.run(main())
+    assert runs.started[ahead + 150:] == [ahead, ahead + 1, 100, 101, 102]
+
+
+def test_cancelling_a_row_skips_it_before_its_turn_and_stops_it_once_running():
+    async def main():
+        lines, runs = _lines(1), _Runs()
+        ahead = lines.ahead("agent")
+        rows = [{"idx": idx} for idx in range(ahead + 4)]
+        futures = lines.start(rows, runs, lambda row: "agent")
+        await asyncio.sleep(0.01)
+        futures[0].cancel()  # running: its run is cancelled, its place goes to the next row in line
+        futures[ahead + 1].cancel()  # still waiting in the client: never started
+        await asyncio.sleep(0.01)
+        assert runs.running == ahead
+        outcomes = await _settled(futures, runs, range(ahead + 4))
+        return runs, outcomes, ahead
+
+    runs, outcomes, ahead = asyncio.run(main())
+    assert ahead + 1 not in runs.started and runs.started == [idx for idx in range(ahead + 4) if idx != ahead + 1]
+    assert isinstance(outcomes[0], asyncio.CancelledError) and isinstance(outcomes[ahead + 1], asyncio.CancelledError)
+    assert [outcome for idx, outcome in enumerate(outcomes) if idx not in (0, ahead + 1)] == [
+        idx * 10 for idx in range(1, ahead + 4) if idx != ahead + 1]
+
+
+def test_run_examples_with_no_fleet_at_the_head_address_fails_every_row_loudly():
+    """No head server there: every row's awaitable raises the same clear error, none hangs."""
+    rows = [{"idx": idx, "agent_ref": {"type": "responses_api_agents", "name": "agent"}} for idx in range(50)]
+
+    async def main():
+        outcomes = []
+        for future in RolloutCollectionHelper().run_examples(rows, BaseServerConfig(host="127.0.0.1",
+                                                                                  port=free_port())):
+            try:
+                outcomes.append(await asyncio.wait_for(future, timeout=60))
+            except Exception as exc:  # noqa: BLE001 - the test looks at what each row raised
+                outcomes.append(exc)
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert len(outcomes) == 50
+    assert all("cannot reach the head server" in str(exc) and "is the fleet running?" in str(exc)
+               for exc in outcomes), outcomes[:2]

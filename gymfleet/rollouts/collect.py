@@ -68,7 +68,7 @@ from gymfleet.http import HttpResponse, RetryPolicy, ServerClient
 from gymfleet.progress import Progress
 from gymfleet.rollouts.collect_inputs import RolloutCollectionConfig, check_outputs, check_task_fields, load_rows
 from gymfleet.rollouts.collect_outputs import JsonlFile, read_results, replace_file, rollout_key, supersede_failures
-from gymfleet.rollouts.dispatch import AgentLines, SendWindow
+from gymfleet.rollouts.dispatch import AgentLines, SendWindow, agent_name
 from gymfleet.rollouts.fleet_watch import FleetWatch, head_address, summarized_warnings
 
 log = logging.getLogger(__name__)
@@ -127,16 +127,14 @@ async def run_rollout(
     stop: asyncio.Event | None = None,
     retry: RetryPolicy = RUN_RETRY,
     window: SendWindow | None = None,
-    lines: AgentLines | None = None,
 ) -> dict[str, Any] | None:
     """POST one row to its agent; return the result or a failure row (never raises for HTTP/transport failures).
 
-    Returns None, having sent nothing, when `stop` is set by the time its agent's line (`lines`), the semaphore and
-    `window`, which pace the sending (`gymfleet.rollouts.dispatch`), let the row go.
+    Returns None, having sent nothing, when `stop` is set by the time the semaphore and `window`, which pace the
+    sending (`gymfleet.rollouts.dispatch`), let the row go.
     """
     try:
-        async with lines.turn(row["agent_ref"]["name"]) if lines else contextlib.nullcontext(), \
-                semaphore or contextlib.nullcontext(), window.sending() if window else contextlib.nullcontext():
+        async with semaphore or contextlib.nullcontext(), window.sending() if window else contextlib.nullcontext():
             if stop is not None and stop.is_set():
                 return None
             response = await client.post(row["agent_ref"]["name"], "/run", json=row, timeout_s=timeout_s,
@@ -315,8 +313,8 @@ async def _dispatch(
             Progress(len(todo), "Rollouts", unit="rollout", file=sys.stderr, enabled=progress,
                      every_s=PROGRESS_EVERY_S) as bar:
         window = SendWindow()  # the rows go out in order, a window at a time, so the first ones are answered first
-        pending = [asyncio.ensure_future(run_rollout(client, row, config.request_timeout_s, semaphore, stop, retry,
-                                                     window, lines)) for row in todo]
+        pending = lines.start(todo, lambda row: run_rollout(client, row, config.request_timeout_s, semaphore, stop,
+                                                              retry, window), agent_name)
         ticker = asyncio.ensure_future(_tick(bar))  # plain lines keep coming while no rollout finishes
         try:
             for next_done in asyncio.as_completed(pending):

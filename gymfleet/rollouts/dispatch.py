@@ -20,15 +20,21 @@ at once; the rest wait in the client, in the order they were started, and go out
 freed, as earlier ones are answered. The agent runs the same rollouts in the same order at the same concurrency
 (it never runs out of waiting ones), and every rollout is still in flight for the caller from the start. An agent
 whose bound is 0 or null (NeMo-Gym's way: everything at once) gets everything at once.
+
+`AgentLines.start` is how a whole step enters the lines: it returns a future per row at once, and starts a row's
+coroutine only when its agent's line lets the row go. A row waiting in the client is a future, not a task: 4,096
+tasks started together each run a first step, then wake again when their turn comes, 0.1-0.2 s of the client's CPU
+in a step's first moments, before its first request goes out (a step's first `POST /run` left `run_examples` 0.19 s
+after the call, 0.03 s now).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from gymfleet import connections
 from gymfleet.errors import ServerRefError
@@ -36,7 +42,10 @@ from gymfleet.fleet.folders import SERVER_FOLDERS_KEY
 from gymfleet.replicas import instance_fields
 from gymfleet.serving.admission import agent_capacity
 
-__all__ = ["SEND_WINDOW", "AgentLines", "SendWindow"]
+__all__ = ["SEND_WINDOW", "AgentLines", "SendWindow", "agent_name"]
+
+T = TypeVar("T")
+Runner = Callable[[dict[str, Any]], Awaitable[Any]]
 
 SEND_WINDOW = 64
 """Requests connecting or being written at once."""
@@ -67,6 +76,17 @@ class SendWindow:
             release()
 
 
+class _Line:
+    """One agent's line: at most `limit` rows running, the others waiting in the order they were started."""
+
+    __slots__ = ("limit", "running", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self.waiting: deque[tuple[dict[str, Any], asyncio.Future, Runner]] = deque()
+
+
 class AgentLines:
     """Per agent of the fleet `config` (the global config dict), at most `ahead(agent)` requests sent and not yet
     answered; the others wait here, first in, first out (see the module docstring). One per fleet and event loop,
@@ -74,7 +94,7 @@ class AgentLines:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config
-        self._lines: dict[str, asyncio.Semaphore | None] = {}
+        self._lines: dict[str, _Line | None] = {}
 
     def ahead(self, agent: str) -> int | None:
         """Most requests kept sent to `agent` at once: what it admits at once, and half as much again (a send window
@@ -94,17 +114,66 @@ class AgentLines:
         return sum(count if (limit := self.ahead(agent)) is None else min(count, limit)
                    for agent, count in Counter(agents).items())
 
-    @contextlib.asynccontextmanager
-    async def turn(self, agent: str) -> AsyncIterator[None]:
-        """Wait for `agent`'s line to let one more request go (in the order callers asked) and hold the place for
-        the block. asyncio's `Semaphore` hands a freed place to its oldest waiter (Python 3.11+), so none overtakes.
+    def start(self, rows: Sequence[dict[str, Any]], run: Callable[[dict[str, Any]], Awaitable[T]],
+              agent_of: Callable[[dict[str, Any]], str],
+              futures: Sequence[asyncio.Future[T]] | None = None) -> Sequence[asyncio.Future[T]]:
+        """One future per row (`futures`, or new ones), in row order, resolving to what `run(row)` returns (or raises).
+
+        `run(row)` is called once the line of the row's agent (`agent_of(row)`) lets one more go: in row order per
+        agent, behind every row earlier calls queued, holding its place until it ends. Cancelling a future cancels its
+        row, or drops it from the line unstarted. Must be called with the event loop running.
         """
+        if futures is None:
+            loop = asyncio.get_running_loop()
+            futures = [loop.create_future() for _ in rows]
+        touched: dict[int, _Line] = {}
+        for row, future in zip(rows, futures, strict=True):
+            line = self._line(agent_of(row))
+            if line is None:
+                self._run(None, row, future, run)
+            else:
+                line.waiting.append((row, future, run))
+                touched[id(line)] = line
+        for line in touched.values():
+            self._next(line)
+        return futures
+
+    def _line(self, agent: str) -> _Line | None:
         if agent not in self._lines:
             limit = self.ahead(agent)
-            self._lines[agent] = None if limit is None else asyncio.Semaphore(limit)
-        line = self._lines[agent]
-        if line is None:
-            yield
+            self._lines[agent] = None if limit is None else _Line(limit)
+        return self._lines[agent]
+
+    def _next(self, line: _Line) -> None:
+        """Start waiting rows while the line has room (a row cancelled while it waited is dropped)."""
+        while line.running < line.limit and line.waiting:
+            row, future, run = line.waiting.popleft()
+            if not future.done():
+                line.running += 1
+                self._run(line, row, future, run)
+
+    def _run(self, line: _Line | None, row: dict[str, Any], future: asyncio.Future[T],
+             run: Callable[[dict[str, Any]], Awaitable[T]]) -> None:
+        task = asyncio.ensure_future(run(row))
+        future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
+        task.add_done_callback(lambda ended: self._ended(line, future, ended))
+
+    def _ended(self, line: _Line | None, future: asyncio.Future[T], ended: asyncio.Future[T]) -> None:
+        """Pass a row's outcome to its future, and its place in the line to the next row."""
+        if line is not None:
+            line.running -= 1
+            self._next(line)
+        if future.done():
             return
-        async with line:
-            yield
+        if ended.cancelled():
+            future.cancel()
+        elif (exc := ended.exception()) is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(ended.result())
+
+
+def agent_name(row: dict[str, Any]) -> str:
+    """The agent a row goes to, as far as it says (a row without one fails on its own when its request is built)."""
+    agent_ref = row.get("agent_ref") if isinstance(row, dict) else None
+    return str(agent_ref.get("name") if isinstance(agent_ref, dict) else None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import urllib.error
 import urllib.request
 import weakref
@@ -26,7 +27,7 @@ from gymfleet.errors import TransportError
 from gymfleet.fleet.config import client_limits
 from gymfleet.http import ServerClient
 from gymfleet.rollouts.collect import RUN_RETRY
-from gymfleet.rollouts.dispatch import AgentLines, SendWindow
+from gymfleet.rollouts.dispatch import AgentLines, SendWindow, agent_name
 from gymfleet.rollouts.fleet_watch import head_address
 
 
@@ -67,16 +68,31 @@ class RolloutCollectionHelper:
             return iter([])
         client_task = self._client(head_address(head_server_config))
         window = SendWindow()
-        ready = asyncio.ensure_future(_planned(client_task, None if semaphore is not None else examples))
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future] = [loop.create_future() for _ in examples]
 
-        async def one(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-            client, lines = await asyncio.shield(ready)
-            async with lines.turn(row["agent_ref"]["name"]), semaphore or contextlib.nullcontext(), window.sending():
+        async def one(client: ServerClient, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+            async with semaphore or contextlib.nullcontext(), window.sending():
                 response = await client.post(row["agent_ref"]["name"], "/run", json=row,
                                              timeout_s=self.request_timeout_s, retry=RUN_RETRY)
             return row, response.raise_for_status().json()
 
-        return asyncio.as_completed([asyncio.ensure_future(one(row)) for row in examples])
+        async def start() -> None:
+            try:
+                client, lines = await _planned(client_task, None if semaphore is not None else examples)
+                lines.start(examples, functools.partial(one, client), agent_name, futures)
+            except Exception as exc:  # the fleet's config could not be had: every row's awaitable raises it
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(exc)
+
+        starting = asyncio.ensure_future(start())
+        _starting.add(starting)  # the loop keeps only a weak reference to a task
+        starting.add_done_callback(_starting.discard)
+        return asyncio.as_completed(futures)
+
+
+_starting: set[asyncio.Task] = set()
 
 
 async def _planned(client_task: asyncio.Future[tuple[ServerClient, AgentLines]],
@@ -86,9 +102,7 @@ async def _planned(client_task: asyncio.Future[tuple[ServerClient, AgentLines]],
     wait for a connection)."""
     client, lines = await asyncio.shield(client_task)
     if rows:
-        agents = (row.get("agent_ref", {}).get("name") if isinstance(row.get("agent_ref"), dict) else None
-                  for row in rows)
-        http.plan_in_flight(lines.in_flight(str(agent) for agent in agents), "rollouts (POST /run)")
+        http.plan_in_flight(lines.in_flight(agent_name(row) for row in rows), "rollouts (POST /run)")
     return client, lines
 
 
