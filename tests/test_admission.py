@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.simple_agent.app import SimpleAgent
-from gymfleet.serving.admission import HOLD_FROM, SLOW_ROLLOUT_S, WAITING_ROLLOUT_S, Admission
+from gymfleet.serving.admission import ADMISSION_LEVEL_HEADER, HOLD_FROM, SLOW_ROLLOUT_S, WAITING_ROLLOUT_S, Admission
 from gymfleet.testing import wait_until
 from gymfleet.testing.fleets import ReleasedVerifies, agent_fleet
 from responses_api_models.scripted_model.app import ScriptedModel
@@ -94,6 +94,7 @@ def test_at_most_the_bound_run_and_the_rest_start_in_arrival_order():
         results = [future.result() for future in futures]
         assert [r.status_code for r in results] == [200] * 6
         assert [r.json()["idx"] for r in results] == list(range(6)) and all(r.json()["reward"] == 1.0 for r in results)
+        assert {r.headers[ADMISSION_LEVEL_HEADER] for r in results} == {"2"}, "each answer says what the agent admits"
         assert env.peak == 2
         wait_until(lambda: _queued(url) == (0, 0), "the queue drains")
         assert _metrics(url)["gymfleet_rollout_wait_seconds_count"] == 6
@@ -141,7 +142,9 @@ def test_unbounded_admits_everything_at_once():
         assert _queued(url) == (5, 0)
         assert _metrics(url)["gymfleet_rollouts_admission_limit"] == 0
         env.release(*range(5))
-        assert [future.result().status_code for future in futures] == [200] * 5
+        results = [future.result() for future in futures]
+        assert [r.status_code for r in results] == [200] * 5
+        assert not any(ADMISSION_LEVEL_HEADER in r.headers for r in results), "no bound, nothing to say"
         assert env.peak == 5
 
 

@@ -25,8 +25,8 @@ from agents.simple_agent.app import SimpleAgent
 from gymfleet import http
 from gymfleet.fleet.config import GlobalConfig
 from gymfleet.fleet.head import create_head_app
-from gymfleet.rollouts.dispatch import SEND_WINDOW, AgentLines, SendWindow
-from gymfleet.serving.admission import DEFAULT_MAX_CONCURRENT_ROLLOUTS
+from gymfleet.rollouts.dispatch import MIN_WAITING, SEND_WINDOW, AgentLines, SendWindow
+from gymfleet.serving.admission import ADMISSION_LEVEL_HEADER, DEFAULT_MAX_CONCURRENT_ROLLOUTS
 from gymfleet.testing import free_port, serve
 from gymfleet.testing import wait_until as _wait_until
 from gymfleet.testing.fleets import ReleasedVerifies, agent_fleet, server_block
@@ -97,8 +97,8 @@ def test_a_failed_call_frees_its_slot():
 
 
 BOUND = 2
-AHEAD = BOUND + SEND_WINDOW
-"""What `AgentLines` keeps sent to an agent admitting BOUND at once: BOUND and a send window waiting there."""
+AHEAD = BOUND + MIN_WAITING
+"""What `AgentLines` keeps sent to an agent admitting BOUND at once: BOUND and `MIN_WAITING` waiting there."""
 ROWS = AHEAD + 6
 
 
@@ -111,7 +111,7 @@ def _received(agent_url: str) -> int:
     return int(values["gymfleet_rollout_wait_seconds_count"] + values["gymfleet_rollouts_waiting"])
 
 
-def test_run_examples_sends_an_agent_its_bound_and_a_window_the_rest_in_order_as_earlier_ones_are_answered():
+def test_run_examples_sends_an_agent_its_bound_and_a_margin_the_rest_in_order_as_earlier_ones_are_answered():
     env = ReleasedVerifies({"name": "gated", "domain": "other"})
     model = ScriptedModel({"name": "llm", "default": {"text": "an answer"}})
     with agent_fleet(SimpleAgent, env, model, env_name="gated", max_concurrent_rollouts=BOUND) as agent_url:
@@ -183,9 +183,9 @@ def test_an_agent_served_from_a_nemo_gym_folder_is_sent_everything_at_once(field
 # ------------------------------------------------- AgentLines.start: a row waiting in the client is not a task yet
 
 
-def _lines(bound: int | None) -> AgentLines:
+def _lines(bound: int | None, ramp_s: float = 0.0) -> AgentLines:
     return AgentLines({"agent": {"responses_api_agents": {"simple_agent": {
-        "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": bound}}}})
+        "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": bound, "admission_ramp_s": ramp_s}}}})
 
 
 class _Runs:
@@ -220,9 +220,9 @@ async def _settled(futures, runs: _Runs, order) -> list:
     return await asyncio.gather(*futures, return_exceptions=True)
 
 
-@pytest.mark.parametrize("bound", [1, 5, 40])
+@pytest.mark.parametrize("bound", [1, 5, 40, 400])
 def test_start_runs_rows_in_order_never_more_than_the_line_and_rows_waiting_are_not_tasks(bound):
-    ahead = bound + SEND_WINDOW
+    ahead = bound + max(MIN_WAITING, bound // 4)  # what the agent admits, and a margin waiting there
     count = 3 * ahead + 7
 
     async def main():
@@ -250,7 +250,7 @@ def test_start_runs_rows_in_order_never_more_than_the_line_and_rows_waiting_are_
 def test_start_shares_the_line_a_later_call_queues_behind_an_earlier_one_and_an_unbound_agent_gets_all_at_once():
     async def main():
         lines, runs = _lines(3), _Runs()
-        ahead = lines.ahead("agent")
+        ahead = 3 + MIN_WAITING  # its bound, and a margin waiting there
         first = lines.start([{"idx": idx} for idx in range(ahead + 2)], runs, lambda row: "agent")
         later = lines.start([{"idx": 100 + idx} for idx in range(3)], runs, lambda row: "agent")
         free = lines.start([{"idx": 200 + idx} for idx in range(150)], runs, lambda row: "elsewhere")
@@ -266,7 +266,7 @@ def test_start_shares_the_line_a_later_call_queues_behind_an_earlier_one_and_an_
 def test_cancelling_a_row_skips_it_before_its_turn_and_stops_it_once_running():
     async def main():
         lines, runs = _lines(1), _Runs()
-        ahead = lines.ahead("agent")
+        ahead = 1 + MIN_WAITING
         rows = [{"idx": idx} for idx in range(ahead + 4)]
         futures = lines.start(rows, runs, lambda row: "agent")
         await asyncio.sleep(0.01)
@@ -302,3 +302,65 @@ def test_run_examples_with_no_fleet_at_the_head_address_fails_every_row_loudly()
     assert len(outcomes) == 50
     assert all("cannot reach the head server" in str(exc) and "is the fleet running?" in str(exc)
                for exc in outcomes), outcomes[:2]
+
+
+async def _until(predicate, what: str, timeout_s: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"gave up waiting until {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_the_line_follows_the_agents_ramp_then_what_its_answers_say_it_admits_and_ramps_again_after_idling():
+    bound, ahead = 100, 100 + SEND_WINDOW
+
+    async def main():
+        lines, runs = _lines(bound, ramp_s=0.4), _Runs()
+        assert lines.ahead("agent") == ahead
+        futures = lines.start([{"idx": idx} for idx in range(400)], runs, lambda row: "agent")
+        await asyncio.sleep(0)
+        assert runs.running == 16 + MIN_WAITING, "an idle agent admits 16 at first: 16 and a margin are sent"
+        # nothing answered: the line rises with the agent's ramp, to the bound and a quarter (never past `ahead`)
+        await _until(lambda: runs.running == bound + max(MIN_WAITING, bound // 4), "the ramp is followed")
+        assert runs.peak == bound + max(MIN_WAITING, bound // 4) < ahead
+        # an answer says the agent holds its bound at 40 (a busy CPU): no more is sent until fewer than 40 + 32 run
+        lines.heard("agent", {ADMISSION_LEVEL_HEADER: "40"})
+        for idx in range(62):  # 70 left running: 2 more go
+            runs.release(idx)
+        await _until(lambda: len(runs.started) == 132 + 2, "the line refills to 40 and a margin")
+        await asyncio.sleep(0.05)
+        assert runs.running == 40 + MIN_WAITING and len(runs.started) == 134
+        lines.heard("agent", {ADMISSION_LEVEL_HEADER: "not a number"})  # ignored
+        lines.heard("agent", {ADMISSION_LEVEL_HEADER: "5000"})  # more than `ahead`: `ahead` it is
+        await _until(lambda: runs.running == ahead, "the line opens to `ahead`")
+        await _settled(futures, runs, range(400))
+        assert runs.running == 0
+        # idle again: the next step starts from 16 and a margin, as the agent does, whatever was heard before
+        again = lines.start([{"idx": 1000 + idx} for idx in range(200)], runs, lambda row: "agent")
+        await asyncio.sleep(0)
+        assert runs.running == 16 + MIN_WAITING
+        await _settled(again, runs, range(1000, 1200))
+        return runs
+
+    runs = asyncio.run(main())
+    assert runs.started == list(range(400)) + list(range(1000, 1200))
+
+
+def test_what_an_answer_says_counts_for_every_worker_process_of_the_agent():
+    async def main():
+        lines = AgentLines({"agent": {"responses_api_agents": {"simple_agent": {
+            "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": 100, "num_workers": 2,
+            "admission_ramp_s": 0}}}})
+        runs = _Runs()
+        futures = lines.start([{"idx": idx} for idx in range(600)], runs, lambda row: "agent")
+        await asyncio.sleep(0)
+        assert runs.running == 200 + 50, "two workers admit 100 each: 200, and a quarter of it waiting"
+        lines.heard("agent", {ADMISSION_LEVEL_HEADER: "40"})  # one worker's level
+        for idx in range(250):
+            runs.release(idx)
+        await _until(lambda: len(runs.started) >= 250 + 112, "the line refills")
+        await asyncio.sleep(0.05)
+        assert runs.running == 2 * 40 + MIN_WAITING
+        await _settled(futures, runs, range(600))
+
+    asyncio.run(main())

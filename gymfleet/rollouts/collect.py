@@ -18,8 +18,8 @@ replaces all four), the input lines (`load_rows`), the agent names, and every ro
 `/verify` request model (the check `ng_prepare_data` does; `file:line` per bad row).
 
 Every row is in flight at once (or `num_samples_in_parallel` of them), but the requests go out in row order, a
-window of connections at a time, and no more to an agent than it admits at once and half as much again (the rest
-wait their turn here: `gymfleet.rollouts.dispatch`), so the agent gets the first rows first and at once.
+window of connections at a time, and no more to an agent than it admits at once now and a margin (the rest wait
+their turn here: `gymfleet.rollouts.dispatch`), so the agent gets the first rows first and at once.
 
 Every line is on disk once it is written (unbuffered, whole lines), so a crash or Ctrl-C loses no finished rollout.
 A write that fails (no space left, file size limit) is undone, so the file keeps only whole lines, and the collection
@@ -127,11 +127,13 @@ async def run_rollout(
     stop: asyncio.Event | None = None,
     retry: RetryPolicy = RUN_RETRY,
     window: SendWindow | None = None,
+    lines: AgentLines | None = None,
 ) -> dict[str, Any] | None:
     """POST one row to its agent; return the result or a failure row (never raises for HTTP/transport failures).
 
     Returns None, having sent nothing, when `stop` is set by the time the semaphore and `window`, which pace the
-    sending (`gymfleet.rollouts.dispatch`), let the row go.
+    sending (`gymfleet.rollouts.dispatch`), let the row go. `lines`: where the agent's answer says how many it admits
+    at once now (`AgentLines.heard`).
     """
     try:
         async with semaphore or contextlib.nullcontext(), window.sending() if window else contextlib.nullcontext():
@@ -139,6 +141,8 @@ async def run_rollout(
                 return None
             response = await client.post(row["agent_ref"]["name"], "/run", json=row, timeout_s=timeout_s,
                                          retry=retry)
+        if lines is not None:
+            lines.heard(row["agent_ref"]["name"], response.headers)
     except TransportError as exc:
         return _failure_row(row, getattr(exc, "failure_class", None) or "connection_error", exc.status, str(exc))
     return _result_of(row, response)
@@ -314,7 +318,7 @@ async def _dispatch(
                      every_s=PROGRESS_EVERY_S) as bar:
         window = SendWindow()  # the rows go out in order, a window at a time, so the first ones are answered first
         pending = lines.start(todo, lambda row: run_rollout(client, row, config.request_timeout_s, semaphore, stop,
-                                                              retry, window), agent_name)
+                                                              retry, window, lines), agent_name)
         ticker = asyncio.ensure_future(_tick(bar))  # plain lines keep coming while no rollout finishes
         try:
             for next_done in asyncio.as_completed(pending):

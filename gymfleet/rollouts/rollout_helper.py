@@ -3,9 +3,9 @@
 `run_examples(rows, head_server_config)` starts every row's `POST /run` to its agent at once (no concurrency cap
 unless a semaphore is given) and yields awaitables in completion order, each resolving to `(row, result)` with the
 very row object passed in; a non-2xx answer raises `TransportError` with an integer `.status`. The requests go out in
-row order, a window of them connecting at a time, and no more to an agent than it admits at once and half as much
-again: the others wait their turn in this process rather than inside the agent, so sending a whole step does not
-slow its first rollouts down (`gymfleet.rollouts.dispatch`; an agent with no bound gets every row at once). One
+row order, a window of them connecting at a time, and no more to an agent than it admits at once now and a margin:
+the others wait their turn in this process rather than inside the agent, so sending a whole step does not slow its
+first rollouts down (`gymfleet.rollouts.dispatch`; an agent with no bound gets every row at once). One
 fleet's line is shared by every `run_examples` call on the same event loop: a later step queues behind an earlier one.
 """
 
@@ -71,16 +71,18 @@ class RolloutCollectionHelper:
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future] = [loop.create_future() for _ in examples]
 
-        async def one(client: ServerClient, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        async def one(client: ServerClient, lines: AgentLines, row: dict[str, Any]) -> tuple[dict[str, Any],
+                                                                                          dict[str, Any]]:
             async with semaphore or contextlib.nullcontext(), window.sending():
                 response = await client.post(row["agent_ref"]["name"], "/run", json=row,
                                              timeout_s=self.request_timeout_s, retry=RUN_RETRY)
+            lines.heard(row["agent_ref"]["name"], response.headers)
             return row, response.raise_for_status().json()
 
         async def start() -> None:
             try:
                 client, lines = await _planned(client_task, None if semaphore is not None else examples)
-                lines.start(examples, functools.partial(one, client), agent_name, futures)
+                lines.start(examples, functools.partial(one, client, lines), agent_name, futures)
             except Exception as exc:  # the fleet's config could not be had: every row's awaitable raises it
                 for future in futures:
                     if not future.done():

@@ -14,9 +14,10 @@ inside the agent, holding their connection; none is dropped or refused. Results 
 the same throughput (`bench/nemo_rl_rollouts.py --max-concurrent-rollouts 0,256`).
 
 - The bound is per agent worker process: with `num_workers: N` the agent admits up to N times as many.
-- gymfleet's own clients (`run_examples`, `ng_collect_rollouts`) send an agent no more than it admits at once and
-  half as much again (`gymfleet.serving.admission.agent_capacity`, `gymfleet.rollouts.dispatch.AgentLines`): the
-  rest of a step waits on their side, so the agent does not spend its first seconds taking in thousands of requests.
+- gymfleet's own clients (`run_examples`, `ng_collect_rollouts`) send an agent no more than it admits at once now
+  and a margin (`gymfleet.rollouts.dispatch.AgentLines`): each `/run` answer says how many the answering worker
+  admits at once now (header `x-gymfleet-admission-level`, `Admission.level`). The rest of a step waits on their
+  side, so the agent does not spend its first seconds taking in thousands of requests.
 - A waiting request has no deadline of its own: its caller's deadline covers the wait (and a caller that gives up
   closes its connection, which ends the wait).
 - A caller that disconnects while waiting gives up its place: no work is done for it (answered 499, which nobody
@@ -55,7 +56,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response as StarletteResponse
 
 from gymfleet.metrics import LATENCY_BUCKETS_S
-from gymfleet.serving.admission import DEFAULT_MAX_CONCURRENT_ROLLOUTS, Admission
+from gymfleet.serving.admission import (
+    ADMISSION_LEVEL_HEADER,
+    DEFAULT_ADMISSION_RAMP_S,
+    DEFAULT_MAX_CONCURRENT_ROLLOUTS,
+    Admission,
+)
 from gymfleet.serving.aggregate import aggregate_metrics
 from gymfleet.serving.bodies import read_json, validate
 from gymfleet.serving.cpu_busy import CpuBusy
@@ -90,7 +96,7 @@ class AgentServerConfig(ServerConfig):
     its wall time (`docs/scaling-out.md`)."""
 
 
-    admission_ramp_s: float = Field(default=2.0, ge=0)
+    admission_ramp_s: float = Field(default=DEFAULT_ADMISSION_RAMP_S, ge=0)
     """After idling, the bound starts at 16 rollouts (one GRPO group) and rises evenly to `max_concurrent_rollouts`
     over this many seconds; 0: the full bound at once. Admitted together, the first 256 rollouts of a step progress
     in lockstep and the first group completes only when most of them do; admitted 16 first, the first group is
@@ -183,7 +189,10 @@ class AgentServer(Server):
                     return StarletteResponse(status_code=499)  # nobody reads it; it counts in /metrics
                 body = validate(RunRequest, raw)
                 result, cookies = await self.run(body, raw, dict(request.cookies))
-            return _with_cookies(JSONResponse(result), cookies)
+            response = _with_cookies(JSONResponse(result), cookies)
+            if (level := self.admission.level()) is not None:  # how many the client may keep here (dispatch.py)
+                response.headers[ADMISSION_LEVEL_HEADER] = str(level)
+            return response
 
         async def responses_route(request: Request) -> StarletteResponse:
             raw = await read_json(request)
