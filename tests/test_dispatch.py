@@ -97,8 +97,10 @@ def test_a_failed_call_frees_its_slot():
 
 
 BOUND = 2
-AHEAD = BOUND + MIN_WAITING
-"""What `AgentLines` keeps sent to an agent admitting BOUND at once: BOUND and `MIN_WAITING` waiting there."""
+AHEAD = BOUND + SEND_WINDOW
+"""What `AgentLines` sends an agent admitting BOUND at once before it has answered: BOUND and a send window."""
+FOLLOWING = BOUND + MIN_WAITING
+"""What it keeps sent once the agent's answers say it admits BOUND at once: BOUND and `MIN_WAITING` waiting there."""
 ROWS = AHEAD + 6
 
 
@@ -144,8 +146,9 @@ def test_run_examples_sends_an_agent_its_bound_and_a_margin_the_rest_in_order_as
                 for done in range(ROWS):  # answer one at a time: one more request goes out for each answered
                     env.release(done)
                     _wait_until(lambda done=done: len(answered) == done + 1, f"row {done} is answered")
-                    _wait_until(lambda done=done: _received(agent_url) == min(ROWS, AHEAD + done + 1),
-                                f"the agent holds {AHEAD} unanswered requests after {done + 1} answers")
+                    expected = min(ROWS, max(AHEAD, FOLLOWING + done + 1))  # no more sent until fewer than
+                    _wait_until(lambda expected=expected: _received(agent_url) == expected,  # FOLLOWING are out
+                                f"the agent has received {expected} requests after {done + 1} answers")
                 collecting.result(timeout=60)
     assert answered == list(range(ROWS))
     assert env.started == list(range(ROWS)), "the rows reached the agent, and started, in the order they were passed"
@@ -183,9 +186,9 @@ def test_an_agent_served_from_a_nemo_gym_folder_is_sent_everything_at_once(field
 # ------------------------------------------------- AgentLines.start: a row waiting in the client is not a task yet
 
 
-def _lines(bound: int | None, ramp_s: float = 0.0) -> AgentLines:
+def _lines(bound: int | None) -> AgentLines:
     return AgentLines({"agent": {"responses_api_agents": {"simple_agent": {
-        "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": bound, "admission_ramp_s": ramp_s}}}})
+        "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": bound}}}})
 
 
 class _Runs:
@@ -222,7 +225,7 @@ async def _settled(futures, runs: _Runs, order) -> list:
 
 @pytest.mark.parametrize("bound", [1, 5, 40, 400])
 def test_start_runs_rows_in_order_never_more_than_the_line_and_rows_waiting_are_not_tasks(bound):
-    ahead = bound + max(MIN_WAITING, bound // 4)  # what the agent admits, and a margin waiting there
+    ahead = bound + max(SEND_WINDOW, bound // 2)  # nothing heard: its capacity, and half again (a window at least)
     count = 3 * ahead + 7
 
     async def main():
@@ -250,7 +253,7 @@ def test_start_runs_rows_in_order_never_more_than_the_line_and_rows_waiting_are_
 def test_start_shares_the_line_a_later_call_queues_behind_an_earlier_one_and_an_unbound_agent_gets_all_at_once():
     async def main():
         lines, runs = _lines(3), _Runs()
-        ahead = 3 + MIN_WAITING  # its bound, and a margin waiting there
+        ahead = 3 + SEND_WINDOW  # its bound, and a send window waiting there
         first = lines.start([{"idx": idx} for idx in range(ahead + 2)], runs, lambda row: "agent")
         later = lines.start([{"idx": 100 + idx} for idx in range(3)], runs, lambda row: "agent")
         free = lines.start([{"idx": 200 + idx} for idx in range(150)], runs, lambda row: "elsewhere")
@@ -266,7 +269,7 @@ def test_start_shares_the_line_a_later_call_queues_behind_an_earlier_one_and_an_
 def test_cancelling_a_row_skips_it_before_its_turn_and_stops_it_once_running():
     async def main():
         lines, runs = _lines(1), _Runs()
-        ahead = 1 + MIN_WAITING
+        ahead = 1 + SEND_WINDOW
         rows = [{"idx": idx} for idx in range(ahead + 4)]
         futures = lines.start(rows, runs, lambda row: "agent")
         await asyncio.sleep(0.01)
@@ -311,34 +314,31 @@ async def _until(predicate, what: str, timeout_s: float = 60.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_the_line_follows_the_agents_ramp_then_what_its_answers_say_it_admits_and_ramps_again_after_idling():
+def test_the_line_sends_ahead_until_an_answer_says_what_the_agent_admits_then_that_and_forgets_it_when_idle():
     bound, ahead = 100, 100 + SEND_WINDOW
 
     async def main():
-        lines, runs = _lines(bound, ramp_s=0.4), _Runs()
-        assert lines.ahead("agent") == ahead
+        lines, runs = _lines(bound), _Runs()
         futures = lines.start([{"idx": idx} for idx in range(400)], runs, lambda row: "agent")
         await asyncio.sleep(0)
-        assert runs.running == 16 + MIN_WAITING, "an idle agent admits 16 at first: 16 and a margin are sent"
-        # nothing answered: the line rises with the agent's ramp, to the bound and a quarter (never past `ahead`)
-        await _until(lambda: runs.running == bound + max(MIN_WAITING, bound // 4), "the ramp is followed")
-        assert runs.peak == bound + max(MIN_WAITING, bound // 4) < ahead
+        assert runs.running == ahead, "nothing heard yet: the agent's capacity and a send window go at once"
         # an answer says the agent holds its bound at 40 (a busy CPU): no more is sent until fewer than 40 + 32 run
         lines.heard("agent", {ADMISSION_LEVEL_HEADER: "40"})
-        for idx in range(62):  # 70 left running: 2 more go
+        for idx in range(94):  # 70 left running: 2 more go
             runs.release(idx)
-        await _until(lambda: len(runs.started) == 132 + 2, "the line refills to 40 and a margin")
+        await _until(lambda: len(runs.started) == ahead + 2, "the line refills to 40 and a margin")
         await asyncio.sleep(0.05)
-        assert runs.running == 40 + MIN_WAITING and len(runs.started) == 134
+        assert runs.running == 40 + MIN_WAITING and len(runs.started) == ahead + 2
         lines.heard("agent", {ADMISSION_LEVEL_HEADER: "not a number"})  # ignored
+        assert runs.running == 40 + MIN_WAITING
         lines.heard("agent", {ADMISSION_LEVEL_HEADER: "5000"})  # more than `ahead`: `ahead` it is
         await _until(lambda: runs.running == ahead, "the line opens to `ahead`")
         await _settled(futures, runs, range(400))
         assert runs.running == 0
-        # idle again: the next step starts from 16 and a margin, as the agent does, whatever was heard before
+        # idle: the agent ramps up from the start again, and what it said of the last step no longer holds
         again = lines.start([{"idx": 1000 + idx} for idx in range(200)], runs, lambda row: "agent")
         await asyncio.sleep(0)
-        assert runs.running == 16 + MIN_WAITING
+        assert runs.running == ahead
         await _settled(again, runs, range(1000, 1200))
         return runs
 
@@ -346,21 +346,42 @@ def test_the_line_follows_the_agents_ramp_then_what_its_answers_say_it_admits_an
     assert runs.started == list(range(400)) + list(range(1000, 1200))
 
 
+def test_rows_go_out_in_the_order_they_were_started_across_agents():
+    """A client that can send only so fast serves every agent its share from the start, not one agent after another."""
+    async def main():
+        lines = AgentLines({name: {"responses_api_agents": {"simple_agent": {
+            "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": 2}}} for name in ("a", "b", "c")})
+        runs = _Runs()
+        rows = [{"idx": idx, "agent": "abc"[idx // 3 % 3]} for idx in range(300)]
+        futures = lines.start(rows, runs, lambda row: row["agent"])
+        await asyncio.sleep(0)
+        return runs, futures
+
+    async def whole():
+        runs, futures = await main()
+        first = list(runs.started)
+        await _settled(futures, runs, range(300))
+        return first, runs
+
+    first, runs = asyncio.run(whole())
+    assert first == list(range(3 * (2 + SEND_WINDOW))), "each agent's first rows go out interleaved, in row order"
+    assert sorted(runs.started) == list(range(300))
+
+
 def test_what_an_answer_says_counts_for_every_worker_process_of_the_agent():
     async def main():
         lines = AgentLines({"agent": {"responses_api_agents": {"simple_agent": {
-            "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": 100, "num_workers": 2,
-            "admission_ramp_s": 0}}}})
+            "host": "127.0.0.1", "port": 1, "max_concurrent_rollouts": 100, "num_workers": 2}}}})
         runs = _Runs()
         futures = lines.start([{"idx": idx} for idx in range(600)], runs, lambda row: "agent")
         await asyncio.sleep(0)
-        assert runs.running == 200 + 50, "two workers admit 100 each: 200, and a quarter of it waiting"
+        assert runs.running == 200 + 100, "two workers admit 100 each: 200, and half of it waiting"
         lines.heard("agent", {ADMISSION_LEVEL_HEADER: "40"})  # one worker's level
-        for idx in range(250):
+        for idx in range(300):
             runs.release(idx)
-        await _until(lambda: len(runs.started) >= 250 + 112, "the line refills")
+        await _until(lambda: len(runs.started) >= 300 + 120, "the line refills")
         await asyncio.sleep(0.05)
-        assert runs.running == 2 * 40 + MIN_WAITING
+        assert runs.running == 2 * 40 + 40
         await _settled(futures, runs, range(600))
 
     asyncio.run(main())

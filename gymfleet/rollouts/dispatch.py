@@ -15,15 +15,19 @@ per worker process at once (`gymfleet.serving.admission.agent_capacity`), and th
 otherwise wait inside it, each on a connection of its own. Sending them all costs the client and the agent about a
 millisecond of CPU per request (connecting, writing and reading the request, parsing its body), paid in the first
 seconds of a step, by the processes that run the first rollouts, which finish that much later (and the step's median
-with them). So what is sent to an agent at once is what it admits at once now, and a margin waiting its turn there
-(`MIN_WAITING`, or a quarter of what it admits), never more than its capacity and half as much again (`ahead`); the
-rest wait in the client, in the order they were started, and go out, on a connection a finished one freed, as earlier
-ones are answered. "Now": an agent's bound ramps up after idling and may hold where its CPU is saturated
-(`gymfleet.serving.admission.Admission`), and each of its `/run` answers says where it stands
-(`ADMISSION_LEVEL_HEADER`); until one has, the client follows the agent's ramp by the clock. With 4,096 weather rows
-on 2 cores, where the agent's bound held at 81-93, sending its full capacity and half again (384) left 290-300 of them
-waiting in the agent: p50 / wall 0.51 (0.48-0.53) against 0.49 (0.46-0.52) following it, the first complete group at
-0.47 against 0.24 s (`bench/nemo_rl_rollouts.py --repeat 4`). The agent runs the same rollouts in the same order at
+with them). So at most its capacity and half as much again (`ahead`) are sent to an agent at once, and once one of
+its `/run` answers has said how many it admits at once now (`ADMISSION_LEVEL_HEADER`: its bound ramps up after idling
+and may hold where its CPU is saturated, `gymfleet.serving.admission.Admission`), that and a margin waiting its turn
+there (`MIN_WAITING`, or half what it admits); the rest wait in the client, in the order they were started, and go
+out, on a connection a finished one freed, as earlier ones are answered. With 4,096 weather rows on 2 cores, where
+the agent's bound held at 81-93, 384 sent left 290-300 waiting in the agent all along; following its answers, about
+45: p50 / wall 0.50 (0.48-0.51) against 0.50 (0.49-0.51) in that batch, 0.50 against 0.51-0.53 in others
+(`bench/nemo_rl_rollouts.py --repeat 4`). What may go goes in the order the rows were started, across agents: a
+client that can send only so fast (a mixed fleet on 2 cores leaves it little CPU) then gives every agent its share of
+the step from the start; sending one agent's rows, then the next one's, put the median of
+`bench/rollouts_at_scale.py --sizes 4096` 5 s later. Following the agent's ramp by the clock before its first answer
+(16 per agent and a margin at first) put it 3 s later too, for a first complete group 0.3 s sooner on the weather
+rows: a step's first rows go out at once. The agent runs the same rollouts in the same order at
 the same concurrency (it never runs out of waiting ones), and every rollout is still in flight for the caller from
 the start. An agent whose bound is 0 or null (NeMo-Gym's way: everything at once) gets everything at once.
 
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -46,13 +51,7 @@ from gymfleet import connections
 from gymfleet.errors import ServerRefError
 from gymfleet.fleet.folders import SERVER_FOLDERS_KEY
 from gymfleet.replicas import instance_fields
-from gymfleet.serving.admission import (
-    ADMISSION_LEVEL_HEADER,
-    DEFAULT_ADMISSION_RAMP_S,
-    DEFAULT_MAX_CONCURRENT_ROLLOUTS,
-    RAMP_FROM,
-    agent_capacity,
-)
+from gymfleet.serving.admission import ADMISSION_LEVEL_HEADER, DEFAULT_MAX_CONCURRENT_ROLLOUTS, agent_capacity
 
 __all__ = ["SEND_WINDOW", "AgentLines", "SendWindow", "agent_name"]
 
@@ -63,8 +62,9 @@ SEND_WINDOW = 64
 """Requests connecting or being written at once."""
 
 MIN_WAITING = 32
-"""Requests kept waiting in an agent beyond what it admits at once, at the least (a quarter of that, when more): enough
-that it never runs out while the client refills its line, few enough that they cost it little (`AgentLines`)."""
+"""Requests kept waiting in an agent beyond what it admits at once, at the least (half of that, when more): enough
+that it never runs out while a busy client refills its line (a quarter ran dry, with a mixed fleet on 2 cores), few
+enough that they cost it little (`AgentLines`)."""
 
 
 class SendWindow:
@@ -94,53 +94,37 @@ class SendWindow:
 
 class _Line:
     """One agent's line: the rows sent to it and not yet answered (`running`), and the rows waiting here in the order
-    they were started. How many may be sent at once (`limit`): what the agent admits at once now and a margin waiting
-    there, at most `ahead`. What the agent admits now is what its latest answer said (`heard`: the answering worker's
-    level, `ADMISSION_LEVEL_HEADER`, times the agent's processes); until an answer of this busy spell says, the
-    agent's ramp is followed by the clock: `RAMP_FROM` per process when the line went busy, rising evenly to the bound
-    over `ramp_s`, as the agent's own ramp does when its CPU has room."""
+    they were started. How many may be sent at once (`limit`): until an answer of this busy spell has said how many the
+    agent admits at once now, `ahead` (its capacity, and half again: a step's first rows go out at once, as the agent
+    may ramp up to its bound within the first rollouts, and a policy's first answer can take long); once one has
+    (`heard`: the answering worker's level, `ADMISSION_LEVEL_HEADER`, times the agent's processes), that and a margin,
+    at most `ahead`. Where the agent holds its bound low (a saturated CPU), the rest of the step then waits here."""
 
-    __slots__ = ("ahead", "bound", "processes", "ramp_s", "running", "waiting", "busy_since", "heard", "timer")
+    __slots__ = ("ahead", "processes", "running", "waiting", "busy", "heard")
 
-    def __init__(self, ahead: int, bound: int, processes: int, ramp_s: float) -> None:
-        self.ahead, self.bound, self.processes, self.ramp_s = ahead, bound, processes, ramp_s
+    def __init__(self, ahead: int, processes: int) -> None:
+        self.ahead, self.processes = ahead, processes
         self.running = 0
-        self.waiting: deque[tuple[dict[str, Any], asyncio.Future, Runner]] = deque()
-        self.busy_since: float | None = None
+        self.waiting: deque[tuple[int, dict[str, Any], asyncio.Future, Runner]] = deque()
+        self.busy = False
         self.heard: int | None = None
-        self.timer: asyncio.TimerHandle | None = None
 
-    def admits(self, now: float) -> int:
-        """Rollouts the agent admits at once now, over all its processes, as far as this client can tell."""
-        if self.heard is not None:
-            return self.heard
-        start = min(RAMP_FROM, self.bound)
-        if self.busy_since is None:
-            return start * self.processes
-        elapsed = now - self.busy_since
-        if self.ramp_s <= 0 or elapsed >= self.ramp_s:
-            return self.bound * self.processes
-        return (start + int((self.bound - start) * elapsed / self.ramp_s)) * self.processes
-
-    def limit(self, now: float) -> int:
-        admits = self.admits(now)
-        return min(self.ahead, admits + max(MIN_WAITING, admits // 4))
-
-    def ramping(self, now: float) -> bool:
-        """Whether `limit` may rise with time alone (no answer has said where the agent stands yet)."""
-        return self.heard is None and self.ramp_s > 0 and self.busy_since is not None \
-            and now - self.busy_since < self.ramp_s
+    def limit(self) -> int:
+        if self.heard is None:
+            return self.ahead
+        return min(self.ahead, self.heard + max(MIN_WAITING, self.heard // 2))
 
 
 class AgentLines:
     """Per agent of the fleet `config` (the global config dict), at most what it admits at once now and a margin
-    (`MIN_WAITING`, or a quarter of what it admits) sent and not yet answered, and never more than `ahead(agent)`; the
+    (`MIN_WAITING`, or half what it admits) sent and not yet answered, and never more than `ahead(agent)`; the
     others wait here, first in, first out (see the module docstring). One per fleet and event loop, shared by every
     batch sent to it, so a later batch queues behind an earlier one."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self._config = config
         self._lines: dict[str, _Line | None] = {}
+        self._order = itertools.count()
 
     def ahead(self, agent: str) -> int | None:
         """Most requests ever kept sent to `agent` at once (its line's cap; what it admits at once now and a margin is
@@ -173,16 +157,14 @@ class AgentLines:
         if futures is None:
             loop = asyncio.get_running_loop()
             futures = [loop.create_future() for _ in rows]
-        touched: dict[int, _Line] = {}
         for row, future in zip(rows, futures, strict=True):
             line = self._line(agent_of(row))
             if line is None:
                 self._run(None, row, future, run)
-            else:
-                line.waiting.append((row, future, run))
-                touched[id(line)] = line
-        for line in touched.values():
-            self._next(line)
+                continue
+            line.busy = True
+            line.waiting.append((next(self._order), row, future, run))
+        self._pump()
         return futures
 
     def heard(self, agent: str, headers: Mapping[str, str]) -> None:
@@ -190,13 +172,13 @@ class AgentLines:
         that leaves room."""
         line = self._lines.get(agent)
         value = headers.get(ADMISSION_LEVEL_HEADER)
-        if line is None or value is None or line.busy_since is None:
+        if line is None or value is None or not line.busy:
             return
         try:
             line.heard = max(1, int(value)) * line.processes
         except ValueError:
             return
-        self._next(line)
+        self._pump()
 
     def _line(self, agent: str) -> _Line | None:
         if agent not in self._lines:
@@ -206,37 +188,32 @@ class AgentLines:
             else:
                 fields = instance_fields(self._config, agent)  # ahead() has checked these
                 bound = int(fields.get("max_concurrent_rollouts", DEFAULT_MAX_CONCURRENT_ROLLOUTS))
-                try:
-                    ramp_s = float(fields.get("admission_ramp_s", DEFAULT_ADMISSION_RAMP_S) or 0.0)
-                except (TypeError, ValueError):  # the agent refused it at start-up
-                    ramp_s = DEFAULT_ADMISSION_RAMP_S
-                self._lines[agent] = _Line(ahead, bound, agent_capacity(fields) // bound, ramp_s)
+                self._lines[agent] = _Line(ahead, agent_capacity(fields) // bound)
         return self._lines[agent]
 
-    def _next(self, line: _Line) -> None:
-        """Send waiting rows while the line has room (a row cancelled while it waited is dropped); while the room
-        grows with the agent's ramp alone, look again a sixteenth of the ramp later."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if line.busy_since is None and line.waiting:
-            line.busy_since = now
-        limit = line.limit(now)
-        while line.running < limit and line.waiting:
-            row, future, run = line.waiting.popleft()
-            if not future.done():
-                line.running += 1
-                self._run(line, row, future, run)
-        if line.waiting and line.timer is None and line.ramping(now):
-            line.timer = loop.call_later(line.ramp_s / 16, self._on_timer, line)
-        elif line.running == 0 and not line.waiting:  # idle: the agent will ramp up from the start again
-            line.busy_since = line.heard = None
-            if line.timer is not None:
-                line.timer.cancel()
-                line.timer = None
-
-    def _on_timer(self, line: _Line) -> None:
-        line.timer = None
-        self._next(line)
+    def _pump(self) -> None:
+        """Send waiting rows while their lines have room, the oldest first across agents (as they were started: a
+        client that can send only so fast then serves every agent its share of the step from the start); a row
+        cancelled while it waited is dropped. A line with nothing left is idle: what its agent said is forgotten."""
+        lines = [line for line in self._lines.values() if line is not None]
+        limits = [line.limit() if line.waiting else 0 for line in lines]
+        while True:
+            oldest = None
+            for index, line in enumerate(lines):
+                while line.waiting and line.waiting[0][2].done():
+                    line.waiting.popleft()
+                if line.waiting and line.running < limits[index] and (
+                        oldest is None or line.waiting[0][0] < lines[oldest].waiting[0][0]):
+                    oldest = index
+            if oldest is None:
+                break
+            line = lines[oldest]
+            _, row, future, run = line.waiting.popleft()
+            line.running += 1
+            self._run(line, row, future, run)
+        for line in lines:
+            if line.busy and line.running == 0 and not line.waiting:  # the agent ramps up from the start again
+                line.busy, line.heard = False, None
 
     def _run(self, line: _Line | None, row: dict[str, Any], future: asyncio.Future[T],
              run: Callable[[dict[str, Any]], Awaitable[T]]) -> None:
@@ -248,7 +225,7 @@ class AgentLines:
         """Pass a row's outcome to its future, and its place in the line to the next row."""
         if line is not None:
             line.running -= 1
-            self._next(line)
+            self._pump()
         if future.done():
             return
         if ended.cancelled():
