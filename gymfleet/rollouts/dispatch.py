@@ -21,14 +21,14 @@ and may hold where its CPU is saturated, `gymfleet.serving.admission.Admission`)
 there (`MIN_WAITING`, or half what it admits); the rest wait in the client, in the order they were started, and go
 out, on a connection a finished one freed, as earlier ones are answered. With 4,096 weather rows on 2 cores, where
 the agent's bound held at 81-93, 384 sent left 290-300 waiting in the agent all along; following its answers, about
-45: p50 / wall 0.50 (0.48-0.51) against 0.50 (0.49-0.51) in that batch, 0.50 against 0.51-0.53 in others
-(`bench/nemo_rl_rollouts.py --repeat 4`). What may go goes in the order the rows were started, across agents: a
-client that can send only so fast (a mixed fleet on 2 cores leaves it little CPU) then gives every agent its share of
-the step from the start; sending one agent's rows, then the next one's, put the median of
-`bench/rollouts_at_scale.py --sizes 4096` 5 s later. Following the agent's ramp by the clock before its first answer
-(16 per agent and a margin at first) put it 3 s later too, for a first complete group 0.3 s sooner on the weather
-rows: a step's first rows go out at once. The agent runs the same rollouts in the same order at
-the same concurrency (it never runs out of waiting ones), and every rollout is still in flight for the caller from
+45: p50 / wall 0.50 and 0.52 against 0.50 and 0.52, the first complete group at 0.56 and 0.49 s against 0.61 and
+0.65 s, in two batches of four rounds (`bench/nemo_rl_rollouts.py --repeat 4`). What may go goes in the order the
+rows were started, across agents: a client that can send only so fast (a mixed fleet on 2 cores leaves it little
+CPU) then gives every agent its share of the step from the start; sending one agent's rows, then the next one's, put
+the median of `bench/rollouts_at_scale.py --sizes 4096` 5 s later. Following the agent's ramp by the clock before its
+first answer (16 per agent and a margin at first) put it 3 s later too, for a first complete group 0.3 s sooner on
+the weather rows: a step's first rows go out at once. The agent runs the same rollouts in the same order at the same
+concurrency (it never runs out of waiting ones), and every rollout is still in flight for the caller from
 the start. An agent whose bound is 0 or null (NeMo-Gym's way: everything at once) gets everything at once.
 
 `AgentLines.start` is how a whole step enters the lines: it returns a future per row at once, and starts a row's
