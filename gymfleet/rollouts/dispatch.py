@@ -100,13 +100,12 @@ class _Line:
     (`heard`: the answering worker's level, `ADMISSION_LEVEL_HEADER`, times the agent's processes), that and a margin,
     at most `ahead`. Where the agent holds its bound low (a saturated CPU), the rest of the step then waits here."""
 
-    __slots__ = ("ahead", "processes", "running", "waiting", "busy", "heard")
+    __slots__ = ("ahead", "processes", "running", "waiting", "heard")
 
     def __init__(self, ahead: int, processes: int) -> None:
         self.ahead, self.processes = ahead, processes
         self.running = 0
         self.waiting: deque[tuple[int, dict[str, Any], asyncio.Future, Runner]] = deque()
-        self.busy = False
         self.heard: int | None = None
 
     def limit(self) -> int:
@@ -162,17 +161,16 @@ class AgentLines:
             if line is None:
                 self._run(None, row, future, run)
                 continue
-            line.busy = True
             line.waiting.append((next(self._order), row, future, run))
         self._pump()
         return futures
 
     def heard(self, agent: str, headers: Mapping[str, str]) -> None:
         """Note what an answer of `agent` said it admits at once now (`ADMISSION_LEVEL_HEADER`), and send more rows if
-        that leaves room."""
+        that leaves room. Called by a row still running, so its line is busy."""
         line = self._lines.get(agent)
         value = headers.get(ADMISSION_LEVEL_HEADER)
-        if line is None or value is None or not line.busy:
+        if line is None or value is None:
             return
         try:
             line.heard = max(1, int(value)) * line.processes
@@ -212,8 +210,8 @@ class AgentLines:
             line.running += 1
             self._run(line, row, future, run)
         for line in lines:
-            if line.busy and line.running == 0 and not line.waiting:  # the agent ramps up from the start again
-                line.busy, line.heard = False, None
+            if line.running == 0 and not line.waiting:  # idle: the agent ramps up from the start again
+                line.heard = None
 
     def _run(self, line: _Line | None, row: dict[str, Any], future: asyncio.Future[T],
              run: Callable[[dict[str, Any]], Awaitable[T]]) -> None:

@@ -21,12 +21,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_CONCURRENT_ROLLOUTS = 256
 """Rollouts one agent worker runs at a time by default; see `AgentServerConfig.max_concurrent_rollouts`."""
 
-RAMP_FROM = 16
-"""Rollouts an agent admits at once when it goes from idle to busy; its bound ramps up from there (`Admission`)."""
-
-DEFAULT_ADMISSION_RAMP_S = 2.0
-"""Seconds the ramp from `RAMP_FROM` to the bound takes by default (`AgentServerConfig.admission_ramp_s`)."""
-
 ADMISSION_LEVEL_HEADER = "x-gymfleet-admission-level"
 """Response header of an agent's `/run`: how many rollouts the answering worker admits at once now (`Admission.level`),
 so a client that sends a whole step keeps no more waiting in the agent than a margin (`gymfleet.rollouts.dispatch`).
@@ -82,7 +76,7 @@ class Admission:
     what they wait on, not this CPU, and the ramp goes on as if the CPU had room; so it does until one has left.
     """
 
-    def __init__(self, limit: int | None, *, ramp_s: float = 0.0, ramp_from: int = RAMP_FROM,
+    def __init__(self, limit: int | None, *, ramp_s: float = 0.0, ramp_from: int = 16,
                  clock: Callable[[], float] = time.monotonic, saturated: Callable[[], bool] | None = None,
                  hold_from: int = HOLD_FROM) -> None:
         self.limit = limit or None

@@ -58,7 +58,6 @@ from starlette.responses import Response as StarletteResponse
 from gymfleet.metrics import LATENCY_BUCKETS_S
 from gymfleet.serving.admission import (
     ADMISSION_LEVEL_HEADER,
-    DEFAULT_ADMISSION_RAMP_S,
     DEFAULT_MAX_CONCURRENT_ROLLOUTS,
     Admission,
 )
@@ -96,7 +95,7 @@ class AgentServerConfig(ServerConfig):
     its wall time (`docs/scaling-out.md`)."""
 
 
-    admission_ramp_s: float = Field(default=DEFAULT_ADMISSION_RAMP_S, ge=0)
+    admission_ramp_s: float = Field(default=2.0, ge=0)
     """After idling, the bound starts at 16 rollouts (one GRPO group) and rises evenly to `max_concurrent_rollouts`
     over this many seconds; 0: the full bound at once. Admitted together, the first 256 rollouts of a step progress
     in lockstep and the first group completes only when most of them do; admitted 16 first, the first group is
