@@ -25,8 +25,8 @@ from agents.simple_agent.app import SimpleAgent
 from gymfleet import http
 from gymfleet.fleet.config import GlobalConfig
 from gymfleet.fleet.head import create_head_app
-from gymfleet.rollouts.dispatch import MIN_WAITING, SEND_WINDOW, AgentLines, SendWindow
-from gymfleet.serving.admission import ADMISSION_LEVEL_HEADER, DEFAULT_MAX_CONCURRENT_ROLLOUTS
+from gymfleet.rollouts.dispatch import SEND_WINDOW, AgentLines, SendWindow
+from gymfleet.serving.admission import ADMISSION_LEVEL_HEADER, DEFAULT_MAX_CONCURRENT_ROLLOUTS, MIN_WAITING
 from gymfleet.testing import free_port, serve
 from gymfleet.testing import wait_until as _wait_until
 from gymfleet.testing.fleets import ReleasedVerifies, agent_fleet, server_block
@@ -105,12 +105,14 @@ ROWS = AHEAD + 6
 
 
 def _received(agent_url: str) -> int:
-    """Requests the agent has received: admitted so far (finished or not) and waiting for their turn."""
+    """Requests the agent has received: admitted so far (finished or not), waiting for their turn, and waiting unread
+    for room in its line (`gymfleet.serving.read_pacer`)."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{agent_url}/metrics", timeout=10).text):
         for sample in family.samples:
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return int(values["gymfleet_rollout_wait_seconds_count"] + values["gymfleet_rollouts_waiting"])
+    return int(values["gymfleet_rollout_wait_seconds_count"] + values["gymfleet_rollouts_waiting"]
+               + values["gymfleet_rollouts_unread"])
 
 
 def test_run_examples_sends_an_agent_its_bound_and_a_margin_the_rest_in_order_as_earlier_ones_are_answered():

@@ -290,7 +290,7 @@ def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, sec
     instance = config.instance(instance_name)
     http.configure(client_limits(config.data, instance.num_workers))
     server = build_server(instance, config)
-    GatedServer(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
+    GatedServer(_uvicorn_config(server.create_app(), _access_log(config)), server.intake).run(sockets=[sock])
 
 
 def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | None = None,
@@ -317,7 +317,7 @@ def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | Non
     sock.set_inheritable(True)
     workers = instance.num_workers
     if workers <= 1:
-        GatedServer(_uvicorn_config(server.create_app(), _access_log(config))).run(sockets=[sock])
+        GatedServer(_uvicorn_config(server.create_app(), _access_log(config)), server.intake).run(sockets=[sock])
         return
     _run_workers(config_path, instance_name, sock, workers, secrets)
 

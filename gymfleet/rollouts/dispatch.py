@@ -51,7 +51,12 @@ from gymfleet import connections
 from gymfleet.errors import ServerRefError
 from gymfleet.fleet.folders import SERVER_FOLDERS_KEY
 from gymfleet.replicas import instance_fields
-from gymfleet.serving.admission import ADMISSION_LEVEL_HEADER, DEFAULT_MAX_CONCURRENT_ROLLOUTS, agent_capacity
+from gymfleet.serving.admission import (
+    ADMISSION_LEVEL_HEADER,
+    DEFAULT_MAX_CONCURRENT_ROLLOUTS,
+    agent_capacity,
+    waiting_margin,
+)
 
 __all__ = ["SEND_WINDOW", "AgentLines", "SendWindow", "agent_name"]
 
@@ -60,12 +65,6 @@ Runner = Callable[[dict[str, Any]], Awaitable[Any]]
 
 SEND_WINDOW = 64
 """Requests connecting or being written at once."""
-
-MIN_WAITING = 32
-"""Requests kept waiting in an agent beyond what it admits at once, at the least (half of that, when more): enough
-that it never runs out while a busy client refills its line (a quarter ran dry, with a mixed fleet on 2 cores), few
-enough that they cost it little (`AgentLines`)."""
-
 
 class SendWindow:
     """At most `size` requests connecting at once, started in the order their tasks asked (FIFO)."""
@@ -111,7 +110,7 @@ class _Line:
     def limit(self) -> int:
         if self.heard is None:
             return self.ahead
-        return min(self.ahead, self.heard + max(MIN_WAITING, self.heard // 2))
+        return min(self.ahead, self.heard + waiting_margin(self.heard))
 
 
 class AgentLines:

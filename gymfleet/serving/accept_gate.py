@@ -30,6 +30,7 @@ from typing import Any
 import uvicorn
 
 from gymfleet.connections import OPEN_FILES_RESERVE
+from gymfleet.serving.read_pacer import IntakePacer
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,11 @@ class GatedServer(uvicorn.Server):
 
     gate: AcceptGate | None = None
 
+    def __init__(self, config: uvicorn.Config, intake: IntakePacer | None = None):
+        super().__init__(config)
+        self.intake = intake
+        """Reads a burst's requests as the server has room for them (the server's `intake`, agents only)."""
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if sockets is None or soft == resource.RLIM_INFINITY or open_files() is None:
@@ -131,7 +137,18 @@ class GatedServer(uvicorn.Server):
         base = self.config.http_protocol_class
         gate, server = self.gate, self
 
+        intake = self.intake
+
         class Gated(base):  # type: ignore[misc, valid-type]
+            _first = True
+
+            def data_received(self, data: bytes) -> None:
+                if intake is None or not self._first:
+                    super().data_received(data)
+                    return
+                self._first = False
+                intake.first_data(self.transport, self.flow, super().data_received, data)
+
             def connection_lost(self, exc: Exception | None) -> None:
                 super().connection_lost(exc)
                 gate.closed()

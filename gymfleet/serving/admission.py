@@ -26,6 +26,19 @@ ADMISSION_LEVEL_HEADER = "x-gymfleet-admission-level"
 so a client that sends a whole step keeps no more waiting in the agent than a margin (`gymfleet.rollouts.dispatch`).
 """
 
+MIN_WAITING = 32
+"""Requests kept waiting in an agent beyond what it admits at once, at the least (half of that, when more,
+`waiting_margin`): enough that it never runs out while a busy client refills its line (a quarter ran dry, with a
+mixed fleet on 2 cores), few enough that they cost it little. A gymfleet client keeps that many sent
+(`gymfleet.rollouts.dispatch.AgentLines`); an agent reads no more of a burst from other clients
+(`gymfleet.serving.read_pacer.IntakePacer`)."""
+
+
+def waiting_margin(level: int) -> int:
+    """How many rollouts should wait in an agent that admits `level` at once: `MIN_WAITING`, or half of `level`."""
+    return max(MIN_WAITING, level // 2)
+
+
 HOLD_FROM = 64
 """The ramp holds on a busy CPU only from this many rollouts in progress (`Admission`). A CPU can be busy and still
 do more with more in progress (more requests per event-loop pass, per system call): on 2 cores running
@@ -101,6 +114,9 @@ class Admission:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._abandoned = 0
         """Waiters still in `_waiters` that gave up (skipped when a slot is handed on)."""
+        self.on_room: Callable[[], None] | None = None
+        """Called whenever the line may have become shorter (slots handed on, a waiter gave up): the agent's
+        `gymfleet.serving.read_pacer.IntakePacer` then reads more of the requests waiting unread."""
 
     @property
     def waiting(self) -> int:
@@ -213,6 +229,8 @@ class Admission:
                 continue
             slot.set_result(None)
             self.in_progress += 1
+        if self.on_room is not None:
+            self.on_room()
 
     def _schedule_tick(self) -> None:
         """While ramping with callers waiting, raise the bound on a timer too (not only when a rollout ends)."""
@@ -230,3 +248,5 @@ class Admission:
         else:
             slot.cancel()
             self._abandoned += 1
+            if self.on_room is not None:
+                self.on_room()

@@ -60,10 +60,12 @@ from gymfleet.serving.admission import (
     ADMISSION_LEVEL_HEADER,
     DEFAULT_MAX_CONCURRENT_ROLLOUTS,
     Admission,
+    waiting_margin,
 )
 from gymfleet.serving.aggregate import aggregate_metrics
 from gymfleet.serving.bodies import read_json, validate
 from gymfleet.serving.cpu_busy import CpuBusy
+from gymfleet.serving.read_pacer import IntakePacer
 from gymfleet.serving.resources import AggregateMetricsRequest, VerifyResponse
 from gymfleet.serving.server import PROTOCOL_DOCS, JSONResponse, RouteDoc, Server, ServerConfig, add_route
 from gymfleet.wire import ResponseCreateParams
@@ -122,6 +124,9 @@ class RunRequest(BaseModel):
     responses_create_params: ResponseCreateParams
 
 
+ADMITTED_ROUTES = ("/run", "/v1/responses")
+"""The routes that wait for a turn (`AgentServer.admitted`)."""
+
 PROTOCOL_DOCS["/run"] = RouteDoc(RunRequest, VerifyResponse, "One rollout: the environment's /verify answer")
 
 
@@ -135,6 +140,9 @@ class AgentServer(Server):
         saturated = CpuBusy.here().saturated if self.config.admission_hold_on_busy_cpu else None
         self.admission = Admission(self.config.max_concurrent_rollouts, ramp_s=self.config.admission_ramp_s,
                                    saturated=saturated)
+        if self.admission.limit is not None:  # read a burst's requests as the line has room (read_pacer.py)
+            self.intake = IntakePacer(ADMITTED_ROUTES, self._line_short)
+            self.admission.on_room = self.intake.wake
         registry = self.metrics.registry
         Gauge("gymfleet_rollouts_in_progress", "Rollouts (/run, /v1/responses) admitted and running",
               registry=registry).set_function(lambda: self.admission.in_progress)
@@ -148,6 +156,12 @@ class AgentServer(Server):
                                  buckets=LATENCY_BUCKETS_S, registry=registry)
         self._abandoned = Counter("gymfleet_rollouts_abandoned", "Rollouts whose caller left while they waited",
                                   registry=registry)
+        Gauge("gymfleet_rollouts_unread", "Rollout requests not read yet: their connections wait for room in the line",
+              registry=registry).set_function(lambda: len(self.intake.waiting) if self.intake is not None else 0)
+
+    def _line_short(self) -> bool:
+        """Is the admission line short enough to read another rollout request (`IntakePacer.hungry`)?"""
+        return self.admission.waiting < waiting_margin(self.admission.level() or 0)
 
     async def run(self, body: RunRequest, raw: dict[str, Any], cookies: dict[str, str]) -> tuple[dict, dict]:
         """One rollout; returns (verify result, cookies to re-emit)."""
@@ -206,7 +220,7 @@ class AgentServer(Server):
             body = validate(AggregateMetricsRequest, await read_json(request))
             return JSONResponse(await self.aggregate(body.verify_responses))
 
-        add_route(app, "/run", run_route)
+        add_route(app, "/run", run_route)  # the admitted routes: ADMITTED_ROUTES
         add_route(app, "/v1/responses", responses_route)
         add_route(app, "/aggregate_metrics", aggregate_route)
 

@@ -62,6 +62,7 @@ from gymfleet.serving.fastpath import LeanFastAPI, OwnRoutesDirect, fastapi_opti
 from gymfleet.serving.guard import RequestBodyTimeout, RequestBodyTooLarge, RequestGuardMiddleware
 from gymfleet.serving.memory import release_freed_memory, release_memory_when_idle
 from gymfleet.serving.openapi import PROTOCOL_DOCS, RouteDoc, add_route, openapi_schema  # noqa: F401  (re-exported)
+from gymfleet.serving.read_pacer import IntakePacer
 from gymfleet.serving.sessions import SESSION_LOST, SESSION_LOST_STATUS, SessionCookieMiddleware, cookie_name
 from gymfleet.serving.warm_up import FAILED, READY_HEADER, READY_WAIT_HEADER, WarmUp
 
@@ -154,6 +155,9 @@ class Server(WarmUp):
     ray_resources_default: ClassVar[dict[str, Any]] = {"num_cpus": 1}
     """What each replica asks of its Ray node when the config gives no `ray_resources` (CPU-heavy servers, such as
     the sandbox and the code environments, ask for more)."""
+    intake: IntakePacer | None = None
+    """How the server reads a burst of new connections' requests (`GatedServer` applies it; agents set one)."""
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         hint = typing.get_type_hints(cls).get("config")

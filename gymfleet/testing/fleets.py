@@ -139,7 +139,7 @@ def agent_fleet(agent_cls: Any, env: Any, model: Any, *, env_name: str, **agent_
                   "llm": server_block("responses_api_models", "scripted_model", model_url)}
         agent = agent_cls({"name": "agent", "resources_server": env_name, "model_server": "llm", **agent_fields},
                           config)
-        with serve(agent.create_app()) as agent_url:
+        with serve(agent.create_app(), intake=agent.intake) as agent_url:  # as a fleet serves it
             yield agent_url
 
 
