@@ -7,7 +7,7 @@ standing in for vLLM, each its own process. This process is the trainer's Gym ac
 Every rollout is two model calls and one tool call, so one rollout is 10 HTTP requests inside the fleet.
 
     python bench/nemo_rl_rollouts.py [--rollouts 4096] [--generations 16] [--max-concurrent-rollouts 0,256]
-                                     [--baseline DIR] [--repeat K] [--model-delay-s S]
+                                     [--baseline DIR] [--repeat K] [--model-delay-s S] [--client plain]
 
 `--max-concurrent-rollouts` takes one or more agent bounds (`gymfleet.serving.agent`; 0 = unbounded, NeMo-Gym's way;
 `default` = the agent's own default); each gets its own fresh fleet, one after the other, and one row of the
@@ -22,6 +22,11 @@ p50 / wall about 0.5, fewer early ones (the first seconds slowed by sending the 
 
 `--model-delay-s S` makes the scripted policy answer each of its calls S seconds late: rollouts that wait on a
 policy's latency as well as on the fleet's CPU (what the agent's admission ramp must not hold back).
+
+`--client plain` sends the rows with a plain aiohttp session straight to the agent instead, all at once, one
+connection per row, as a hand-written client or NeMo-Gym's own does: no client-side line, so the agent takes the
+whole burst (`gymfleet.serving.read_pacer`), and the client's own connecting (1.6-2 s for 4,096 on 2 cores) comes
+before any result.
 
 `--repeat K` runs every setting K times, in rounds, and adds a table of each setting's mean and range: p50 / wall
 moves by several hundredths from run to run on a shared 2-core machine (0.47-0.57 over six runs of one tree), more
@@ -164,11 +169,30 @@ class Stats:
         """`time.perf_counter()` when the rows were dispatched."""
 
 
-async def run(rows: list[dict], head: BaseServerConfig) -> Stats:
+async def run(rows: list[dict], head: BaseServerConfig, plain_url: str | None = None) -> Stats:
+    """Every row's `POST /run` at once through `run_examples`, or with `plain_url` (the agent's URL) through a plain
+    aiohttp session, one connection per row, as a hand-written or NeMo-Gym client sends them."""
     stats = Stats(rows)
     start = stats.started_at = time.perf_counter()
+    session = None
+    if plain_url is None:
+        futures = RolloutCollectionHelper().run_examples(examples=rows, head_server_config=head)
+    else:
+        import aiohttp
+
+        host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
+        headers = auth.head_headers(host, head.port)
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                        timeout=aiohttp.ClientTimeout(total=3600))
+
+        async def post(row: dict) -> tuple[dict, dict]:
+            async with session.post(f"{plain_url}/run", json=row, headers=headers) as answer:
+                answer.raise_for_status()
+                return row, await answer.json()
+
+        futures = asyncio.as_completed([post(row) for row in rows])
     try:
-        for future in RolloutCollectionHelper().run_examples(examples=rows, head_server_config=head):
+        for future in futures:
             try:
                 row, result = await future
             except Exception as exc:  # a bench counts failures by kind
@@ -185,6 +209,8 @@ async def run(rows: list[dict], head: BaseServerConfig) -> Stats:
         return stats
     finally:
         await http.close()
+        if session is not None:
+            await session.close()
 
 
 def admission_limit(rh: RunHelper) -> str:
@@ -206,7 +232,8 @@ def one_setting(args: argparse.Namespace, bound: int | None) -> dict:
         limit = admission_limit(rh)
         rows = nemo_rl_rows(args.rollouts, args.generations)
         with PeakRSS(instance_pids(rh.head_server_config)) as rss:
-            stats = asyncio.run(run(rows, rh.head_server_config))
+            plain_url = rh.config.instance(AGENT).url if args.client == "plain" else None
+            stats = asyncio.run(run(rows, rh.head_server_config, plain_url))
     return {"limit": limit, "spin_up_s": spin_up_s, "latencies": stats.latencies, "wall_s": stats.wall_s,
             "first_group_s": stats.first_group_s, "errors": dict(stats.errors), "rss_fleet": rss.fleet,
             "rss_client": rss.client, "per_server": dict(rss.per_server), "cpu_s": rss.cpu_s,
@@ -222,7 +249,8 @@ def measured(args: argparse.Namespace, bound: int | None, checkout: Path | None)
         env[CHECKOUT_ENV] = str(checkout)
     command = [sys.executable, str(Path(__file__).resolve()), "--rollouts", str(args.rollouts),
                "--generations", str(args.generations), "--max-concurrent-rollouts",
-               "default" if bound is None else str(bound), "--model-delay-s", str(args.model_delay_s)]
+               "default" if bound is None else str(bound), "--model-delay-s", str(args.model_delay_s),
+               "--client", args.client]
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "numbers.json"
         subprocess.run([*command, "--json", str(out)], env=env, cwd=checkout or ROOT, check=True)
@@ -318,6 +346,9 @@ def main() -> None:
                         help="the scripted policy answers each call this much later (a policy's latency; 0: at once)")
     parser.add_argument("--max-concurrent-rollouts", default="0,default",
                         help="comma-separated agent bounds to compare, one fleet each (0: unbounded; 'default')")
+    parser.add_argument("--client", choices=("gymfleet", "plain"), default="gymfleet",
+                        help="send through run_examples (NeMo-RL's way), or a plain aiohttp session straight to the "
+                             "agent, one connection per row")
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. of main), measured beside this one")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every setting this many times, in rounds, and add a table of mean and range")
@@ -341,8 +372,10 @@ def main() -> None:
             runs += [{**one_setting(args, bound), "tree": "this"} for bound in bounds]
     mib = 1024 * 1024
     delay = f"; the policy answers each call {args.model_delay_s:g} s late" if args.model_delay_s else ""
-    print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}{delay}; one fresh fleet per "
-          "bound" + (f"; baseline: {args.baseline}" if args.baseline else ""))
+    client = ("run_examples" if args.client == "gymfleet"
+              else "a plain aiohttp session straight to the agent, one connection per row")
+    print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}{delay}, sent through {client}; "
+          "one fresh fleet per bound" + (f"; baseline: {args.baseline}" if args.baseline else ""))
     print(f"load average (1, 5, 15 min) on {os.cpu_count()} cores: before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
           "after {:.2f} {:.2f} {:.2f}\n".format(*os.getloadavg()))
     print("| tree | max_concurrent_rollouts | rollouts/s | wall | p50 | p99 | p50 / wall | first result | first group "
