@@ -6,11 +6,13 @@ costs the agent 0.2-0.4 ms of CPU (parse, a task, the middleware, the body), so 
 little else: each turn took in every request that had arrived, and the first admitted rollouts, whose model and tool
 answers were queued behind that work, got one step further per turn. All of it only to have 4,000 requests wait
 for their turn inside the agent instead of in their sockets. Measured on 2 cores (`bench/nemo_rl_rollouts.py`'s
-weather fleet, a plain aiohttp client): the first result came 1.6 s after the first request was sent.
+weather fleet, a plain aiohttp client): the first result came 1.6 s after the first request was sent. Read as the
+line has room, it comes 0.6 s after, and the first complete group 3.1 s (2.7-3.7) after the call instead of 4.5 s
+(4.3-5.0), most of it the client's own connecting (`bench/nemo_rl_rollouts.py --client plain`, three rounds each).
 
 So a new connection whose first bytes are a request for one of the agent's admitted routes (`POST /run`,
-`POST /v1/responses`) is read only while the agent's admission line is short (`hungry`: fewer waiting than it
-admits at once now, at least `MIN_WAITING`), at most `per_turn` in one turn of the event loop. The others wait in
+`POST /v1/responses`) is read only while the agent's admission line is short (`hungry`: fewer waiting than half
+what it admits at once now, or `MIN_WAITING`, `gymfleet.serving.admission.waiting_margin`), at most `per_turn` in one turn of the event loop. The others wait in
 arrival order with their reading paused (the bytes read so far are kept) until rollouts end and the line shortens
 (`wake`). The agent's `/metrics` shows how many wait so (`gymfleet_rollouts_unread`). Any other request (`/metrics`,
 `/aggregate_metrics`, a health check) is read at once, and so are later requests on a kept-alive connection; a
