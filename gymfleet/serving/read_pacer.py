@@ -11,12 +11,13 @@ line has room, it comes 0.6 s after, and the first complete group 3.1 s (2.7-3.7
 (4.3-5.0), most of it the client's own connecting (`bench/nemo_rl_rollouts.py --client plain`, three rounds each).
 
 So a new connection whose first bytes are a request for one of the agent's admitted routes (`POST /run`,
-`POST /v1/responses`) is read only while the agent's admission line is short (`hungry`: fewer waiting than half
-what it admits at once now, or `MIN_WAITING`, `gymfleet.serving.admission.waiting_margin`), at most `per_turn` in one turn of the event loop. The others wait in
-arrival order with their reading paused (the bytes read so far are kept) until rollouts end and the line shortens
-(`wake`). The agent's `/metrics` shows how many wait so (`gymfleet_rollouts_unread`). Any other request (`/metrics`,
-`/aggregate_metrics`, a health check) is read at once, and so are later requests on a kept-alive connection; a
-connection that closed while it waited is dropped when its turn comes.
+`POST /v1/responses`) is read only while the agent's admission line is short (`hungry`: fewer waiting than half what it
+admits at once now, or `MIN_WAITING`: `gymfleet.serving.admission.waiting_margin`), at most `per_turn` in one turn
+of the event loop. The others wait in arrival order with their reading paused (the bytes read so far are kept) until
+rollouts end and the line shortens (`wake`). The agent's `/metrics` shows how many wait so
+(`gymfleet_rollouts_unread`). Any other request (`/metrics`, `/aggregate_metrics`, a health check) is read at once,
+and so are later requests on a kept-alive connection; a connection that closed while it waited is dropped when its
+turn comes.
 """
 
 from __future__ import annotations

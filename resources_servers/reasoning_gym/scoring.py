@@ -39,32 +39,27 @@ defer_module("cellpylib")  # before reasoning_gym, whose game_of_life tasks impo
 log = logging.getLogger(__name__)
 
 _known_tasks: frozenset[str] | None = None
-_imported = False
-"""Whether `load` has imported reasoning-gym in this process."""
 
 
 _loading = threading.Lock()
 """One import of reasoning-gym at a time: the server's warm-up imports it in a thread while a request's validation
 may need the task names (`tasks`) on a machine with no cache yet. Two threads importing it at once can leave one of
 them with the package half imported (Python's import locks give a thread a module still being initialised where
-they see a deadlock), so the names it read would be a part of the tasks, cached for every later start (the likely cause of one
-full-suite run refusing `knights_knaves`, a task this version has)."""
+they see a deadlock), so the names it read would be a part of the tasks, cached for every later start (the likely
+cause of one full-suite run refusing `knights_knaves`, a task this version has)."""
 
 
 def load() -> frozenset[str]:
     """Import reasoning-gym (every task module) and return the task names it registered; the cached names are
     corrected if they differ."""
-    global _known_tasks, _imported
-    with _loading:
-        if _imported and _known_tasks is not None:
-            return _known_tasks
+    global _known_tasks
+    with _loading:  # a second caller waits for the first one's import, then reads the same names
         from reasoning_gym.factory import DATASETS
 
         registered = frozenset(DATASETS)
         if _read_cache() != registered:
             _write_cache(registered)
         _known_tasks = registered
-        _imported = True
         return registered
 
 
