@@ -16,10 +16,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from gymfleet import auth
 
 
+def head_host(head: Any) -> str:
+    """The address to reach the head server at (loopback where it listens on every interface)."""
+    return "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
+
+
 def head_get(head: Any, url_path: str, base_url: str | None = None) -> httpx.Response:
     """GET `url_path` from the head server (or from `base_url`, a server of the same fleet) with the fleet's token."""
-    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
-    base = base_url or f"http://{host}:{head.port}"
+    base = base_url or f"http://{head_host(head)}:{head.port}"
     response = httpx.get(f"{base}{url_path}", headers=auth.head_headers(head.host, head.port), timeout=60)
     return response.raise_for_status()
 

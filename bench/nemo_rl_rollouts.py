@@ -61,7 +61,7 @@ ROOT = Path(os.environ.get(CHECKOUT_ENV) or Path(__file__).resolve().parents[1])
 sys.path.insert(0, str(ROOT))
 
 from bench._common import Sampler, started_fleet  # noqa: E402
-from bench._fleet import instance_pids  # noqa: E402
+from bench._fleet import head_get, head_host, instance_pids  # noqa: E402
 from gymfleet import auth, http  # noqa: E402
 from gymfleet.testing import free_port  # noqa: E402
 from nemo_gym.cli import RunHelper  # noqa: E402
@@ -180,8 +180,7 @@ async def run(rows: list[dict], head: BaseServerConfig, plain_url: str | None = 
     else:
         import aiohttp
 
-        host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
-        headers = auth.head_headers(host, head.port)
+        headers = auth.head_headers(head_host(head), head.port)
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                         timeout=aiohttp.ClientTimeout(total=3600))
 
@@ -215,12 +214,7 @@ async def run(rows: list[dict], head: BaseServerConfig, plain_url: str | None = 
 
 def admission_limit(rh: RunHelper) -> str:
     """The bound the agent reports on its `/metrics` (0: unbounded)."""
-    import httpx
-
-    head = rh.head_server_config
-    host = "127.0.0.1" if head.host in ("0.0.0.0", "::", "") else head.host
-    text = httpx.get(f"{rh.config.instance(AGENT).url}/metrics", timeout=30,
-                     headers=auth.head_headers(host, head.port)).raise_for_status().text
+    text = head_get(rh.head_server_config, "/metrics", rh.config.instance(AGENT).url).text
     line = next((line for line in text.splitlines() if line.startswith("gymfleet_rollouts_admission_limit ")), None)
     return "?" if line is None else str(int(float(line.split()[1])) or "none")
 

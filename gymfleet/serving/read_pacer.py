@@ -59,15 +59,16 @@ class IntakePacer:
                    data: bytes) -> None:
         """A new connection's first bytes: `take(data)` now, or later with its reading paused until then (`flow`:
         uvicorn's `FlowControl` of the connection, through which uvicorn itself pauses and resumes reading)."""
-        if not self.paced(data) or (not self.waiting and self.taken < self.per_turn and self.hungry()):
-            if self.paced(data):
-                self.taken += 1
-                self._next_turn()
+        if not self.paced(data):
             take(data)
             return
-        flow.pause_reading()
-        self.waiting.append((transport, flow, take, data))
-        self._next_turn()
+        if not self.waiting and self.taken < self.per_turn and self.hungry():
+            self.taken += 1
+            take(data)
+        else:
+            flow.pause_reading()
+            self.waiting.append((transport, flow, take, data))
+        self._next_turn()  # to read waiting ones, or to start counting `taken` afresh
 
     def wake(self) -> None:
         """The line may have room now (a rollout ended or was given up): read waiting connections in the next turn."""
