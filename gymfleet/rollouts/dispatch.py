@@ -130,13 +130,22 @@ class AgentLines:
         turn. None: no bound (its bound is 0 or null, or it is not in the config, where its request fails naming the
         instances there are, or it is served from a NeMo-Gym folder: NeMo-Gym's own agents admit everything at once,
         and gymfleet's default bound is not theirs)."""
+        bounds = self._bounds(agent)
+        return None if bounds is None else bounds[0]
+
+    def _bounds(self, agent: str) -> tuple[int, int] | None:
+        """`(ahead, worker processes and replicas)` for `agent`, reading its config block once; None: no bound."""
         if agent in (self._config.get(SERVER_FOLDERS_KEY) or {}):
             return None
         try:
-            capacity = agent_capacity(instance_fields(self._config, agent))
+            fields = instance_fields(self._config, agent)
+            capacity = agent_capacity(fields)
+            if capacity is None:
+                return None
+            processes = capacity // int(fields.get("max_concurrent_rollouts", DEFAULT_MAX_CONCURRENT_ROLLOUTS))
         except (ServerRefError, TypeError, ValueError):  # the agent refused such a value at start-up; its call says
             return None
-        return None if capacity is None else capacity + max(SEND_WINDOW, capacity // 2)
+        return capacity + max(SEND_WINDOW, capacity // 2), processes
 
     def in_flight(self, agents: Iterable[str]) -> int:
         """Requests at most in flight at once for a batch whose rows go to `agents` (one name per row)."""
@@ -179,13 +188,8 @@ class AgentLines:
 
     def _line(self, agent: str) -> _Line | None:
         if agent not in self._lines:
-            ahead = self.ahead(agent)
-            if ahead is None:
-                self._lines[agent] = None
-            else:
-                fields = instance_fields(self._config, agent)  # ahead() has checked these
-                bound = int(fields.get("max_concurrent_rollouts", DEFAULT_MAX_CONCURRENT_ROLLOUTS))
-                self._lines[agent] = _Line(ahead, agent_capacity(fields) // bound)
+            bounds = self._bounds(agent)
+            self._lines[agent] = None if bounds is None else _Line(*bounds)
         return self._lines[agent]
 
     def _pump(self) -> None:
