@@ -7,7 +7,7 @@ standing in for vLLM, each its own process. This process is the trainer's Gym ac
 Every rollout is two model calls and one tool call, so one rollout is 10 HTTP requests inside the fleet.
 
     python bench/nemo_rl_rollouts.py [--rollouts 4096] [--generations 16] [--max-concurrent-rollouts 0,256]
-                                     [--baseline DIR] [--repeat K] [--model-delay-s S] [--client plain]
+                                     [--baseline DIR] [--repeat K] [--model-delay-s S] [--client plain|nemo-gym]
 
 `--max-concurrent-rollouts` takes one or more agent bounds (`gymfleet.serving.agent`; 0 = unbounded, NeMo-Gym's way;
 `default` = the agent's own default); each gets its own fresh fleet, one after the other, and one row of the
@@ -26,7 +26,9 @@ policy's latency as well as on the fleet's CPU (what the agent's admission ramp 
 `--client plain` sends the rows with a plain aiohttp session straight to the agent instead, all at once, one
 connection per row, as a hand-written client or NeMo-Gym's own does: no client-side line, so the agent takes the
 whole burst (`gymfleet.serving.read_pacer`), and the client's own connecting (1.6-2 s for 4,096 on 2 cores) comes
-before any result.
+before any result. `--client nemo-gym` does the same with the limits NeMo-Gym's own client sets (at most 1,024
+connections to a host, no cookie jar): the client still builds all 4,096 requests before it writes the first (0.45 s
+against a bare endpoint on an idle 2-core machine), but connects only a quarter as many sockets.
 
 `--repeat K` runs every setting K times, in rounds, and adds a table of each setting's mean and range: p50 / wall
 moves by several hundredths from run to run on a shared 2-core machine (0.47-0.57 over six runs of one tree), more
@@ -169,9 +171,20 @@ class Stats:
         """`time.perf_counter()` when the rows were dispatched."""
 
 
-async def run(rows: list[dict], head: BaseServerConfig, plain_url: str | None = None) -> Stats:
+PLAIN_CONNECTORS = {
+    "plain": {"limit": 0},
+    "nemo-gym": {"limit": 100 * 1024, "limit_per_host": 1024, "keepalive_timeout": 15.0},
+}
+"""aiohttp connector settings of the clients `--client` names besides run_examples: one connection per row, or the
+limits NeMo-Gym's own global client sets (`nemo_gym.server_utils`, its defaults with one worker: at most 1,024
+connections to one host, the other rows queued inside aiohttp; no cookie jar)."""
+
+
+async def run(rows: list[dict], head: BaseServerConfig, plain_url: str | None = None,
+              client: str = "plain") -> Stats:
     """Every row's `POST /run` at once through `run_examples`, or with `plain_url` (the agent's URL) through a plain
-    aiohttp session, one connection per row, as a hand-written or NeMo-Gym client sends them."""
+    aiohttp session with `client`'s connector settings (`PLAIN_CONNECTORS`), as a hand-written or NeMo-Gym client
+    sends them."""
     stats = Stats(rows)
     start = stats.started_at = time.perf_counter()
     session = None
@@ -181,8 +194,9 @@ async def run(rows: list[dict], head: BaseServerConfig, plain_url: str | None = 
         import aiohttp
 
         headers = auth.head_headers(head_host(head), head.port)
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                        timeout=aiohttp.ClientTimeout(total=3600))
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(**PLAIN_CONNECTORS[client]),
+                                        timeout=aiohttp.ClientTimeout(total=3600),
+                                        cookie_jar=aiohttp.DummyCookieJar() if client == "nemo-gym" else None)
 
         async def post(row: dict) -> tuple[dict, dict]:
             async with session.post(f"{plain_url}/run", json=row, headers=headers) as answer:
@@ -226,8 +240,8 @@ def one_setting(args: argparse.Namespace, bound: int | None) -> dict:
         limit = admission_limit(rh)
         rows = nemo_rl_rows(args.rollouts, args.generations)
         with PeakRSS(instance_pids(rh.head_server_config)) as rss:
-            plain_url = rh.config.instance(AGENT).url if args.client == "plain" else None
-            stats = asyncio.run(run(rows, rh.head_server_config, plain_url))
+            plain_url = rh.config.instance(AGENT).url if args.client in PLAIN_CONNECTORS else None
+            stats = asyncio.run(run(rows, rh.head_server_config, plain_url, args.client))
     return {"limit": limit, "spin_up_s": spin_up_s, "latencies": stats.latencies, "wall_s": stats.wall_s,
             "first_group_s": stats.first_group_s, "errors": dict(stats.errors), "rss_fleet": rss.fleet,
             "rss_client": rss.client, "per_server": dict(rss.per_server), "cpu_s": rss.cpu_s,
@@ -340,9 +354,10 @@ def main() -> None:
                         help="the scripted policy answers each call this much later (a policy's latency; 0: at once)")
     parser.add_argument("--max-concurrent-rollouts", default="0,default",
                         help="comma-separated agent bounds to compare, one fleet each (0: unbounded; 'default')")
-    parser.add_argument("--client", choices=("gymfleet", "plain"), default="gymfleet",
+    parser.add_argument("--client", choices=("gymfleet", *PLAIN_CONNECTORS), default="gymfleet",
                         help="send through run_examples (NeMo-RL's way), or a plain aiohttp session straight to the "
-                             "agent, one connection per row")
+                             "agent: one connection per row (plain), or at most 1,024 (nemo-gym, as NeMo-Gym's "
+                             "client)")
     parser.add_argument("--baseline", type=Path, help="another checkout (e.g. of main), measured beside this one")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every setting this many times, in rounds, and add a table of mean and range")
@@ -366,8 +381,10 @@ def main() -> None:
             runs += [{**one_setting(args, bound), "tree": "this"} for bound in bounds]
     mib = 1024 * 1024
     delay = f"; the policy answers each call {args.model_delay_s:g} s late" if args.model_delay_s else ""
-    client = ("run_examples" if args.client == "gymfleet"
-              else "a plain aiohttp session straight to the agent, one connection per row")
+    client = {"gymfleet": "run_examples",
+              "plain": "a plain aiohttp session straight to the agent, one connection per row",
+              "nemo-gym": "an aiohttp session straight to the agent with NeMo-Gym's client's limits (1,024 "
+                          "connections to a host)"}[args.client]
     print(f"\n{args.rollouts} rollouts in flight at once, groups of {args.generations}{delay}, sent through {client}; "
           "one fresh fleet per bound" + (f"; baseline: {args.baseline}" if args.baseline else ""))
     print(f"load average (1, 5, 15 min) on {os.cpu_count()} cores: before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
