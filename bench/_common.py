@@ -9,7 +9,11 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import shutil
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -146,6 +150,60 @@ async def closed_loop(url: str, body: Any, concurrency: int, seconds: float, tim
         "errors": errors,
         "n": len(latencies),
     }
+
+
+WRK_CORE, SERVER_CORE = 1, 0
+"""With `--wrk`, the load generator runs on this core and the servers on that one (`pin_to_server_core`)."""
+
+
+def pin_to_server_core(pid: int) -> None:
+    """Keep process `pid` on `SERVER_CORE` (with `--wrk`: wrk gets the other core, so each measures alone)."""
+    os.sched_setaffinity(pid, {SERVER_CORE})
+
+
+def wrk_loop(url: str, body: bytes, concurrency: int, seconds: float, cookies: dict[str, str] | None = None,
+             headers: dict[str, str] | None = None) -> dict[str, float]:
+    """`closed_loop`'s numbers from `wrk` (C, one thread on `WRK_CORE`): a load generator that costs far less per
+    request than any Python client, so the server, not the client, is what saturates. Needs `wrk` on PATH (Debian:
+    `apt-get install wrk`)."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("--wrk needs the wrk load generator on PATH: apt-get install wrk (Debian/Ubuntu)")
+    all_headers = {"Content-Type": "application/json", **(headers or {})}
+    if cookies:
+        all_headers["Cookie"] = "; ".join(f"{name}={value}" for name, value in cookies.items())
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write('wrk.method = "POST"\n' + f"wrk.body = {json.dumps(body.decode())}\n"
+                     + "".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}\n" for k, v in all_headers.items()))
+    try:
+        out = subprocess.run(
+            [wrk, "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "120s", "--latency",
+             "-s", script.name, url],
+            capture_output=True, text=True, timeout=seconds + 60,
+            preexec_fn=lambda: os.sched_setaffinity(0, {WRK_CORE}),
+        ).stdout
+    finally:
+        os.unlink(script.name)
+    count = re.search(r"(\d+) requests in ([\d.]+)(\w+)", out)
+    percentiles = dict(re.findall(r"^\s+(50|99)%\s+([\d.]+\w+)\s*$", out, re.MULTILINE))
+    if count is None or len(percentiles) != 2:
+        raise RuntimeError(f"wrk printed no request count or percentiles:\n{out}")
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "p50_ms": _wrk_ms(percentiles["50"]),
+        "p99_ms": _wrk_ms(percentiles["99"]),
+        "errors": (int(non_2xx.group(1)) if non_2xx else 0)
+                  + (sum(map(int, socket_errors.groups())) if socket_errors else 0),
+        "n": int(count.group(1)),
+    }
+
+
+def _wrk_ms(value: str) -> float:
+    """A wrk duration ("812.00us", "1.23ms", "2.01s", "1.5m") in milliseconds."""
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", value).groups()
+    return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}[unit]
 
 
 def median_round(rounds: list[dict[str, float]]) -> dict[str, float]:

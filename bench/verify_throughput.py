@@ -1,15 +1,21 @@
 """`/verify` throughput and latency: mcqa beside a bare FastAPI endpoint, at several concurrencies, in one run.
 
-Both servers run at once, each alone in its own process (one uvicorn worker, as `ng_run` starts it); the load
-generator is this process, using gymfleet's own HTTP client (aiohttp). The bare endpoint parses the same JSON body
-and returns a constant, so the gap between the two columns is what gymfleet's middleware, validation and mcqa's
-grading cost. Every request carries mcqa's session cookie, as an agent's `/verify` does.
+Both servers run at once, each alone in its own process: the bare app as plain uvicorn serves it, mcqa as `ng_run`
+serves each server (`gymfleet.fleet.launch.serve_app`: one uvicorn worker with the fleet's settings, accept gate and
+batched writes). The load generator is this process, using gymfleet's own HTTP client (aiohttp), or with `--wrk`,
+`wrk` pinned to one core with every server pinned to the other: a client that costs far less per request than the
+server, so each server's own cost is what shows (on 2 cores a Python client is the bottleneck, and the ratio it
+gives is nearer 1). The bare endpoint parses the same JSON body and returns a constant, so the gap between the two
+columns is what gymfleet's serving, middleware, validation and mcqa's grading cost. Every request carries mcqa's
+session cookie, as an agent's `/verify` does. The CPU column is the server process's own user and system CPU per
+request over the round: the steadiest of the numbers.
 
 Rounds alternate between the servers (bare, mcqa, then mcqa, bare, ...) so that other work on the machine weighs on
 both alike; each cell is the median round. A first line gives the CPU each app spends per request when called in
 process (ASGI, no network, no client): the cleanest number, and the one least moved by a loaded machine.
 
     python bench/verify_throughput.py [--concurrency 1 16 256 4096] [--seconds 4] [--rounds 3] [--baseline DIR]
+                                      [--wrk]
 
 Prints one table: requests/s, p50 and p99 latency, and the server's RSS, for both servers at each concurrency, and
 mcqa's share of bare's requests/s. `--baseline DIR` adds a third server, mcqa as another checkout serves it (say a
@@ -22,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -37,7 +44,9 @@ from bench._common import (  # noqa: E402
     checkout_script,
     closed_loop,
     median_round,
+    pin_to_server_core,
     write_plots,
+    wrk_loop,
 )
 from gymfleet import http  # noqa: E402
 from gymfleet.testing import free_port, make_response, spawn_server  # noqa: E402
@@ -69,12 +78,20 @@ def build_app(kind: str):
 
 
 def serve(kind: str, port: int) -> None:
+    """The bare app as plain uvicorn serves it; mcqa as a fleet serves each server (`gymfleet.fleet.launch.serve_app`:
+    the fleet's uvicorn settings, accept gate and batched writes), on a socket bound here."""
     import logging
 
     import uvicorn
 
     logging.basicConfig(level=logging.ERROR)
-    uvicorn.run(build_app(kind), host="127.0.0.1", port=port, log_level="error", access_log=False, backlog=8192)
+    if kind == "bare":
+        uvicorn.run(build_app(kind), host="127.0.0.1", port=port, log_level="error", access_log=False, backlog=8192)
+        return
+    from gymfleet.fleet import launch
+
+    sock = socket.create_server(("127.0.0.1", port), backlog=8192)
+    launch.serve_app(build_app(kind), sock)
 
 
 async def _session_cookies(url: str) -> dict[str, str]:
@@ -91,6 +108,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per server and concurrency (alternating)")
     parser.add_argument("--asgi-requests", type=int, default=6000, help="in-process requests per app (0: skip)")
     parser.add_argument("--baseline", type=Path, help="a checkout whose mcqa is served as a third column")
+    parser.add_argument("--wrk", action="store_true",
+                        help="load from wrk on one core, every server pinned to the other (needs wrk: apt-get install "
+                             "wrk): what each server does when it, not a Python client, is the bottleneck")
     parser.add_argument("--json", type=Path, help="also write the numbers there (for bench/report.py)")
     parser.add_argument("--serve", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -121,6 +141,8 @@ def main() -> None:
             serve_kind = "mcqa" if kind == "baseline" else kind
             argv = [sys.executable, str(script), "--serve", serve_kind, "--port", str(port)]
             servers[kind] = spawn_server(argv, port, env=env)
+            if args.wrk:
+                pin_to_server_core(servers[kind][0].pid)
         cookies = asyncio.run(_session_cookies(servers["mcqa"][1]))
         baseline_cookies = asyncio.run(_session_cookies(servers["baseline"][1])) if args.baseline else {}
         for kind, (_, url) in servers.items():  # warm-up
@@ -131,31 +153,42 @@ def main() -> None:
             for round_ in range(args.rounds):
                 for kind in (kinds if round_ % 2 == 0 else kinds[::-1]):
                     process, url = servers[kind]
-                    result = asyncio.run(closed_loop(
-                        url + "/verify", body, concurrency, args.seconds, timeout_s=120,
-                        cookies=baseline_cookies if kind == "baseline" else cookies,
-                    ))
-                    result["rss_mb"] = psutil.Process(process.pid).memory_info().rss / 2**20
+                    server = psutil.Process(process.pid)
+                    before = server.cpu_times()
+                    jar = baseline_cookies if kind == "baseline" else cookies
+                    if args.wrk:
+                        result = wrk_loop(url + "/verify", orjson.dumps(body), concurrency, args.seconds, jar)
+                    else:
+                        result = asyncio.run(closed_loop(url + "/verify", body, concurrency, args.seconds,
+                                                         timeout_s=120, cookies=jar))
+                    after = server.cpu_times()
+                    result["cpu_us"] = ((after.user + after.system) - (before.user + before.system)) * 1e6 / max(
+                        1, result["n"])
+                    result["rss_mb"] = server.memory_info().rss / 2**20
                     results.setdefault((kind, concurrency), []).append(result)
     finally:
         for process, _ in servers.values():
             process.terminate()
             process.wait(10)
 
+    load = ("wrk on core 1, servers on core 0" if args.wrk
+            else "this process's aiohttp client, on the same cores as the servers")
     print(f"body {len(json.dumps(body))} bytes; median of {args.rounds} alternating rounds of {args.seconds:g}s per "
-          f"cell; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+          f"cell; load: {load}; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; CPU: the server "
+          "process's user + system CPU per request")
     header = f"{'conc':>5} | " + " | ".join(
-        f"{kind + ' req/s':>14} {'p50 ms':>8} {'p99 ms':>8} {'RSS MB':>7}" for kind in kinds
-    ) + " | " + " ".join(f"{kind + '/bare':>13}" for kind in kinds[1:]) + f" {'errors':>6}"
+        f"{kind + ' req/s':>14} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs':>7} {'RSS MB':>7}" for kind in kinds
+    ) + " | " + " ".join(f"{kind + '/bare':>13}" for kind in kinds[1:]) + " | errors " + "/".join(kinds)
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency:
         cells = {kind: median_round(results[kind, concurrency]) for kind in kinds}
-        errors = sum(r["errors"] for kind in kinds for r in results[kind, concurrency])
+        errors = "/".join(str(sum(r["errors"] for r in results[kind, concurrency])) for kind in kinds)
         print(f"{concurrency:>5} | " + " | ".join(
-            f"{c['rps']:>14.0f} {c['p50_ms']:>8.2f} {c['p99_ms']:>8.2f} {c['rss_mb']:>7.0f}" for c in cells.values()
+            f"{c['rps']:>14.0f} {c['p50_ms']:>8.2f} {c['p99_ms']:>8.2f} {c['cpu_us']:>7.0f} {c['rss_mb']:>7.0f}"
+            for c in cells.values()
         ) + " | " + " ".join(f"{cells[kind]['rps'] / cells['bare']['rps']:>13.2f}" for kind in kinds[1:])
-              + f" {errors:>6}")
+              + f" | {errors}")
     medians = {key: median_round(rounds) for key, rounds in results.items()}
     in_process = [{"title": "CPU per /verify, in process (ASGI, no network)", "x_label": "app", "y_label": "µs",
                    "series": {"µs per request": [[kind, asgi[kind]] for kind in KINDS]}}] if asgi else []

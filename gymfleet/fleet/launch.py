@@ -271,6 +271,15 @@ def _uvicorn_config(app: Any, access_log: bool) -> uvicorn.Config:
     )
 
 
+def serve_app(app: Any, sock: socket.socket, intake: Any = None, access_log: bool = False) -> None:
+    """Serve the ASGI `app` on the bound socket `sock` (blocking) as every fleet server is served: uvicorn with the
+    fleet's settings, through `gymfleet.serving.accept_gate.GatedServer` (its accept gate, batched writes and, with
+    `intake`, a server's `IntakePacer`)."""
+    from gymfleet.serving.accept_gate import GatedServer
+
+    GatedServer(_uvicorn_config(app, access_log), intake).run(sockets=[sock])
+
+
 def _access_log(config: GlobalConfig) -> bool:
     """One log line per request only when asked (`+uvicorn_logging_show_200_ok=true`): at RL scale it is noise."""
     return bool(config.data.get("uvicorn_logging_show_200_ok", False))
@@ -279,7 +288,6 @@ def _access_log(config: GlobalConfig) -> bool:
 def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, secrets: Secrets,
                   credential: tuple[str, bool] | None = None) -> None:
     from gymfleet import auth, http
-    from gymfleet.serving.accept_gate import GatedServer
 
     if credential is not None:
         auth.hold(*credential)
@@ -290,7 +298,7 @@ def _serve_worker(config_path: str, instance_name: str, sock: socket.socket, sec
     instance = config.instance(instance_name)
     http.configure(client_limits(config.data, instance.num_workers))
     server = build_server(instance, config)
-    GatedServer(_uvicorn_config(server.create_app(), _access_log(config)), server.intake).run(sockets=[sock])
+    serve_app(server.create_app(), sock, server.intake, _access_log(config))
 
 
 def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | None = None,
@@ -303,7 +311,6 @@ def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | Non
         ConfigError: a bad field (named by its YAML path) or a port that cannot be bound for another reason.
     """
     from gymfleet import http
-    from gymfleet.serving.accept_gate import GatedServer
 
     secrets = secrets or []
     config = load_config(config_path, secrets)
@@ -317,7 +324,7 @@ def serve_instance(config_path: Path, instance_name: str, secrets: Secrets | Non
     sock.set_inheritable(True)
     workers = instance.num_workers
     if workers <= 1:
-        GatedServer(_uvicorn_config(server.create_app(), _access_log(config)), server.intake).run(sockets=[sock])
+        serve_app(server.create_app(), sock, server.intake, _access_log(config))
         return
     _run_workers(config_path, instance_name, sock, workers, secrets)
 

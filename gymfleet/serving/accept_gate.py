@@ -31,6 +31,7 @@ import uvicorn
 
 from gymfleet.connections import OPEN_FILES_RESERVE
 from gymfleet.serving.read_pacer import IntakePacer
+from gymfleet.serving.write_batch import WriteBatch, batched
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,9 @@ class AcceptGate:
 
 class GatedServer(uvicorn.Server):
     """A `uvicorn.Server` that, run on bound sockets (`run(sockets=[...])`), stops accepting connections near its
-    process's open-files limit (module docstring). Run otherwise, it is a plain `uvicorn.Server`."""
+    process's open-files limit (module docstring). Every connection it serves, gated or not, sends what one pass of
+    the event loop writes to it in one write while the server is busy (`gymfleet.serving.write_batch`), and with an
+    `intake`, a new connection's first request is read as the server has room for it."""
 
     gate: AcceptGate | None = None
 
@@ -124,23 +127,26 @@ class GatedServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if sockets is None or soft == resource.RLIM_INFINITY or open_files() is None:
+            self._serve_protocols()
             await super().startup(sockets=sockets)
             return
         self.gate = AcceptGate(soft, listen_burst(self.config.backlog))
         self._listening = list(sockets)
         self._resuming: asyncio.Task | None = None
-        self._gate_protocols()
+        self._serve_protocols()
         await super().startup(sockets=[_duplicate(sock) for sock in sockets])
 
-    def _gate_protocols(self) -> None:
-        """Count the connections the server accepts and closes, and stop listening when the gate says so."""
+    def _serve_protocols(self) -> None:
+        """Wrap the protocol uvicorn builds for each connection: batched writes, the intake, and with a gate, count
+        the connections the server accepts and closes and stop listening when the gate says so."""
         base = self.config.http_protocol_class
-        gate, server = self.gate, self
+        gate, server, intake, batch = self.gate, self, self.intake, WriteBatch()
 
-        intake = self.intake
-
-        class Gated(base):  # type: ignore[misc, valid-type]
+        class Served(base):  # type: ignore[misc, valid-type]
             _first = True
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(batched(transport, self.server_state, batch))
 
             def data_received(self, data: bytes) -> None:
                 if intake is None or not self._first:
@@ -151,14 +157,16 @@ class GatedServer(uvicorn.Server):
 
             def connection_lost(self, exc: Exception | None) -> None:
                 super().connection_lost(exc)
+                if gate is None:
+                    return
                 gate.closed()
                 if gate.paused:
                     server._resume_soon()
 
         def make(**kwargs: Any) -> asyncio.Protocol:
-            if gate.accepted():  # under uvloop this runs inside its accept loop: stop listening once it is done
-                asyncio.get_running_loop().call_soon(server._pause)
-            return Gated(**kwargs)
+            if gate is not None and gate.accepted():  # under uvloop this runs inside its accept loop: stop
+                asyncio.get_running_loop().call_soon(server._pause)  # listening once it is done
+            return Served(**kwargs)
 
         self.config.http_protocol_class = make  # uvicorn builds each connection's protocol with it
 

@@ -86,22 +86,19 @@ SERVE_START_TIMEOUT_S = 60.0
 
 @contextmanager
 def serve(app: Any, *, host: str = "127.0.0.1", intake: Any = None) -> Iterator[str]:
-    """Serve `app` in a background thread; yields its base URL (`http://127.0.0.1:<port>`). With `intake` (a server's
-    `IntakePacer`), it is served as a fleet serves it (`gymfleet.serving.accept_gate.GatedServer`)."""
+    """Serve `app` in a background thread, as a fleet serves it (`gymfleet.serving.accept_gate.GatedServer`: batched
+    writes and, with `intake`, a server's `IntakePacer`); yields its base URL (`http://127.0.0.1:<port>`)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1, proxy_headers=False,
                             timeout_keep_alive=SERVER_KEEP_ALIVE_S)
-    if intake is None:
-        server = _ThreadServer(config)
-    else:
-        from gymfleet.serving.accept_gate import GatedServer
+    from gymfleet.serving.accept_gate import GatedServer
 
-        class _ThreadGatedServer(_ThreadServer, GatedServer):
-            pass
+    class _ThreadGatedServer(_ThreadServer, GatedServer):
+        pass
 
-        server = _ThreadGatedServer(config, intake)
+    server = _ThreadGatedServer(config, intake)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + SERVE_START_TIMEOUT_S
