@@ -163,6 +163,20 @@ async def test_a_full_batch_is_sent_at_once_and_each_connection_still_gets_one_w
     assert [real.written() for real in reals] == [[b"head%d body%d" % (index, index)] for index in range(7)]
 
 
+async def test_one_broken_transport_does_not_keep_the_others_answers_back(caplog):
+    class Broken(_Recorder):
+        def write(self, data):
+            raise RuntimeError("Cannot call write() after write_eof()")
+
+    batch = WriteBatch()
+    reals = [_Recorder(), Broken(), _Recorder()]
+    for real in reals:
+        BatchedWrites(real, lambda: True, batch).write(b"answer")
+    await _next_pass()
+    assert [real.written() for real in reals] == [[b"answer"], [], [b"answer"]]
+    assert "sending a connection's held writes failed" in caplog.text
+
+
 async def test_a_batch_asks_the_event_loop_once_per_pass(monkeypatch):
     loop = asyncio.get_running_loop()
     scheduled = []

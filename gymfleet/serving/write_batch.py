@@ -24,8 +24,11 @@ pauses the protocol's writing once the batch is handed over, as it would have fo
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 BATCH_SIZE = 32
 """Connections whose writes one batch holds at most: when one more would start holding, the batch is sent at once.
@@ -61,7 +64,10 @@ class WriteBatch:
     def send(self) -> None:
         held, self._held = self._held, []
         for transport in held:
-            transport.send_held()
+            try:
+                transport.send_held()
+            except Exception:  # one connection's broken transport must not keep the others' answers back
+                log.exception("sending a connection's held writes failed; the other connections' go on")
 
 
 class BatchedWrites:
