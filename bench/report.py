@@ -7,7 +7,9 @@ bench that fails is reported as failed, with the end of its output, and the othe
 
     python bench/report.py [--only verify_throughput,metrics_cost] [--out docs/benchmarks.md]
 
-Needs nothing beyond `pip install -e .` (matplotlib is a dependency). Run it on an otherwise idle machine: the page
+Needs nothing beyond `pip install -e .` (matplotlib is a dependency); a bench that needs a program pip does not
+install (the server-bound `verify_throughput --wrk` needs `wrk`) is run where that program is on PATH, and listed
+as skipped, with how to install it, where it is not. Run it on an otherwise idle machine: the page
 records the machine (CPU, cores, memory, load average before and after) beside the numbers.
 """
 
@@ -18,6 +20,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,11 +38,23 @@ class Bench:
     args: tuple[str, ...]
     what: str
     timeout_s: float = 900
+    needs: str | None = None
+    """A program the bench needs on PATH beyond `pip install -e .`; without it the report says it was skipped."""
+    label: str = ""
+    """What its plots are named after (default: `name`), for a bench that runs twice with other options."""
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
 
 
 QUICK = (
     Bench("verify_throughput", ("--concurrency", "1", "16", "256", "4096", "--seconds", "2", "--rounds", "3"),
           "mcqa `/verify` beside a bare FastAPI endpoint parsing the same body"),
+    Bench("verify_throughput", ("--wrk", "--concurrency", "1", "16", "256", "4096", "--seconds", "2", "--rounds", "3",
+                                "--asgi-requests", "0"),
+          "the same, server-bound: `wrk` on one core, each server pinned to the other", needs="wrk",
+          label="verify_throughput_wrk"),
     Bench("metrics_cost", ("--concurrency", "1", "64", "--seconds", "2", "--rounds", "3"),
           "what `/metrics` recording costs per request"),
     Bench("sandbox_throughput", ("--seconds", "4", "--slices", "4"),
@@ -78,7 +93,7 @@ def commit() -> str:
 
 def run(bench: Bench, scratch: Path) -> tuple[str, list[dict], float, str | None]:
     """Run one bench: (its printed output, its plots, seconds taken, why it failed or None)."""
-    numbers = scratch / f"{bench.name}.json"
+    numbers = scratch / f"{bench.key}.json"
     command = [sys.executable, str(ROOT / "bench" / f"{bench.name}.py"), *bench.args, "--json", str(numbers)]
     started = time.monotonic()
     try:
@@ -146,7 +161,7 @@ def section(results: list[tuple[Bench, str, list[dict], float, str | None]], ima
             lines += [f"**Failed** ({failure}); the end of its output:", ""]
         lines += ["```text", output or "(no output)", "```", ""]
         for index, figure in enumerate(plots):
-            image = images / f"{bench.name}_{index}.png"
+            image = images / f"{bench.key}_{index}.png"
             plot(figure, image)
             lines += [f"![{figure['title']}]({os.path.relpath(image, page.parent)})", ""]
     lines.append(END)
@@ -180,6 +195,12 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for bench in chosen:
+            if bench.needs and shutil.which(bench.needs) is None:
+                skipped = (f"skipped: it needs `{bench.needs}` on PATH, which `pip install -e .` does not install "
+                           f"(Debian/Ubuntu: `apt-get install {bench.needs}`)")
+                print(f"bench/{bench.name}.py {' '.join(bench.args)}: {skipped}", flush=True)
+                results.append((bench, skipped, [], 0.0, None))
+                continue
             print(f"running bench/{bench.name}.py {' '.join(bench.args)}", flush=True)
             output, plots, took, failure = run(bench, Path(scratch))
             print(f"  {'FAILED: ' + failure if failure else 'done'} in {took:.0f} s", flush=True)
