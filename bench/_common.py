@@ -161,6 +161,22 @@ def pin_to_server_core(pid: int) -> None:
     os.sched_setaffinity(pid, {SERVER_CORE})
 
 
+def settle(pid: int, timeout_s: float = 30.0, quiet_share: float = 0.02, interval_s: float = 0.2) -> float:
+    """Wait until process `pid` has used under `quiet_share` of a core for `interval_s` (at most `timeout_s`);
+    returns the seconds waited. `wrk` stops at its deadline without waiting for its answers: with thousands in
+    flight the server works through them for a second or more after, on the core the next round's server runs on."""
+    process = psutil.Process(pid)
+    began = time.monotonic()
+    before = sum(process.cpu_times()[:2])
+    while time.monotonic() - began < timeout_s:
+        time.sleep(interval_s)
+        now = sum(process.cpu_times()[:2])
+        if now - before < quiet_share * interval_s:
+            break
+        before = now
+    return time.monotonic() - began
+
+
 def wrk_loop(url: str, body: bytes, concurrency: int, seconds: float, cookies: dict[str, str] | None = None,
              headers: dict[str, str] | None = None) -> dict[str, float]:
     """`closed_loop`'s numbers from `wrk` (C, one thread on `WRK_CORE`): a load generator that costs far less per

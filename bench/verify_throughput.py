@@ -9,6 +9,8 @@ gives is nearer 1). The bare endpoint parses the same JSON body and returns a co
 columns is what gymfleet's serving, middleware, validation and mcqa's grading cost. Every request carries mcqa's
 session cookie, as an agent's `/verify` does. The CPU column is the server process's own user and system CPU per
 request over the round: the steadiest of the numbers.
+After each round the bench waits until that server is idle again (`bench._common.settle`): `wrk` stops without
+waiting for its answers, and a server still working through a few thousand of them would weigh on the next round.
 
 Rounds alternate between the servers (bare, mcqa, then mcqa, bare, ...) so that other work on the machine weighs on
 both alike; each cell is the median round. A first line gives the CPU each app spends per request when called in
@@ -45,6 +47,7 @@ from bench._common import (  # noqa: E402
     closed_loop,
     median_round,
     pin_to_server_core,
+    settle,
     write_plots,
     wrk_loop,
 )
@@ -165,6 +168,7 @@ def main() -> None:
                     result["cpu_us"] = ((after.user + after.system) - (before.user + before.system)) * 1e6 / max(
                         1, result["n"])
                     result["rss_mb"] = server.memory_info().rss / 2**20
+                    settle(process.pid)  # the answers still owed (wrk does not wait for them) are not the next's load
                     results.setdefault((kind, concurrency), []).append(result)
     finally:
         for process, _ in servers.values():
