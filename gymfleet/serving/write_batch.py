@@ -34,8 +34,8 @@ BATCH_SIZE = 32
 """Connections whose writes one batch holds at most: when one more would start holding, the batch is sent at once.
 Past a pass of a few dozen requests, holding every answer to the end of the pass leaves the peers nothing to do
 until it ends, and the server then idles while they catch up. mcqa's `/verify` under `wrk`, 5 alternating rounds
-(`bench/verify_throughput.py --wrk` servers), requests/s at 256 / 4,096 in flight: 8 per batch 7,065 / 5,544, 32
-7,679 / 5,217, no bound 7,362 / 4,553 (bare FastAPI 6,348 / 5,875)."""
+(`bench/verify_throughput.py --wrk` servers, each let go idle after its round), requests/s at 256 / 4,096 in
+flight: 8 per batch 5,925 / 5,123, 32 5,872 / 5,403, no bound 6,385 / 4,895 (bare FastAPI 5,169 / 4,444)."""
 
 
 class WriteBatch:
