@@ -126,15 +126,13 @@ class GatedServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if sockets is None or soft == resource.RLIM_INFINITY or open_files() is None:
-            self._serve_protocols()
-            await super().startup(sockets=sockets)
-            return
-        self.gate = AcceptGate(soft, listen_burst(self.config.backlog))
-        self._listening = list(sockets)
-        self._resuming: asyncio.Task | None = None
+        if sockets is not None and soft != resource.RLIM_INFINITY and open_files() is not None:
+            self.gate = AcceptGate(soft, listen_burst(self.config.backlog))
+            self._listening = list(sockets)
+            self._resuming: asyncio.Task | None = None
+            sockets = [_duplicate(sock) for sock in sockets]
         self._serve_protocols()
-        await super().startup(sockets=[_duplicate(sock) for sock in sockets])
+        await super().startup(sockets=sockets)
 
     def _serve_protocols(self) -> None:
         """Wrap the protocol uvicorn builds for each connection: batched writes, the intake, and with a gate, count
