@@ -301,6 +301,9 @@ def test_rows_their_environment_would_refuse_are_named_before_any_rollout(fleet,
     rows[3]["options"] = "A: yes"
     data = tmp_path / "typed.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if posts_to(fleet, AGENT) == 0:  # run on its own: collect once, elsewhere, so the counts below are live
+        assert collect("+limit=1", head=head_of(fleet), output=str(tmp_path / "first/out.jsonl")) == 0
+        capsys.readouterr()
     runs, model_calls = posts_to(fleet, AGENT), posts_to(fleet, "scripted_llm")
     assert runs > 0, "the module's fleet has collected before: the count is live"
 
