@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -150,6 +151,20 @@ async def closed_loop(url: str, body: Any, concurrency: int, seconds: float, tim
         "errors": errors,
         "n": len(latencies),
     }
+
+
+def require_modules(bench: str, *modules: str, install: str) -> None:
+    """Stop `bench` with one line naming the `modules` it needs that are not importable and how to install them:
+    after `pip install -e .` alone, a bench that needs an optional extra (Ray, the test tools) says so up front,
+    before it starts a fleet or prints a traceback.
+
+    Raises:
+        SystemExit: some of `modules` cannot be imported (exit status 1, the line on stderr).
+    """
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"{bench} needs {' and '.join(missing)}, which `pip install -e .` does not install: "
+                         f"{install}")
 
 
 WRK_CORE, SERVER_CORE = 1, 0

@@ -35,6 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench._common import require_modules  # noqa: E402
+
+require_modules("bench/fuzz_soak.py", "hypothesis", "pytest", install="pip install -e '.[test]'")
+
 import test_fuzz_http as fuzz  # noqa: E402
 
 from gymfleet.testing import free_port, spawn_server  # noqa: E402

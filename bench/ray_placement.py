@@ -30,6 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._common import require_modules  # noqa: E402
 from gymfleet import auth, http  # noqa: E402
 from gymfleet.errors import TransportError  # noqa: E402
 from gymfleet.fleet.config import GlobalConfigDictParserConfig, parse_global_config  # noqa: E402
@@ -152,6 +153,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--delay-s", type=float, default=0.3)
     args = parser.parse_args()
+    require_modules("bench/ray_placement.py", "ray", install="pip install -e '.[ray]'")
     results = [run("local", fleet_config("local", 1, args.delay_s, None), args.rollouts)]
     with loopback_cluster({"num_cpus": 8}, {"num_cpus": 8}, {"num_cpus": 8}) as cluster:
         results.append(run("ray, 1 replica", fleet_config("ray", 1, args.delay_s, cluster.address), args.rollouts))

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
-from bench._common import started_fleet  # noqa: E402
+from bench._common import require_modules, started_fleet  # noqa: E402
 from bench._fleet import Buckets, instance_pids, scrape, server_urls  # noqa: E402
 from bench.nemo_rl_rollouts import PeakRSS  # noqa: E402
 from gymfleet import connections, http  # noqa: E402
@@ -414,6 +414,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.ray_nodes:
         args.placement = "ray"
+    if args.placement == "ray":
+        require_modules("bench/rollouts_at_scale.py --placement ray", "ray", install="pip install -e '.[ray]'")
     try:
         sizes = [int(size) for size in args.sizes.split(",")]
     except ValueError:
