@@ -76,6 +76,17 @@ def test_ng_test_refuses_bad_arguments(argv, message, capsys):
     assert code == 2 and message in err
 
 
+@pytest.mark.parametrize("argv", [["ng_test", "+entrypoint=resources_servers/mcqa"], ["ng_test_all"]])
+def test_ng_test_without_pytest_names_the_install_command(argv):
+    """After `pip install -e .` alone pytest is missing: one message and exit 2, not Python's "No module named"."""
+    script = ("import sys; sys.modules['pytest'] = None; from gymfleet.cli import test; "
+              f"(test.main if {argv[0]!r} == 'ng_test' else test.main_all)({argv[1:]!r})")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert f"{argv[0]} runs the tests with pytest" in done.stderr and "pip install -e '.[test]'" in done.stderr
+    assert "Traceback" not in done.stderr and "$ python -m pytest" not in done.stdout
+
+
 def test_ng_test_targets_and_ng_test_all_selection(tmp_path, capsys):
     for name, files in {"alpha": ["app.py", "tests/test_alpha.py", "configs/alpha.yaml", "configs/alpha_judge.yaml"],
                         "beta": ["app.py"], "notes": ["README.md"]}.items():

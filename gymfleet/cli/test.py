@@ -17,6 +17,7 @@ some out. The exit code is pytest's (0: all passed; 1: some failed; 5: nothing c
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import subprocess
 import sys
@@ -97,6 +98,17 @@ def select_all(root: Path, skip: object = None) -> list[str]:
     return [env for env in known if env not in skip]
 
 
+def require_pytest(command_name: str) -> None:
+    """The tests run in this interpreter's pytest, which `pip install -e .` alone does not bring.
+
+    Raises:
+        ConfigError: pytest is not importable here, naming the install command.
+    """
+    if importlib.util.find_spec("pytest") is None:
+        raise ConfigError(f"{command_name} runs the tests with pytest, which `pip install -e .` does not install",
+                          hint="pip install -e '.[test]' (pytest and what the tests use)")
+
+
 def _run_pytest(command: list[str], root: Path) -> int:
     print("$ " + shlex.join(["python", *command[1:]]), flush=True)
     return subprocess.run(command, cwd=root, check=False).returncode
@@ -107,9 +119,10 @@ def _test(argv: list[str]) -> int:
     root = repository_root()
     extra = _extra_args(config.data.get("pytest_args"))
     folder = nemo_gym_folder_of(config.data.get("entrypoint"), root)
+    env = None if folder is not None else environment_of(config.data.get("entrypoint"), root)
+    require_pytest("ng_test")
     if folder is not None:
         return _run_folder_tests(folder, extra)
-    env = environment_of(config.data.get("entrypoint"), root)
     return _run_pytest(pytest_command([env], root, extra), root)
 
 
@@ -142,6 +155,7 @@ def _test_all(argv: list[str]) -> int:
     config = command_config(argv, "ng_test_all", ("pytest_args", "skip"))
     root = repository_root()
     envs = select_all(root, config.data.get("skip"))
+    require_pytest("ng_test_all")
     print(f"Testing {len(envs)} environments: {', '.join(envs)}", flush=True)
     return _run_pytest(pytest_command(envs, root, _extra_args(config.data.get("pytest_args"))), root)
 
