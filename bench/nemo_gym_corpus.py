@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._common import require_modules  # noqa: E402
 from gymfleet.testing.nemo_gym_corpus import FolderResult, try_folder  # noqa: E402
 from gymfleet.testing.nemo_gym_wheel import nemo_gym_wheel  # noqa: E402
 
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tests", action="store_true", help="skip each folder's own tests")
     parser.add_argument("--json", type=Path, help="write every folder's result here")
     args = parser.parse_args(argv)
+    require_modules("bench/nemo_gym_corpus.py", *([] if args.no_tests else ["pytest"]),
+                    *([] if args.requirements == "check" else ["uv"]),
+                    install="pip install -e '.[test]' (or without what needs them: --no-tests, --requirements check)")
     tree = nemo_gym_wheel() / "resources_servers"
     names = args.folders.split(",") if args.folders else sorted(  # library folders (gymnasium) have no app.py
         p.name for p in tree.iterdir() if (p / "app.py").is_file())

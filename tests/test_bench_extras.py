@@ -95,6 +95,8 @@ def test_every_bench_prints_its_help_without_the_extras():
     ("ray_placement.py", ["--rollouts", "1"], "pip install -e '.[ray]'"),
     ("rollouts_at_scale.py", ["--sizes", "1", "--ray-nodes", "2"], "pip install -e '.[ray]'"),
     ("rollouts_at_scale.py", ["--sizes", "1", "--placement", "ray"], "pip install -e '.[ray]'"),
+    ("nemo_gym_corpus.py", ["--folders", "mcqa", "--requirements", "venv"],
+     "pip install -e '.[test]' (or without what needs them: --no-tests, --requirements check)"),
 ])
 def test_a_bench_that_needs_an_extra_says_which_and_how_before_it_starts(bench, argv, install):
     result = run_benches([bench], *argv)[bench]
