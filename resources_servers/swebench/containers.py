@@ -59,17 +59,32 @@ def docker_host(configured: str | None = None) -> str | None:
     return None
 
 
+def docker_sdk() -> Any:
+    """The Docker SDK (the `docker` extra).
+
+    Where it is not installed, `import docker` from the repository root does not fail: the root's own `docker/` folder
+    (a Dockerfile and fleet configs) imports as an empty namespace package. So the SDK is told by a name only it has.
+
+    Raises:
+        ConfigError: no Docker SDK here, with the install command.
+    """
+    try:
+        import docker
+    except ImportError:
+        docker = None
+    if not callable(getattr(docker, "DockerClient", None)):
+        raise ConfigError("swebench backend: docker needs the Docker SDK (the docker package), which is not installed",
+                          hint="pip install -e '.[docker]' (or pip install 'docker>=7.0'), or use backend: bwrap.")
+    return docker
+
+
 def connect(configured: str | None = None, *, timeout_s: float = 60.0):
     """A `docker.DockerClient` for the engine that answered a ping.
 
     Raises:
         ConfigError: the `docker` package is missing, or no engine answers.
     """
-    try:
-        import docker  # the `docker` extra
-    except ImportError as exc:
-        raise ConfigError("swebench backend: docker needs the docker package.",
-                          hint="pip install 'gymfleet[docker]'") from exc
+    docker = docker_sdk()
     address = docker_host(configured)
     if address is None:
         raise ConfigError("swebench backend: docker, but no Docker engine was found (DOCKER_HOST is unset and "

@@ -1,0 +1,45 @@
+"""The Docker backend without the Docker SDK (after `pip install -e .` alone): `connect` names the extra to install,
+whether `import docker` fails or, as it does from the repository root, finds the root's own `docker/` folder (a
+Dockerfile and configs: an empty namespace package) instead of the SDK. Each case runs in a child process, where the
+SDK is hidden from the import system."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+HIDE = {
+    "namespace": """
+import importlib.machinery
+class RepositoryOnly:  # `docker` resolves only as the repository root's folder, as where the SDK is not installed
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.PathFinder.find_spec(name, [ROOT]) if name == "docker" else None
+sys.meta_path.insert(0, RepositoryOnly())
+import docker
+assert not hasattr(docker, "DockerClient"), docker
+""",
+    "missing": "sys.modules['docker'] = None\n",
+}
+
+CHECK = """
+from gymfleet.errors import ConfigError
+from resources_servers.swebench.containers import connect
+try:
+    connect("unix:///nonexistent.sock")
+except ConfigError as exc:
+    print(f"ConfigError: {exc}")
+"""
+
+
+@pytest.mark.parametrize("how", sorted(HIDE))
+def test_no_docker_sdk_names_the_extra(how):
+    script = f"import sys\nROOT = {str(ROOT)!r}\n{HIDE[how]}{CHECK}"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and not done.stderr, done
+    assert done.stdout.startswith("ConfigError: swebench backend: docker needs the Docker SDK"), done.stdout
+    assert "pip install -e '.[docker]'" in done.stdout and "backend: bwrap" in done.stdout
