@@ -153,6 +153,13 @@ async def closed_loop(url: str, body: Any, concurrency: int, seconds: float, tim
     }
 
 
+def _not_installed(name: str) -> bool:
+    """No module `name`, or only a namespace package of that name (a folder of the repository root without an
+    `__init__.py`, such as `docker/`, imports as one where the package is not installed)."""
+    spec = importlib.util.find_spec(name)
+    return spec is None or spec.origin is None
+
+
 def require_modules(bench: str, *modules: str, install: str) -> None:
     """Stop `bench` with one line naming the `modules` it needs that are not importable and how to install them:
     after `pip install -e .` alone, a bench that needs an optional extra (Ray, the test tools) says so up front,
@@ -161,7 +168,7 @@ def require_modules(bench: str, *modules: str, install: str) -> None:
     Raises:
         SystemExit: some of `modules` cannot be imported (exit status 1, the line on stderr).
     """
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    missing = [name for name in modules if _not_installed(name)]
     if missing:
         raise SystemExit(f"{bench} needs {' and '.join(missing)}, which `pip install -e .` does not install: "
                          f"{install}")

@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gymfleet.errors import ConfigError  # noqa: E402
 from gymfleet.grading.sandbox_client import SandboxClient  # noqa: E402
 from gymfleet.testing import serve  # noqa: E402
 from resources_servers.swebench import grading, repos  # noqa: E402
@@ -73,5 +74,9 @@ if __name__ == "__main__":
     parser.add_argument("--base-image", default="localhost/gymfleet-base:bookworm")
     args = parser.parse_args()
     server = SandboxServer({"name": "sandbox"})
-    with serve(server.create_app()) as sandbox_url:
-        asyncio.run(main(args.repeats, args.base_image, sandbox_url))
+    try:
+        with serve(server.create_app()) as sandbox_url:
+            asyncio.run(main(args.repeats, args.base_image, sandbox_url))
+    except ConfigError as exc:  # no Docker SDK, no engine, no base image: one line, with the fix
+        raise SystemExit(f"bench/swebench_backends.py: {exc.message}" + (f": {exc.hint}" if exc.hint else "")
+                         ) from None

@@ -144,10 +144,9 @@ class ContainerRunner:
         """Connect and check the base image.
 
         Raises:
-            ConfigError: no engine, or no base image on it.
+            ConfigError: no Docker SDK, no engine, or no base image on it.
         """
-        import docker
-
+        docker = docker_sdk()
         self._client = connect(self.host)
         try:
             self._client.images.get(self.base_image)

@@ -1,6 +1,7 @@
 """The Docker backend without the Docker SDK (after `pip install -e .` alone): `connect` names the extra to install,
 whether `import docker` fails or, as it does from the repository root, finds the root's own `docker/` folder (a
-Dockerfile and configs: an empty namespace package) instead of the SDK. Each case runs in a child process, where the
+Dockerfile and configs: an empty namespace package) instead of the SDK; and so does `ContainerRunner.start`, what the
+server calls at start-up. Each case runs in a child process, where the
 SDK is hidden from the import system."""
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ assert not hasattr(docker, "DockerClient"), docker
 
 CHECK = """
 from gymfleet.errors import ConfigError
-from resources_servers.swebench.containers import connect
-try:
-    connect("unix:///nonexistent.sock")
-except ConfigError as exc:
-    print(f"ConfigError: {exc}")
+from resources_servers.swebench.containers import ContainerRunner, connect
+for start in (lambda: connect("unix:///nonexistent.sock"), ContainerRunner("localhost/none:x").start):
+    try:
+        start()
+    except ConfigError as exc:
+        print(f"ConfigError: {exc}")
 """
 
 
@@ -41,5 +43,8 @@ def test_no_docker_sdk_names_the_extra(how):
     script = f"import sys\nROOT = {str(ROOT)!r}\n{HIDE[how]}{CHECK}"
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and not done.stderr, done
-    assert done.stdout.startswith("ConfigError: swebench backend: docker needs the Docker SDK"), done.stdout
-    assert "pip install -e '.[docker]'" in done.stdout and "backend: bwrap" in done.stdout
+    errors = done.stdout.split("ConfigError: ")[1:]
+    assert len(errors) == 2, done.stdout  # connect, and the runner's start (what the server calls)
+    for error in errors:
+        assert error.startswith("swebench backend: docker needs the Docker SDK"), error
+        assert "pip install -e '.[docker]'" in error and "backend: bwrap" in error
